@@ -1,0 +1,24 @@
+# Flags for relokv's own tests, examples and benchmarks (never exported to consumers).
+add_library(relokv_dev_flags INTERFACE)
+target_compile_options(relokv_dev_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
+    -Wold-style-cast -Wcast-align -Woverloaded-virtual -Wimplicit-fallthrough>)
+if(RELOKV_WERROR)
+  target_compile_options(relokv_dev_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-Werror>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
+endif()
+if(RELOKV_SANITIZE)
+  set(_san -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  target_compile_options(relokv_dev_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${_san}>)
+  target_link_options(relokv_dev_flags INTERFACE ${_san})
+endif()
+target_link_libraries(relokv_dev_flags INTERFACE relokv::relokv)
+
+# Benchmarks and the report are built for the machine they run on.
+add_library(relokv_native_flags INTERFACE)
+include(CheckCXXCompilerFlag)
+check_cxx_compiler_flag(-march=native RELOKV_HAS_MARCH_NATIVE)
+if(RELOKV_HAS_MARCH_NATIVE)
+  target_compile_options(relokv_native_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+endif()

@@ -1,0 +1,575 @@
+#pragma once
+/// @file
+/// The policy host: plans reuse, registers new blocks, ends requests.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "relokv/cache/reuse_plan.hpp"
+#include "relokv/concepts/block_allocator.hpp"
+#include "relokv/concepts/hash_scheme.hpp"
+#include "relokv/concepts/recompute_strategy.hpp"
+#include "relokv/concepts/rope_placement.hpp"
+#include "relokv/hash/block_keys.hpp"
+#include "relokv/hash/xxh3.hpp"
+#include "relokv/layout/request_layout.hpp"
+#include "relokv/memory/lru_block_pool.hpp"
+#include "relokv/recompute/none.hpp"
+#include "relokv/rope/at_attention.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+
+/// Running totals, for reports and tests.
+struct cache_stats {
+  std::int64_t requests = 0;
+  std::int64_t blocks_looked_up = 0;
+  std::int64_t exact_hits = 0;
+  std::int64_t relocated_hits = 0;
+  std::int64_t misses = 0;
+  std::int64_t evictions = 0;
+  std::int64_t out_of_blocks = 0;
+};
+
+/// Relocatable KV-cache manager. The library decides and manages memory; the engine computes.
+///
+/// Protocol for one request:
+/// @code
+///   auto plan = cache.plan(layout);             // lookup: exact, relocated or miss per block
+///   if (!plan.ok()) { /* wait or preempt, retry */ }
+///   // engine: perform plan.copies, compute the tokens with plan.compute[pos] == 1 into
+///   //         plan.blocks[i].physical, attend over plan.block_table()
+///   cache.commit(plan.id);                      // new blocks become reusable
+///   ...                                         // decode
+///   cache.release(plan.id);                     // refcounts drop, blocks join the LRU queue
+/// @endcode
+///
+/// Correctness does not rest on the hash: every hit compares the stored tokens and segment
+/// structure of the block, and the identity of what precedes it (for an exact hit, the physical
+/// parent block, checked by generation; for a relocated hit, the interned context tokens and
+/// extra keys). A colliding hash can only turn a hit into a miss.
+///
+/// @tparam HashScheme        models hash_scheme (xxh3_128 by default)
+/// @tparam BlockAllocator    models block_allocator (lru_block_pool by default)
+/// @tparam RopePlacement     models rope_placement (at_attention by default)
+/// @tparam RecomputeStrategy models recompute_strategy (recompute::none by default)
+template <class HashScheme = xxh3_128, class BlockAllocator = lru_block_pool,
+          class RopePlacement = at_attention, class RecomputeStrategy = recompute::none>
+class relocatable_cache {
+  static_assert(hash_scheme<HashScheme>,
+                "HashScheme must model relokv::hash_scheme: a regular, trivially copyable "
+                "key_type, digest(bytes, domain), combine(parent, child, domain) and a static "
+                "bucket(key) -> size_t");
+  static_assert(block_allocator<BlockAllocator>,
+                "BlockAllocator must model relokv::block_allocator: allocate() -> alloc_result, "
+                "retain, release, set_cached, capacity, num_free, ref_count, is_cached");
+  static_assert(rope_placement<RopePlacement>,
+                "RopePlacement must model relokv::rope_placement: kind, "
+                "relocation_rotates_keys and stored_position(pos, slot)");
+  static_assert(recompute_strategy<RecomputeStrategy>,
+                "RecomputeStrategy must model relokv::recompute_strategy: "
+                "select(layout, status, mask) and dynamic()");
+
+ public:
+  using hash_type = HashScheme;
+  using key_type = typename HashScheme::key_type;
+  using allocator_type = BlockAllocator;
+  using placement_type = RopePlacement;
+  using strategy_type = RecomputeStrategy;
+
+  /// @param allocator   the block pool; its block ids index the engine's KV storage
+  /// @param block_size  tokens per block (a power of two; requests must use the same)
+  relocatable_cache(BlockAllocator allocator, std::int32_t block_size,
+                    HashScheme hash = HashScheme(),
+                    RecomputeStrategy strategy = RecomputeStrategy())
+      : alloc_(std::move(allocator)),
+        hash_(std::move(hash)),
+        strategy_(std::move(strategy)),
+        block_size_(block_size) {
+    if (block_size <= 0 || (block_size & (block_size - 1)) != 0)
+      throw error("relocatable_cache: block_size must be a power of two, got " +
+                  std::to_string(block_size));
+    const auto n = static_cast<std::size_t>(alloc_.capacity());
+    meta_.resize(n);
+    tokens_.resize(n * static_cast<std::size_t>(block_size));
+  }
+
+  /// Plans a request with the cache's strategy. See plan(layout, strategy, extras).
+  [[nodiscard]] reuse_plan plan(const request_layout& layout, const extra_keys& extras = {}) {
+    return plan(layout, strategy_, extras);
+  }
+
+  /// Looks up every block (context key first, then content key), lets `strategy` choose the
+  /// reused tokens to recompute, and takes the blocks the request needs: hits are shared,
+  /// misses and copies on write are allocated. When the pool cannot supply the blocks the plan
+  /// has status kOutOfBlocks and nothing was taken or evicted.
+  /// @throws error if layout.block_size differs from the cache's.
+  [[nodiscard]] reuse_plan plan(const request_layout& layout, const RecomputeStrategy& strategy,
+                                const extra_keys& extras = {}) {
+    if (layout.block_size != block_size_)
+      throw error("plan: layout block_size " + std::to_string(layout.block_size) +
+                  " differs from the cache's " + std::to_string(block_size_));
+    reuse_plan p;
+    plan_into(layout, strategy, extras, p);
+    return p;
+  }
+
+  /// As plan(), into an existing reuse_plan whose buffers are reused (no allocation in steady
+  /// state).
+  void plan_into(const request_layout& layout, const RecomputeStrategy& strategy,
+                 const extra_keys& extras, reuse_plan& p) {
+    const std::int32_t nb = layout.num_blocks();
+    derive_block_keys(hash_, layout, extras, keys_, scratch_);
+    request_state& rs = new_state();
+    rs.extras = extras;
+    rs.tokens.assign(layout.tokens.begin(), layout.tokens.end());
+    rs.blocks.assign(layout.blocks.begin(), layout.blocks.end());
+    rs.segments.assign(layout.segments.begin(), layout.segments.end());
+    rs.context_key = keys_.context;
+    rs.content_key = keys_.content;
+    rs.segment_context = keys_.segment_context;
+    rs.ident.assign(static_cast<std::size_t>(nb), kNoBlock);
+    rs.exact.assign(static_cast<std::size_t>(nb), 0);
+    rs.held.clear();
+
+    // Context identities of relocatable segments, verified by their tokens.
+    rs.segment_entry.assign(layout.segments.size(), -1);
+    for (std::size_t s = 0; s < layout.segments.size(); ++s)
+      if (relocatable(layout.segments[s]))
+        rs.segment_entry[s] = find_context(rs, static_cast<std::int32_t>(s));
+
+    p.status = plan_status::kOk;
+    p.blocks_short = 0;
+    p.copies.clear();
+    p.blocks.assign(static_cast<std::size_t>(nb), planned_block{});
+    status_.assign(static_cast<std::size_t>(nb), block_status::kMiss);
+    p.compute.assign(layout.tokens.size(), 0);
+
+    // 1. Lookup.
+    bool chain_exact = true;
+    for (std::int32_t b = 0; b < nb; ++b) {
+      const auto bi = static_cast<std::size_t>(b);
+      const block_extent& e = layout.blocks[bi];
+      const segment& seg = layout.segments[static_cast<std::size_t>(e.segment)];
+      planned_block& pb = p.blocks[bi];
+      pb.pos0 = e.pos0;
+      pb.len = e.len;
+      block_id hit = kNoBlock;
+      if (e.sealed && chain_exact) {
+        hit = lookup(ctx_index_, keys_.context[bi]);
+        if (hit != kNoBlock && !verify_exact(rs, b, hit)) hit = kNoBlock;
+        if (hit != kNoBlock) status_[bi] = block_status::kExactHit;
+      }
+      if (hit == kNoBlock && e.sealed && relocatable(seg)) {
+        hit = lookup(content_index_, keys_.content[bi]);
+        if (hit != kNoBlock && !verify_content(rs, b, hit)) hit = kNoBlock;
+        if (hit != kNoBlock) status_[bi] = block_status::kRelocatedHit;
+      }
+      if (hit == kNoBlock) chain_exact = false;
+      pb.physical = hit;
+      pb.status = status_[bi];
+      rs.ident[bi] = hit;
+      if (status_[bi] == block_status::kMiss)
+        std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{1});
+    }
+
+    // 2. Strategy.
+    strategy.select(layout, std::span<const block_status>(status_), std::span(p.compute));
+
+    // 3. Decide fresh / shared / copy-on-write, and count what must be allocated.
+    std::int32_t need = 0, hits_now_free = 0;
+    for (std::int32_t b = 0; b < nb; ++b) {
+      const auto bi = static_cast<std::size_t>(b);
+      planned_block& pb = p.blocks[bi];
+      const block_extent& e = layout.blocks[bi];
+      const auto first = p.compute.begin() + e.pos0;
+      const auto computed = std::count(first, first + e.len, std::uint8_t{1});
+      pb.fresh = pb.status == block_status::kMiss || computed == e.len;
+      pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb));
+      if (pb.status != block_status::kMiss) {
+        if (alloc_.ref_count(pb.physical) == 0 && !counted_free(pb.physical)) ++hits_now_free;
+      }
+      if (pb.fresh || pb.copy_on_write) ++need;
+    }
+    clear_counted(p);
+    if (alloc_.num_free() - hits_now_free < need) {
+      p.status = plan_status::kOutOfBlocks;
+      p.blocks_short = need - (alloc_.num_free() - hits_now_free);
+      ++stats_.out_of_blocks;
+      free_states_.push_back(rs_index_);
+      return;
+    }
+
+    // 4. Take the blocks: shared ones first (so that allocation cannot evict them).
+    for (planned_block& pb : p.blocks)
+      if (pb.status != block_status::kMiss) {
+        alloc_.retain(pb.physical);
+        rs.held.push_back(pb.physical);
+      }
+    bool exact_so_far = true;
+    for (std::int32_t b = 0; b < nb; ++b) {
+      const auto bi = static_cast<std::size_t>(b);
+      planned_block& pb = p.blocks[bi];
+      const block_id shared = pb.physical;
+      if (pb.fresh || pb.copy_on_write) {
+        const alloc_result r = alloc_.allocate();
+        RELOKV_ASSERT(r.status == alloc_status::kOk, "pool had fewer free blocks than counted");
+        if (r.evicted) forget(r.block);
+        block_meta& m = meta_[static_cast<std::size_t>(r.block)];
+        ++m.generation;
+        pb.physical = r.block;
+        rs.held.push_back(r.block);
+        if (pb.copy_on_write)
+          p.copies.push_back({shared, r.block, meta_of(shared).stored_pos0, pb.pos0});
+        if (pb.status == block_status::kMiss) rs.ident[bi] = r.block;
+      }
+      exact_so_far =
+          exact_so_far && (pb.status == block_status::kExactHit ? !pb.copy_on_write : pb.fresh);
+      rs.exact[bi] = exact_so_far ? 1 : 0;
+    }
+
+    p.exact_hits = p.relocated_hits = p.misses = 0;
+    for (const planned_block& pb : p.blocks) {
+      p.exact_hits += pb.status == block_status::kExactHit;
+      p.relocated_hits += pb.status == block_status::kRelocatedHit;
+      p.misses += pb.status == block_status::kMiss;
+    }
+    p.tokens_to_compute =
+        static_cast<std::int32_t>(std::count(p.compute.begin(), p.compute.end(), 1));
+    rs.plan_blocks.assign(p.blocks.begin(), p.blocks.end());
+    rs.live = true;
+    p.id = next_id_++;
+    live_.emplace(p.id, rs_index_);
+    ++stats_.requests;
+    stats_.blocks_looked_up += nb;
+    stats_.exact_hits += p.exact_hits;
+    stats_.relocated_hits += p.relocated_hits;
+    stats_.misses += p.misses;
+  }
+
+  /// Registers the request's new, sealed blocks under their keys so that later requests reuse
+  /// them. Call once the engine has written them.
+  /// @throws error for an unknown, released or already committed request.
+  void commit(request_id id) {
+    request_state& rs = state_of(id, "commit");
+    if (rs.committed) throw error("commit: request " + std::to_string(id) + " already committed");
+    rs.committed = true;
+    const auto nb = rs.blocks.size();
+    for (std::size_t bi = 0; bi < nb; ++bi) {
+      const planned_block& pb = rs.plan_blocks[bi];
+      const block_extent& e = rs.blocks[bi];
+      if (!pb.fresh || !e.sealed) continue;
+      const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
+      const auto b = static_cast<std::int32_t>(bi);
+      block_meta& m = meta_[static_cast<std::size_t>(pb.physical)];
+      m.len = e.len;
+      m.tag = tag_of(seg, b == seg.first_block);
+      m.stored_pos0 = e.pos0;
+      m.extras = rs.extras;
+      std::copy_n(rs.tokens.begin() + e.pos0, e.len, block_tokens(pb.physical));
+      bool cached = false;
+      if (rs.exact[bi]) {
+        if (ctx_index_.try_emplace(rs.context_key[bi], pb.physical).second) {
+          m.in_ctx = true;
+          m.ctx_key = rs.context_key[bi];
+          m.ctx_parent = bi == 0 ? kNoBlock : rs.ident[bi - 1];
+          m.ctx_parent_gen = bi == 0 ? 0 : meta_of(m.ctx_parent).generation;
+          cached = true;
+        }
+      }
+      if (relocatable(seg)) {
+        const bool first = b == seg.first_block;
+        std::int32_t entry = -1;
+        if (first) entry = intern_context(rs, e.segment);
+        const bool parent_ok = first ? entry >= 0 : rs.ident[bi - 1] != kNoBlock;
+        if (parent_ok && content_index_.try_emplace(rs.content_key[bi], pb.physical).second) {
+          m.in_content = true;
+          m.content_key = rs.content_key[bi];
+          if (first) {
+            m.content_parent = kNoBlock;
+            m.context_entry = entry;
+            ++contexts_[static_cast<std::size_t>(entry)].refs;
+          } else {
+            m.content_parent = rs.ident[bi - 1];
+            m.content_parent_gen = meta_of(m.content_parent).generation;
+          }
+          cached = true;
+        }
+        if (first && entry >= 0 && contexts_[static_cast<std::size_t>(entry)].refs == 0)
+          drop_context(entry);
+      }
+      if (cached) alloc_.set_cached(pb.physical, true);
+    }
+  }
+
+  /// Ends a request: its references drop, tail blocks first, so that the tail of a finished
+  /// request is evicted before its head.
+  /// @throws error for an unknown or already released request.
+  void release(request_id id) {
+    request_state& rs = state_of(id, "release");
+    for (auto it = rs.held.rbegin(); it != rs.held.rend(); ++it) alloc_.release(*it);
+    rs.held.clear();
+    rs.live = false;
+    free_states_.push_back(live_.at(id));
+    live_.erase(id);
+  }
+
+  [[nodiscard]] const cache_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const BlockAllocator& allocator() const noexcept { return alloc_; }
+  [[nodiscard]] const HashScheme& hash() const noexcept { return hash_; }
+  [[nodiscard]] const RecomputeStrategy& strategy() const noexcept { return strategy_; }
+  [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }
+  /// Requests planned and not yet released.
+  [[nodiscard]] std::size_t live_requests() const noexcept { return live_.size(); }
+  /// Blocks whose contents are indexed (in use or free-but-cached).
+  [[nodiscard]] std::int32_t cached_blocks() const noexcept {
+    std::int32_t n = 0;
+    for (const block_meta& m : meta_) n += (m.in_ctx || m.in_content) ? 1 : 0;
+    return n;
+  }
+  /// The tokens a cached block holds (valid for cached blocks).
+  [[nodiscard]] std::span<const token_t> tokens_of(block_id b) const noexcept {
+    return {tokens_.data() + static_cast<std::size_t>(b) * static_cast<std::size_t>(block_size_),
+            static_cast<std::size_t>(meta_of(b).len)};
+  }
+
+ private:
+  struct key_hasher {
+    std::size_t operator()(const key_type& k) const noexcept { return HashScheme::bucket(k); }
+  };
+  using index_t = std::unordered_map<key_type, block_id, key_hasher>;
+
+  struct block_meta {
+    key_type ctx_key{};
+    key_type content_key{};
+    std::uint32_t generation = 0;
+    std::uint32_t ctx_parent_gen = 0;
+    std::uint32_t content_parent_gen = 0;
+    std::uint32_t tag = 0;
+    block_id ctx_parent = kNoBlock;      ///< kNoBlock: first block of a request (root)
+    block_id content_parent = kNoBlock;  ///< kNoBlock: first block of a span (context_entry)
+    std::int32_t context_entry = -1;
+    std::int32_t len = 0;
+    pos_t stored_pos0 = 0;
+    extra_keys extras{};
+    bool in_ctx = false;
+    bool in_content = false;
+  };
+  /// An interned context (a span's prefix, or a dependent segment's window) and extra keys.
+  struct context_entry {
+    key_type key{};
+    std::vector<token_t> tokens;
+    extra_keys extras{};
+    std::int32_t refs = 0;
+    bool live = false;
+  };
+  struct request_state {
+    bool live = false;
+    bool committed = false;
+    extra_keys extras{};
+    std::vector<token_t> tokens;
+    std::vector<block_extent> blocks;
+    std::vector<segment> segments;
+    std::vector<key_type> context_key, content_key, segment_context;
+    std::vector<std::int32_t> segment_entry;
+    std::vector<planned_block> plan_blocks;
+    std::vector<block_id> ident;  ///< per block: the shared block that holds its content
+    std::vector<std::uint8_t> exact;
+    std::vector<block_id> held;
+  };
+
+  static bool relocatable(const segment& s) noexcept {
+    return s.kind == segment_kind::kSpan ||
+           (s.kind == segment_kind::kDependent && s.dep_window > 0);
+  }
+  static std::uint32_t tag_of(const segment& s, bool first) noexcept {
+    return static_cast<std::uint32_t>(s.kind) | (first ? 0x100u : 0u) |
+           (static_cast<std::uint32_t>(s.dep_window) << 9);
+  }
+  static constexpr bool needs_rotation_v = RopePlacement::relocation_rotates_keys;
+  bool needs_rotation(const planned_block& pb) const noexcept {
+    if constexpr (needs_rotation_v) {
+      return pb.status == block_status::kRelocatedHit &&
+             meta_of(pb.physical).stored_pos0 != pb.pos0;
+    } else {
+      return false;
+    }
+  }
+
+  block_meta& meta_of(block_id b) noexcept { return meta_[static_cast<std::size_t>(b)]; }
+  const block_meta& meta_of(block_id b) const noexcept {
+    return meta_[static_cast<std::size_t>(b)];
+  }
+  token_t* block_tokens(block_id b) noexcept {
+    return tokens_.data() + static_cast<std::size_t>(b) * static_cast<std::size_t>(block_size_);
+  }
+
+  static block_id lookup(const index_t& idx, const key_type& k) {
+    const auto it = idx.find(k);
+    return it == idx.end() ? kNoBlock : it->second;
+  }
+
+  bool same_block(const request_state& rs, std::int32_t b, block_id q) const noexcept {
+    const block_extent& e = rs.blocks[static_cast<std::size_t>(b)];
+    const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
+    const block_meta& m = meta_of(q);
+    if (m.len != e.len || m.tag != tag_of(seg, b == seg.first_block)) return false;
+    return std::equal(rs.tokens.begin() + e.pos0, rs.tokens.begin() + e.pos0 + e.len,
+                      tokens_.begin() + static_cast<std::ptrdiff_t>(q) * block_size_);
+  }
+  bool verify_exact(const request_state& rs, std::int32_t b, block_id q) const noexcept {
+    const block_meta& m = meta_of(q);
+    if (!m.in_ctx || !same_block(rs, b, q)) return false;
+    if (b == 0) return m.ctx_parent == kNoBlock && m.extras == rs.extras;
+    const block_id parent = rs.ident[static_cast<std::size_t>(b - 1)];
+    return m.ctx_parent == parent && m.ctx_parent_gen == meta_of(parent).generation;
+  }
+  bool verify_content(const request_state& rs, std::int32_t b, block_id q) const noexcept {
+    const block_meta& m = meta_of(q);
+    if (!m.in_content || !same_block(rs, b, q)) return false;
+    const block_extent& e = rs.blocks[static_cast<std::size_t>(b)];
+    const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
+    if (b == seg.first_block) {
+      const std::int32_t entry = rs.segment_entry[static_cast<std::size_t>(e.segment)];
+      return m.content_parent == kNoBlock && entry >= 0 && m.context_entry == entry;
+    }
+    const block_id parent = rs.ident[static_cast<std::size_t>(b - 1)];
+    return parent != kNoBlock && m.content_parent == parent &&
+           m.content_parent_gen == meta_of(parent).generation;
+  }
+
+  /// Tokens a relocatable segment's content is bound to: the prefix (spans) or the window.
+  static std::span<const token_t> context_tokens(const request_state& rs, std::int32_t s) {
+    const segment& seg = rs.segments[static_cast<std::size_t>(s)];
+    if (seg.kind == segment_kind::kSpan) {
+      if (rs.segments.front().kind != segment_kind::kPrefix) return {};
+      return std::span<const token_t>(rs.tokens).first(
+          static_cast<std::size_t>(rs.segments.front().num_tokens));
+    }
+    const std::int32_t n = std::min(seg.dep_window, seg.first_token);
+    return std::span<const token_t>(rs.tokens).subspan(
+        static_cast<std::size_t>(seg.first_token - n), static_cast<std::size_t>(n));
+  }
+  std::int32_t find_context(const request_state& rs, std::int32_t s) const {
+    const auto it = context_index_.find(rs.segment_context[static_cast<std::size_t>(s)]);
+    if (it == context_index_.end()) return -1;
+    const context_entry& c = contexts_[static_cast<std::size_t>(it->second)];
+    const auto toks = context_tokens(rs, s);
+    if (c.extras != rs.extras ||
+        !std::equal(toks.begin(), toks.end(), c.tokens.begin(), c.tokens.end()))
+      return -1;
+    return it->second;
+  }
+  std::int32_t intern_context(request_state& rs, std::int32_t s) {
+    const std::int32_t found = find_context(rs, s);
+    if (found >= 0) return found;
+    const key_type& k = rs.segment_context[static_cast<std::size_t>(s)];
+    if (context_index_.count(k) != 0) return -1;  // a different context holds this key
+    std::int32_t idx;
+    if (!free_contexts_.empty()) {
+      idx = free_contexts_.back();
+      free_contexts_.pop_back();
+    } else {
+      idx = static_cast<std::int32_t>(contexts_.size());
+      contexts_.emplace_back();
+    }
+    context_entry& c = contexts_[static_cast<std::size_t>(idx)];
+    const auto toks = context_tokens(rs, s);
+    c.key = k;
+    c.tokens.assign(toks.begin(), toks.end());
+    c.extras = rs.extras;
+    c.refs = 0;
+    c.live = true;
+    context_index_.emplace(k, idx);
+    rs.segment_entry[static_cast<std::size_t>(s)] = idx;
+    return idx;
+  }
+  void drop_context(std::int32_t idx) {
+    context_entry& c = contexts_[static_cast<std::size_t>(idx)];
+    context_index_.erase(c.key);
+    c.live = false;
+    c.tokens.clear();
+    free_contexts_.push_back(idx);
+  }
+
+  /// A cached block was evicted: forget its keys.
+  void forget(block_id b) {
+    block_meta& m = meta_of(b);
+    if (m.in_ctx) {
+      const auto it = ctx_index_.find(m.ctx_key);
+      if (it != ctx_index_.end() && it->second == b) ctx_index_.erase(it);
+    }
+    if (m.in_content) {
+      const auto it = content_index_.find(m.content_key);
+      if (it != content_index_.end() && it->second == b) content_index_.erase(it);
+      if (m.context_entry >= 0 && --contexts_[static_cast<std::size_t>(m.context_entry)].refs == 0)
+        drop_context(m.context_entry);
+    }
+    const std::uint32_t gen = m.generation;
+    m = block_meta{};
+    m.generation = gen;
+    ++stats_.evictions;
+  }
+
+  // Counting distinct hit blocks that are free right now (a block may be hit twice).
+  bool counted_free(block_id b) {
+    if (counted_.size() < meta_.size()) counted_.resize(meta_.size(), 0);
+    const bool seen = counted_[static_cast<std::size_t>(b)] != 0;
+    counted_[static_cast<std::size_t>(b)] = 1;
+    return seen;
+  }
+  void clear_counted(const reuse_plan& p) {
+    for (const planned_block& pb : p.blocks)
+      if (pb.status != block_status::kMiss && !counted_.empty())
+        counted_[static_cast<std::size_t>(pb.physical)] = 0;
+  }
+
+  request_state& new_state() {
+    if (!free_states_.empty()) {
+      rs_index_ = free_states_.back();
+      free_states_.pop_back();
+    } else {
+      rs_index_ = states_.size();
+      states_.emplace_back();
+    }
+    request_state& rs = states_[rs_index_];
+    rs.live = false;
+    rs.committed = false;
+    return rs;
+  }
+  request_state& state_of(request_id id, const char* what) {
+    const auto it = live_.find(id);
+    if (it == live_.end())
+      throw error(std::string(what) + ": unknown or released request " + std::to_string(id));
+    return states_[it->second];
+  }
+
+  BlockAllocator alloc_;
+  HashScheme hash_;
+  RecomputeStrategy strategy_;
+  std::int32_t block_size_;
+  std::vector<block_meta> meta_;
+  std::vector<token_t> tokens_;  // [block][block_size]
+  index_t ctx_index_;
+  index_t content_index_;
+  std::unordered_map<key_type, std::int32_t, key_hasher> context_index_;
+  std::vector<context_entry> contexts_;
+  std::vector<std::int32_t> free_contexts_;
+  std::vector<request_state> states_;  // reused, so that steady-state planning does not allocate
+  std::vector<std::size_t> free_states_;
+  std::size_t rs_index_ = 0;
+  std::unordered_map<request_id, std::size_t> live_;
+  request_id next_id_ = 1;
+  block_keys<HashScheme> keys_;
+  key_scratch scratch_;
+  std::vector<block_status> status_;
+  std::vector<std::uint8_t> counted_;
+  cache_stats stats_;
+};
+
+RELOKV_NAMESPACE_END

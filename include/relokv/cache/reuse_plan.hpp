@@ -1,0 +1,79 @@
+#pragma once
+/// @file
+/// What relocatable_cache::plan decides for one request; what the engine's scheduler consumes.
+#include <cstdint>
+#include <vector>
+
+#include "relokv/types.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+
+/// Outcome of the lookup for one block.
+enum class block_status : std::uint8_t {
+  kMiss,          ///< not cached: computed by this request
+  kExactHit,      ///< context key hit: same tokens, same everything before; nothing to recompute
+  kRelocatedHit,  ///< content key hit: same span in the same context, now at another position
+};
+
+/// One entry of a request's block table: what attention reads.
+struct block_entry {
+  block_id block = kNoBlock;
+  pos_t pos0 = 0;        ///< logical position of slot 0 in this request
+  std::int32_t len = 0;  ///< valid slots; the rest is padding, never attended
+  friend bool operator==(const block_entry&, const block_entry&) = default;
+};
+
+/// One block of a plan.
+struct planned_block {
+  block_id physical = kNoBlock;  ///< block this request reads and (if computing) writes
+  pos_t pos0 = 0;
+  std::int32_t len = 0;
+  block_status status = block_status::kMiss;
+  /// True when the request writes every slot of `physical` itself (a miss, or a hit whose every
+  /// token the strategy recomputes); such blocks are registered by commit.
+  bool fresh = true;
+  /// True when `physical` is a private copy of a shared block (see reuse_plan::copies).
+  bool copy_on_write = false;
+};
+
+/// A copy the engine performs before prefill: every layer of src into dst. When the RoPE
+/// placement stores keys rotated at absolute positions (pre_rotated) and src_pos0 != dst_pos0,
+/// the keys of the copy are rotated by dst_pos0 - src_pos0 (see rope/relocate.hpp).
+struct block_copy {
+  block_id src = kNoBlock;
+  block_id dst = kNoBlock;
+  pos_t src_pos0 = 0;
+  pos_t dst_pos0 = 0;
+  [[nodiscard]] constexpr bool rotates() const noexcept { return src_pos0 != dst_pos0; }
+};
+
+enum class plan_status : std::uint8_t {
+  kOk,
+  kOutOfBlocks,  ///< not enough free blocks: nothing was taken; wait or preempt, then retry
+};
+
+/// The reuse plan of one request.
+struct reuse_plan {
+  plan_status status = plan_status::kOk;
+  request_id id = 0;
+  std::int32_t blocks_short = 0;  ///< kOutOfBlocks: how many more free blocks were needed
+  std::vector<planned_block> blocks;
+  /// Per token (indexed by logical position): 1 if the engine computes it in this request.
+  std::vector<std::uint8_t> compute;
+  std::vector<block_copy> copies;
+  std::int32_t exact_hits = 0;
+  std::int32_t relocated_hits = 0;
+  std::int32_t misses = 0;
+  std::int32_t tokens_to_compute = 0;
+
+  [[nodiscard]] bool ok() const noexcept { return status == plan_status::kOk; }
+  /// The block table attention reads: {physical block, pos0, len} per block.
+  [[nodiscard]] std::vector<block_entry> block_table() const {
+    std::vector<block_entry> t;
+    t.reserve(blocks.size());
+    for (const planned_block& b : blocks) t.push_back({b.physical, b.pos0, b.len});
+    return t;
+  }
+};
+
+RELOKV_NAMESPACE_END

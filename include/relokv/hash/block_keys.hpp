@@ -1,0 +1,131 @@
+#pragma once
+/// @file
+/// KVBoost dual keys: an exact context key and a relocatable content key per block.
+///
+/// Definitions (H = the hash scheme; all integers little-endian):
+///  - root      = digest(le64 model_fingerprint || le64 adapter_id || le64 tenant_salt, kRoot)
+///  - tokens(b) = digest(le32 token... || le32 tag || le32 dep_window, kTokens), where
+///                tag = segment kind | 0x100 if b starts its segment; so the segment structure,
+///                not only the tokens, is part of every key
+///  - context(b) = combine(b == 0 ? root : context(b-1), tokens(b), kContext)
+///  - content(b):
+///      prefix block, or a dependent segment bound to everything:   context(b)
+///      first block of a span:     combine(ctx_id, tokens(b), kContent), where ctx_id is the
+///                                 context key of the prefix's last block (root if none)
+///      first block of a dependent segment bound to the last n tokens:
+///                                 combine(win_id, tokens(b), kContent), where
+///                                 win_id = combine(root, digest(le32 last n tokens, kWindow),
+///                                                  kWindow)
+///      any later block of a segment: combine(content(b-1), tokens(b), kContent)
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "relokv/concepts/hash_scheme.hpp"
+#include "relokv/layout/request_layout.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+
+/// Keys that separate otherwise equal token streams: like vLLM's extra keys. Requests with
+/// different extra keys never share a block.
+struct extra_keys {
+  std::uint64_t model_fingerprint = 0;
+  std::uint64_t adapter_id = 0;
+  std::uint64_t tenant_salt = 0;
+  friend bool operator==(const extra_keys&, const extra_keys&) = default;
+};
+
+/// Keys of every block of one request.
+template <hash_scheme H>
+struct block_keys {
+  using key_type = typename H::key_type;
+  std::vector<key_type> context;  ///< exact keys, one per block
+  std::vector<key_type> content;  ///< relocatable keys, one per block
+  /// Per segment: the key of the context a span (or windowed dependent segment) is computed
+  /// in; equal to root for other segments.
+  std::vector<key_type> segment_context;
+  key_type root{};
+};
+
+/// Reusable buffers for derive_block_keys, so a hot loop allocates nothing.
+struct key_scratch {
+  std::vector<std::uint32_t> words;
+};
+
+namespace detail {
+template <hash_scheme H>
+typename H::key_type digest_words(const H& h, std::span<const std::uint32_t> w, hash_domain d) {
+  return h.digest(std::as_bytes(w), d);
+}
+}  // namespace detail
+
+/// The root key: extra keys only.
+template <hash_scheme H>
+[[nodiscard]] typename H::key_type root_key(const H& h, const extra_keys& x) {
+  const std::uint64_t w[3] = {x.model_fingerprint, x.adapter_id, x.tenant_salt};
+  return h.digest(std::as_bytes(std::span<const std::uint64_t>(w)), hash_domain::kRoot);
+}
+
+/// Derives both keys of every block of `layout` into `out` (resized; capacity reused).
+template <hash_scheme H>
+void derive_block_keys(const H& h, const request_layout& layout, const extra_keys& extras,
+                       block_keys<H>& out, key_scratch& scratch) {
+  using key = typename H::key_type;
+  const auto nb = static_cast<std::size_t>(layout.num_blocks());
+  out.context.resize(nb);
+  out.content.resize(nb);
+  out.segment_context.assign(layout.segments.size(), key{});
+  out.root = root_key(h, extras);
+  scratch.words.resize(static_cast<std::size_t>(layout.block_size) + 2);
+
+  key prefix_last = out.root;
+  for (std::size_t si = 0; si < layout.segments.size(); ++si) {
+    const segment& s = layout.segments[si];
+    key seg_ctx = out.root;
+    if (s.kind == segment_kind::kSpan) {
+      seg_ctx = prefix_last;
+    } else if (s.kind == segment_kind::kDependent && s.dep_window > 0) {
+      const std::int32_t n = s.dep_window < s.first_token ? s.dep_window : s.first_token;
+      const std::span<const token_t> win =
+          std::span<const token_t>(layout.tokens)
+              .subspan(static_cast<std::size_t>(s.first_token - n), static_cast<std::size_t>(n));
+      seg_ctx = h.combine(out.root, h.digest(std::as_bytes(win), hash_domain::kWindow),
+                          hash_domain::kWindow);
+    }
+    out.segment_context[si] = seg_ctx;
+    const bool relocatable =
+        s.kind == segment_kind::kSpan || (s.kind == segment_kind::kDependent && s.dep_window > 0);
+    for (std::int32_t j = 0; j < s.num_blocks; ++j) {
+      const auto b = static_cast<std::size_t>(s.first_block + j);
+      const block_extent& e = layout.blocks[b];
+      const auto len = static_cast<std::size_t>(e.len);
+      std::memcpy(scratch.words.data(), layout.tokens.data() + e.pos0, len * sizeof(token_t));
+      scratch.words[len] = static_cast<std::uint32_t>(s.kind) | (j == 0 ? 0x100u : 0u);
+      scratch.words[len + 1] = static_cast<std::uint32_t>(s.dep_window);
+      const key tok = detail::digest_words(
+          h, std::span<const std::uint32_t>(scratch.words.data(), len + 2), hash_domain::kTokens);
+      out.context[b] =
+          h.combine(b == 0 ? out.root : out.context[b - 1], tok, hash_domain::kContext);
+      if (relocatable)
+        out.content[b] =
+            h.combine(j == 0 ? seg_ctx : out.content[b - 1], tok, hash_domain::kContent);
+      else
+        out.content[b] = out.context[b];
+    }
+    if (s.kind == segment_kind::kPrefix && s.num_blocks > 0)
+      prefix_last = out.context[static_cast<std::size_t>(s.first_block + s.num_blocks - 1)];
+  }
+}
+
+/// Convenience overload that allocates its scratch.
+template <hash_scheme H>
+[[nodiscard]] block_keys<H> derive_block_keys(const H& h, const request_layout& layout,
+                                              const extra_keys& extras = {}) {
+  block_keys<H> out;
+  key_scratch scratch;
+  derive_block_keys(h, layout, extras, out, scratch);
+  return out;
+}
+
+RELOKV_NAMESPACE_END

@@ -1,0 +1,89 @@
+#pragma once
+/// @file
+/// MiniPIC request primitives as builder calls; produces the same request_layout as the markers.
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "relokv/layout/detail/assembler.hpp"
+#include "relokv/layout/request_layout.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+
+/// Builds a request_layout segment by segment:
+/// @code
+///   auto layout = relokv::layout_builder(16, vocab)
+///                     .prefix(system_prompt)   // shared prefix, the spans' context
+///                     .span(doc_a)             // relocatable
+///                     .span(doc_b)
+///                     .question(question)      // bound to everything before it
+///                     .build();
+/// @endcode
+/// Errors carry the index of the offending call as their offset.
+class layout_builder {
+ public:
+  explicit layout_builder(std::int32_t block_size = 16,
+                          std::int64_t vocab_size = std::numeric_limits<token_t>::max(),
+                          std::int32_t max_segment_tokens = 1 << 20)
+      : block_size_(block_size), vocab_size_(vocab_size), max_segment_(max_segment_tokens) {}
+
+  /// The shared prefix. Must come first, at most once.
+  layout_builder& prefix(std::span<const token_t> tokens) {
+    if (!parts_.empty()) throw layout_error(calls(), layout_rule::kBuilderOrder, "prefix");
+    return add(segment_kind::kPrefix, tokens, 0);
+  }
+  /// An independent, relocatable span computed in the context of the prefix.
+  layout_builder& span(std::span<const token_t> tokens) {
+    return add(segment_kind::kSpan, tokens, 0);
+  }
+  /// A prompt-dependent segment bound to all tokens before it (last_n == 0) or the last n.
+  layout_builder& dependent(std::span<const token_t> tokens, std::int32_t last_n = 0) {
+    if (last_n < 0) throw layout_error(calls(), layout_rule::kBadDependencyWindow, "negative");
+    return add(segment_kind::kDependent, tokens, last_n);
+  }
+  /// The question: a dependent segment bound to everything before it; it ends the request.
+  layout_builder& question(std::span<const token_t> tokens) {
+    add(segment_kind::kDependent, tokens, 0);
+    closed_ = true;
+    return *this;
+  }
+
+  /// @throws layout_error for an empty request, an empty segment, a token outside the
+  /// vocabulary or a segment over the limit.
+  [[nodiscard]] request_layout build() const {
+    detail::layout_assembler a(block_size_, vocab_size_, max_segment_);
+    for (std::size_t c = 0; c < parts_.size(); ++c) {
+      const part& p = parts_[c];
+      const auto at = static_cast<std::int64_t>(c);
+      if (p.tokens.empty()) throw layout_error(at, layout_rule::kEmptySegment, "builder call");
+      a.begin_segment(p.kind, p.window, at);
+      for (token_t t : p.tokens) a.push(t, at);
+    }
+    return std::move(a).finish(static_cast<std::int64_t>(parts_.size()));
+  }
+
+ private:
+  struct part {
+    segment_kind kind;
+    std::int32_t window;
+    std::vector<token_t> tokens;
+  };
+  [[nodiscard]] std::int64_t calls() const noexcept {
+    return static_cast<std::int64_t>(parts_.size());
+  }
+  layout_builder& add(segment_kind k, std::span<const token_t> tokens, std::int32_t window) {
+    if (closed_) throw layout_error(calls(), layout_rule::kBuilderOrder, "after question");
+    parts_.push_back(part{k, window, std::vector<token_t>(tokens.begin(), tokens.end())});
+    return *this;
+  }
+
+  std::int32_t block_size_;
+  std::int64_t vocab_size_;
+  std::int32_t max_segment_;
+  std::vector<part> parts_;
+  bool closed_ = false;
+};
+
+RELOKV_NAMESPACE_END

@@ -1,0 +1,94 @@
+#pragma once
+/// @file
+/// KV bytes on the host, separate from block metadata (lru_block_pool).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "relokv/dtype.hpp"
+#include "relokv/types.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+
+/// Shape of a paged KV pool.
+struct kv_shape {
+  std::int32_t num_layers = 1;
+  std::int32_t num_blocks = 1;
+  std::int32_t num_kv_heads = 1;
+  std::int32_t block_size = 16;
+  std::int32_t head_dim = 64;
+
+  /// Elements of one (layer, block, k|v, head) tile: block_size * head_dim.
+  [[nodiscard]] constexpr std::size_t tile() const noexcept {
+    return static_cast<std::size_t>(block_size) * static_cast<std::size_t>(head_dim);
+  }
+  /// Elements of one (layer, block): K and V of every head.
+  [[nodiscard]] constexpr std::size_t block_elems() const noexcept {
+    return 2 * static_cast<std::size_t>(num_kv_heads) * tile();
+  }
+  [[nodiscard]] constexpr std::size_t layer_elems() const noexcept {
+    return static_cast<std::size_t>(num_blocks) * block_elems();
+  }
+  [[nodiscard]] constexpr std::size_t total_elems() const noexcept {
+    return static_cast<std::size_t>(num_layers) * layer_elems();
+  }
+};
+
+/// Host KV storage, laid out
+///   // [layer][block][k|v][kv_head][slot][head_dim]
+/// so that one (layer, block, head) tile of K is contiguous: attention streams it.
+/// @tparam T float, bf16 or fp16.
+template <class T>
+class host_kv_storage {
+  static_assert(is_storage_type_v<T>, "host_kv_storage<T>: T must be float, bf16 or fp16");
+
+ public:
+  using value_type = T;
+  explicit host_kv_storage(const kv_shape& s) : shape_(s) {
+    if (s.num_layers <= 0 || s.num_blocks <= 0 || s.num_kv_heads <= 0 || s.block_size <= 0 ||
+        s.head_dim <= 0)
+      throw error("host_kv_storage: every dimension must be positive");
+    data_.assign(s.total_elems(), T{});
+  }
+
+  [[nodiscard]] const kv_shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] T* data() noexcept { return data_.data(); }
+  [[nodiscard]] const T* data() const noexcept { return data_.data(); }
+
+  /// Start of the K (which = 0) or V (which = 1) tile of (layer, block, head): [slot][head_dim].
+  [[nodiscard]] T* tile(std::int32_t layer, block_id block, int which, std::int32_t head) noexcept {
+    return data_.data() + offset(layer, block, which, head);
+  }
+  [[nodiscard]] const T* tile(std::int32_t layer, block_id block, int which,
+                              std::int32_t head) const noexcept {
+    return data_.data() + offset(layer, block, which, head);
+  }
+
+  /// Copies every layer of block src into dst (copy on write).
+  void copy_block(block_id src, block_id dst) noexcept {
+    for (std::int32_t l = 0; l < shape_.num_layers; ++l) {
+      const T* s = data_.data() + offset(l, src, 0, 0);
+      std::copy(s, s + shape_.block_elems(), data_.data() + offset(l, dst, 0, 0));
+    }
+  }
+
+  /// Bytes held, for memory reports.
+  [[nodiscard]] std::size_t bytes() const noexcept { return data_.size() * sizeof(T); }
+
+ private:
+  [[nodiscard]] std::size_t offset(std::int32_t layer, block_id block, int which,
+                                   std::int32_t head) const noexcept {
+    return static_cast<std::size_t>(layer) * shape_.layer_elems() +
+           static_cast<std::size_t>(block) * shape_.block_elems() +
+           (static_cast<std::size_t>(which) * static_cast<std::size_t>(shape_.num_kv_heads) +
+            static_cast<std::size_t>(head)) *
+               shape_.tile();
+  }
+
+  kv_shape shape_;
+  std::vector<T> data_;
+};
+
+RELOKV_NAMESPACE_END

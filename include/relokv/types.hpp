@@ -1,0 +1,30 @@
+#pragma once
+/// @file
+/// Vocabulary types shared by every relokv header.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "relokv/config.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+
+/// A token id as the engine's tokenizer produces it.
+using token_t = std::int32_t;
+/// Index of a physical KV block in a pool.
+using block_id = std::int32_t;
+/// Logical position of a token in a request (what RoPE sees).
+using pos_t = std::int32_t;
+/// Handle of a planned request inside a relocatable_cache.
+using request_id = std::uint64_t;
+
+inline constexpr block_id kNoBlock = -1;
+
+/// Base of every exception relokv throws for bad input (never for exhausted resources, which
+/// are reported as a status that a scheduler can act on).
+class error : public std::invalid_argument {
+ public:
+  explicit error(const std::string& what) : std::invalid_argument("relokv: " + what) {}
+};
+
+RELOKV_NAMESPACE_END

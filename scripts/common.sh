@@ -1,0 +1,37 @@
+# Shared by scripts/demo, scripts/test and scripts/bench. Sourced, not run.
+set -euo pipefail
+RELOKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Debian 12 packages the build needs. Installed with apt-get when running as root; otherwise
+# the exact command is printed and the script stops.
+RELOKV_DEB_PACKAGES=(cmake ninja-build g++ clang libclang-rt-dev clang-format libxxhash-dev
+  catch2 libbenchmark-dev libssl-dev ccache)
+
+relokv_ensure_packages() {
+  local missing=() p
+  for p in "${RELOKV_DEB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "relokv: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  else
+    echo "relokv: missing Debian packages. Run:" >&2
+    echo "  sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+}
+
+# relokv_configure <build dir> [cmake args...]: configures once, reconfigures only when asked.
+relokv_configure() {
+  local dir=$1
+  shift
+  if [ ! -f "$dir/CMakeCache.txt" ] || [ $# -gt 0 ]; then
+    cmake -S "$RELOKV_ROOT" -B "$dir" -G Ninja "$@" >&2
+  fi
+}
+
+relokv_jobs() { nproc 2>/dev/null || echo 2; }

@@ -162,15 +162,17 @@ class relocatable_cache {
       block_id hit = kNoBlock;
       if (e.sealed && chain_exact) {
         hit = lookup(ctx_index_, keys_.context[bi]);
-        if (hit != kNoBlock && !verify_exact(rs, b, hit)) hit = kNoBlock;
+        if (hit != kNoBlock && !verify_chain(rs, b, hit, true)) hit = kNoBlock;
         if (hit != kNoBlock) status_[bi] = block_status::kExactHit;
       }
       if (hit == kNoBlock && e.sealed && relocatable(seg)) {
         hit = lookup(content_index_, keys_.content[bi]);
-        if (hit != kNoBlock && !verify_content(rs, b, hit)) hit = kNoBlock;
+        if (hit != kNoBlock && !verify_chain(rs, b, hit, false)) hit = kNoBlock;
         if (hit != kNoBlock) status_[bi] = block_status::kRelocatedHit;
       }
-      if (hit == kNoBlock) chain_exact = false;
+      // Exact lookups continue only along an unbroken chain of exact hits: the chain walk's
+      // shortcut (parent == the block resolved for b-1) is a proof only for exact parents.
+      if (status_[bi] != block_status::kExactHit) chain_exact = false;
       pb.physical = hit;
       pb.status = status_[bi];
       rs.ident[bi] = hit;
@@ -219,7 +221,8 @@ class relocatable_cache {
       if (pb.fresh || pb.copy_on_write) {
         const alloc_result r = alloc_.allocate();
         RELOKV_ASSERT(r.status == alloc_status::kOk, "pool had fewer free blocks than counted");
-        if (r.evicted) forget(r.block);
+        forget(r.block);
+        stats_.evictions += r.evicted ? 1 : 0;
         block_meta& m = meta_[static_cast<std::size_t>(r.block)];
         ++m.generation;
         pb.physical = r.block;
@@ -242,6 +245,8 @@ class relocatable_cache {
     p.tokens_to_compute =
         static_cast<std::int32_t>(std::count(p.compute.begin(), p.compute.end(), 1));
     rs.plan_blocks.assign(p.blocks.begin(), p.blocks.end());
+    rs.ctx_link = rs.ident;
+    rs.content_link = rs.ident;
     rs.live = true;
     p.id = next_id_++;
     live_.emplace(p.id, rs_index_);
@@ -273,35 +278,43 @@ class relocatable_cache {
       m.extras = rs.extras;
       std::copy_n(rs.tokens.begin() + e.pos0, e.len, block_tokens(pb.physical));
       bool cached = false;
+      // Children link to the indexed copy of their parent when there is one (the canonical
+      // block), so that a duplicate computed concurrently does not orphan them when it is freed.
       if (rs.exact[bi]) {
-        if (ctx_index_.try_emplace(rs.context_key[bi], pb.physical).second) {
+        m.ctx_parent = bi == 0 ? kNoBlock : rs.ctx_link[bi - 1];
+        m.ctx_parent_gen = bi == 0 ? 0 : meta_of(m.ctx_parent).generation;
+        const auto [it, inserted] = ctx_index_.try_emplace(rs.context_key[bi], pb.physical);
+        if (inserted) {
           m.in_ctx = true;
           m.ctx_key = rs.context_key[bi];
-          m.ctx_parent = bi == 0 ? kNoBlock : rs.ident[bi - 1];
-          m.ctx_parent_gen = bi == 0 ? 0 : meta_of(m.ctx_parent).generation;
           cached = true;
+        } else if (verify_chain(rs, b, it->second, true)) {
+          rs.ctx_link[bi] = it->second;
         }
       }
       if (relocatable(seg)) {
+        // Content links are recorded even when the key is taken, so that a chain walk through
+        // this block (reached as an exact parent) can still prove the span's content.
         const bool first = b == seg.first_block;
-        std::int32_t entry = -1;
-        if (first) entry = intern_context(rs, e.segment);
-        const bool parent_ok = first ? entry >= 0 : rs.ident[bi - 1] != kNoBlock;
-        if (parent_ok && content_index_.try_emplace(rs.content_key[bi], pb.physical).second) {
-          m.in_content = true;
-          m.content_key = rs.content_key[bi];
-          if (first) {
-            m.content_parent = kNoBlock;
-            m.context_entry = entry;
-            ++contexts_[static_cast<std::size_t>(entry)].refs;
-          } else {
-            m.content_parent = rs.ident[bi - 1];
-            m.content_parent_gen = meta_of(m.content_parent).generation;
-          }
-          cached = true;
+        if (first) {
+          const std::int32_t entry = intern_context(rs, e.segment);
+          m.content_parent = kNoBlock;
+          m.context_entry = entry;
+          if (entry >= 0) ++contexts_[static_cast<std::size_t>(entry)].refs;
+        } else {
+          m.content_parent = rs.content_link[bi - 1];
+          m.content_parent_gen = meta_of(m.content_parent).generation;
         }
-        if (first && entry >= 0 && contexts_[static_cast<std::size_t>(entry)].refs == 0)
-          drop_context(entry);
+        if (!first || m.context_entry >= 0) {
+          const auto [it, inserted] = content_index_.try_emplace(rs.content_key[bi], pb.physical);
+          if (inserted) {
+            m.in_content = true;
+            m.content_key = rs.content_key[bi];
+            cached = true;
+          } else if (verify_chain(rs, b, it->second, false)) {
+            rs.content_link[bi] = it->second;
+          }
+        }
       }
       if (cached) alloc_.set_cached(pb.physical, true);
     }
@@ -379,6 +392,7 @@ class relocatable_cache {
     std::vector<std::int32_t> segment_entry;
     std::vector<planned_block> plan_blocks;
     std::vector<block_id> ident;  ///< per block: the shared block that holds its content
+    std::vector<block_id> ctx_link, content_link;  ///< parents that commit links children to
     std::vector<std::uint8_t> exact;
     std::vector<block_id> held;
   };
@@ -422,25 +436,33 @@ class relocatable_cache {
     return std::equal(rs.tokens.begin() + e.pos0, rs.tokens.begin() + e.pos0 + e.len,
                       tokens_.begin() + static_cast<std::ptrdiff_t>(q) * block_size_);
   }
-  bool verify_exact(const request_state& rs, std::int32_t b, block_id q) const noexcept {
-    const block_meta& m = meta_of(q);
-    if (!m.in_ctx || !same_block(rs, b, q)) return false;
-    if (b == 0) return m.ctx_parent == kNoBlock && m.extras == rs.extras;
-    const block_id parent = rs.ident[static_cast<std::size_t>(b - 1)];
-    return m.ctx_parent == parent && m.ctx_parent_gen == meta_of(parent).generation;
-  }
-  bool verify_content(const request_state& rs, std::int32_t b, block_id q) const noexcept {
-    const block_meta& m = meta_of(q);
-    if (!m.in_content || !same_block(rs, b, q)) return false;
-    const block_extent& e = rs.blocks[static_cast<std::size_t>(b)];
-    const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
-    if (b == seg.first_block) {
-      const std::int32_t entry = rs.segment_entry[static_cast<std::size_t>(e.segment)];
-      return m.content_parent == kNoBlock && entry >= 0 && m.context_entry == entry;
+  /// True when cached block q holds request block b with the same context (exact) or the
+  /// same span content and span context (content). Walks q's parent links, comparing tokens,
+  /// until it meets a block the request already resolved or the start of the chain; links are
+  /// checked by generation, so an evicted and reused parent never matches.
+  bool verify_chain(const request_state& rs, std::int32_t b, block_id q, bool exact) const {
+    const block_meta& head = meta_of(q);
+    if (exact ? !head.in_ctx : !head.in_content) return false;
+    const std::int32_t seg_index = rs.blocks[static_cast<std::size_t>(b)].segment;
+    const std::int32_t start =
+        exact ? 0 : rs.segments[static_cast<std::size_t>(seg_index)].first_block;
+    block_id cur = q;
+    for (std::int32_t i = b;; --i) {
+      const block_meta& m = meta_of(cur);
+      if (!same_block(rs, i, cur)) return false;
+      const block_id parent = exact ? m.ctx_parent : m.content_parent;
+      if (i == start) {
+        if (parent != kNoBlock) return false;
+        if (exact) return m.extras == rs.extras;
+        const std::int32_t entry = rs.segment_entry[static_cast<std::size_t>(seg_index)];
+        return entry >= 0 && m.context_entry == entry;
+      }
+      if (parent == kNoBlock ||
+          meta_of(parent).generation != (exact ? m.ctx_parent_gen : m.content_parent_gen))
+        return false;
+      if (parent == rs.ident[static_cast<std::size_t>(i - 1)]) return true;  // resolved already
+      cur = parent;
     }
-    const block_id parent = rs.ident[static_cast<std::size_t>(b - 1)];
-    return parent != kNoBlock && m.content_parent == parent &&
-           m.content_parent_gen == meta_of(parent).generation;
   }
 
   /// Tokens a relocatable segment's content is bound to: the prefix (spans) or the window.
@@ -497,7 +519,7 @@ class relocatable_cache {
     free_contexts_.push_back(idx);
   }
 
-  /// A cached block was evicted: forget its keys.
+  /// A block is handed out again: forget its keys and links (it may never have had any).
   void forget(block_id b) {
     block_meta& m = meta_of(b);
     if (m.in_ctx) {
@@ -507,13 +529,12 @@ class relocatable_cache {
     if (m.in_content) {
       const auto it = content_index_.find(m.content_key);
       if (it != content_index_.end() && it->second == b) content_index_.erase(it);
-      if (m.context_entry >= 0 && --contexts_[static_cast<std::size_t>(m.context_entry)].refs == 0)
-        drop_context(m.context_entry);
     }
+    if (m.context_entry >= 0 && --contexts_[static_cast<std::size_t>(m.context_entry)].refs == 0)
+      drop_context(m.context_entry);
     const std::uint32_t gen = m.generation;
     m = block_meta{};
     m.generation = gen;
-    ++stats_.evictions;
   }
 
   // Counting distinct hit blocks that are free right now (a block may be hit twice).

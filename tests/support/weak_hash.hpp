@@ -9,8 +9,9 @@
 
 struct weak_hash {
   using key_type = std::uint8_t;
-  [[nodiscard]] key_type digest(std::span<const std::byte> bytes, relokv::hash_domain) const {
-    unsigned s = 0;
+  [[nodiscard]] key_type digest(std::span<const std::byte> bytes, relokv::hash_domain,
+                                std::uint64_t tweak = 0) const {
+    unsigned s = static_cast<unsigned>(tweak);
     for (std::byte b : bytes) s += static_cast<unsigned>(b);
     return static_cast<key_type>(s & 3u);
   }

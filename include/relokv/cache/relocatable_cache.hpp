@@ -401,10 +401,7 @@ class relocatable_cache {
     return s.kind == segment_kind::kSpan ||
            (s.kind == segment_kind::kDependent && s.dep_window > 0);
   }
-  static std::uint32_t tag_of(const segment& s, bool first) noexcept {
-    return static_cast<std::uint32_t>(s.kind) | (first ? 0x100u : 0u) |
-           (static_cast<std::uint32_t>(s.dep_window) << 9);
-  }
+  static std::uint32_t tag_of(const segment& s, bool first) noexcept { return block_tag(s, first); }
   static constexpr bool needs_rotation_v = RopePlacement::relocation_rotates_keys;
   bool needs_rotation(const planned_block& pb) const noexcept {
     if constexpr (needs_rotation_v) {

@@ -26,7 +26,8 @@ enum class hash_domain : std::uint8_t {
 ///
 /// Requirements:
 ///  - `key_type`: regular and trivially copyable;
-///  - `h.digest(bytes, domain)`: a key for a byte string;
+///  - `h.digest(bytes, domain, tweak)`: a key for a byte string; `tweak` (a small integer such
+///    as a block's segment tag) selects an independent function, like the domain does;
 ///  - `h.combine(parent, child, domain)`: a key for the pair, used to chain blocks;
 ///  - `H::bucket(key)`: a well-mixed size_t for hash tables.
 template <class H>

@@ -4,8 +4,8 @@
 ///
 /// Definitions (H = the hash scheme; all integers little-endian):
 ///  - root      = digest(le64 model_fingerprint || le64 adapter_id || le64 tenant_salt, kRoot)
-///  - tokens(b) = digest(le32 token... || le32 tag || le32 dep_window, kTokens), where
-///                tag = segment kind | 0x100 if b starts its segment; so the segment structure,
+///  - tokens(b) = digest(le32 token..., kTokens, tag(b)), where tag(b) = segment kind
+///                | 0x100 if b starts its segment | dep_window << 9; so the segment structure,
 ///                not only the tokens, is part of every key
 ///  - context(b) = combine(b == 0 ? root : context(b-1), tokens(b), kContext)
 ///  - content(b):
@@ -48,17 +48,16 @@ struct block_keys {
   key_type root{};
 };
 
-/// Reusable buffers for derive_block_keys, so a hot loop allocates nothing.
+/// Reusable buffers for derive_block_keys (kept for API stability; currently unused).
 struct key_scratch {
   std::vector<std::uint32_t> words;
 };
 
-namespace detail {
-template <hash_scheme H>
-typename H::key_type digest_words(const H& h, std::span<const std::uint32_t> w, hash_domain d) {
-  return h.digest(std::as_bytes(w), d);
+/// A block's segment structure as one integer: kind, whether it starts its segment, window.
+[[nodiscard]] constexpr std::uint32_t block_tag(const segment& s, bool first) noexcept {
+  return static_cast<std::uint32_t>(s.kind) | (first ? 0x100u : 0u) |
+         (static_cast<std::uint32_t>(s.dep_window) << 9);
 }
-}  // namespace detail
 
 /// The root key: extra keys only.
 template <hash_scheme H>
@@ -77,9 +76,24 @@ void derive_block_keys(const H& h, const request_layout& layout, const extra_key
   out.content.resize(nb);
   out.segment_context.assign(layout.segments.size(), key{});
   out.root = root_key(h, extras);
-  scratch.words.resize(static_cast<std::size_t>(layout.block_size) + 2);
+  (void)scratch;
 
+  // Pass 1: block digests are independent of each other, so they pipeline. The tokens are
+  // hashed where they lie; the segment structure enters as the digest's tweak.
+  // (out.content holds the block digests until pass 2 overwrites them.)
+  for (std::size_t si = 0; si < layout.segments.size(); ++si) {
+    const segment& s = layout.segments[si];
+    for (std::int32_t j = 0; j < s.num_blocks; ++j) {
+      const auto b = static_cast<std::size_t>(s.first_block + j);
+      const block_extent& e = layout.blocks[b];
+      const std::span<const token_t> toks(layout.tokens.data() + e.pos0,
+                                          static_cast<std::size_t>(e.len));
+      out.content[b] = h.digest(std::as_bytes(toks), hash_domain::kTokens, block_tag(s, j == 0));
+    }
+  }
+  // Pass 2: the two chains. They do not depend on each other, so their links overlap.
   key prefix_last = out.root;
+  key ctx = out.root;
   for (std::size_t si = 0; si < layout.segments.size(); ++si) {
     const segment& s = layout.segments[si];
     key seg_ctx = out.root;
@@ -96,25 +110,20 @@ void derive_block_keys(const H& h, const request_layout& layout, const extra_key
     out.segment_context[si] = seg_ctx;
     const bool relocatable =
         s.kind == segment_kind::kSpan || (s.kind == segment_kind::kDependent && s.dep_window > 0);
+    key content = seg_ctx;
     for (std::int32_t j = 0; j < s.num_blocks; ++j) {
       const auto b = static_cast<std::size_t>(s.first_block + j);
-      const block_extent& e = layout.blocks[b];
-      const auto len = static_cast<std::size_t>(e.len);
-      std::memcpy(scratch.words.data(), layout.tokens.data() + e.pos0, len * sizeof(token_t));
-      scratch.words[len] = static_cast<std::uint32_t>(s.kind) | (j == 0 ? 0x100u : 0u);
-      scratch.words[len + 1] = static_cast<std::uint32_t>(s.dep_window);
-      const key tok = detail::digest_words(
-          h, std::span<const std::uint32_t>(scratch.words.data(), len + 2), hash_domain::kTokens);
-      out.context[b] =
-          h.combine(b == 0 ? out.root : out.context[b - 1], tok, hash_domain::kContext);
-      if (relocatable)
-        out.content[b] =
-            h.combine(j == 0 ? seg_ctx : out.content[b - 1], tok, hash_domain::kContent);
-      else
-        out.content[b] = out.context[b];
+      const key tok = out.content[b];
+      ctx = h.combine(ctx, tok, hash_domain::kContext);
+      out.context[b] = ctx;
+      if (relocatable) {
+        content = h.combine(content, tok, hash_domain::kContent);
+        out.content[b] = content;
+      } else {
+        out.content[b] = ctx;
+      }
     }
-    if (s.kind == segment_kind::kPrefix && s.num_blocks > 0)
-      prefix_last = out.context[static_cast<std::size_t>(s.first_block + s.num_blocks - 1)];
+    if (s.kind == segment_kind::kPrefix && s.num_blocks > 0) prefix_last = ctx;
   }
 }
 

@@ -1,0 +1,49 @@
+// relokv_report: relokv's headline figures, one `name value` line each. Ratios are measured
+// side by side in this run; times are medians of repeated runs. See README.md for targets.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "support/core_figures.hpp"
+
+namespace {
+void usage() {
+  std::printf(
+      "usage: relokv_report [--reps N] [--filter SUBSTRING]\n"
+      "  Prints one `name value` line per headline figure.\n"
+      "  --reps N     repetitions per figure; the median is reported (default 15)\n"
+      "  --filter S   only figures whose name contains S\n");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 15;
+  std::string filter;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+      if (reps < 1) {
+        std::fprintf(stderr, "relokv_report: --reps needs a positive number\n");
+        return 2;
+      }
+    } else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) {
+      filter = argv[++i];
+    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      usage();
+      return 0;
+    } else {
+      std::fprintf(stderr, "relokv_report: unknown option '%s'\n", argv[i]);
+      usage();
+      return 2;
+    }
+  }
+  const auto print = [&](const relokv_bench::figure_lines& lines) {
+    for (const auto& [name, value] : lines)
+      if (filter.empty() || name.find(filter) != std::string::npos)
+        std::printf("%s %.3g\n", name.c_str(), value);
+    std::fflush(stdout);
+  };
+  print(relokv_bench::core_figures(reps));
+  return 0;
+}

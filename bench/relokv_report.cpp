@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "support/attention_figures.hpp"
 #include "support/core_figures.hpp"
 
 namespace {
@@ -45,5 +46,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
   print(relokv_bench::core_figures(reps));
+  print(relokv_bench::attention_figures(reps));
   return 0;
 }

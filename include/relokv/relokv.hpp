@@ -1,6 +1,9 @@
 #pragma once
 /// @file
 /// Umbrella header: the whole host-side library.
+#include "relokv/attention/host_attention.hpp"
+#include "relokv/attention/kv_append.hpp"
+#include "relokv/attention/paged_view.hpp"
 #include "relokv/cache/relocatable_cache.hpp"
 #include "relokv/cache/reuse_plan.hpp"
 #include "relokv/concepts/block_allocator.hpp"
@@ -21,4 +24,6 @@
 #include "relokv/rope/at_attention.hpp"
 #include "relokv/rope/block_relative.hpp"
 #include "relokv/rope/pre_rotated.hpp"
+#include "relokv/rope/rope_config.hpp"
+#include "relokv/rope/rotate.hpp"
 #include "relokv/types.hpp"

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "relokv/attention/paged_view.hpp"
 #include "relokv/dtype.hpp"
 #include "relokv/types.hpp"
 
@@ -72,6 +73,16 @@ class host_kv_storage {
       const T* s = data_.data() + offset(l, src, 0, 0);
       std::copy(s, s + shape_.block_elems(), data_.data() + offset(l, dst, 0, 0));
     }
+  }
+
+  /// View of one layer, for the attention kernels.
+  [[nodiscard]] paged_kv_view<T> layer(std::int32_t l) noexcept {
+    return {data_.data() + static_cast<std::size_t>(l) * shape_.layer_elems(), shape_.num_blocks,
+            shape_.num_kv_heads, shape_.block_size, shape_.head_dim};
+  }
+  [[nodiscard]] paged_kv_view<const T> layer(std::int32_t l) const noexcept {
+    return {data_.data() + static_cast<std::size_t>(l) * shape_.layer_elems(), shape_.num_blocks,
+            shape_.num_kv_heads, shape_.block_size, shape_.head_dim};
   }
 
   /// Bytes held, for memory reports.

@@ -1,0 +1,124 @@
+#pragma once
+// Decode-attention figures: bandwidth against a plain streaming read, rotation overheads, and
+// the cost of pre_rotated relocation. Shape: 32k-token context, 32 query heads over 8 KV heads,
+// head_dim 128, block size 16, one layer, one thread.
+#include <relokv/attention/host_attention.hpp>
+#include <relokv/attention/kv_append.hpp>
+#include <relokv/memory/host_kv_storage.hpp>
+#include <relokv/rope/at_attention.hpp>
+#include <relokv/rope/block_relative.hpp>
+#include <relokv/rope/pre_rotated.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/measure.hpp"
+
+namespace relokv_bench {
+
+struct decode_setup {
+  static constexpr int kContext = 32768, kBlock = 16, kHq = 32, kHkv = 8, kDim = 128;
+  relokv::rope_config cfg;
+  relokv::rope_table rope;
+  std::vector<relokv::block_entry> table;
+  std::int32_t indptr[2] = {0, kContext / kBlock};
+  std::vector<float> q, out;
+  relokv::pos_t m = kContext;
+
+  static relokv::rope_config make_cfg() {
+    relokv::rope_config c;
+    c.head_dim = c.rotary_dim = kDim;
+    c.theta = 500000;
+    return c;
+  }
+  decode_setup() : cfg(make_cfg()), rope(cfg, kContext + 1) {
+    for (int b = 0; b < kContext / kBlock; ++b) table.push_back({b, b * kBlock, kBlock});
+    std::mt19937 rng(1);
+    std::normal_distribution<float> d;
+    q.resize(kHq * kDim);
+    for (auto& x : q) x = d(rng);
+    out.resize(q.size());
+  }
+  relokv::block_table_view view() const { return {table.data(), indptr, 1}; }
+};
+
+template <class T>
+relokv::host_kv_storage<T> random_pool(const decode_setup& s) {
+  relokv::host_kv_storage<T> st(relokv::kv_shape{1, decode_setup::kContext / decode_setup::kBlock,
+                                                 decode_setup::kHkv, decode_setup::kBlock,
+                                                 decode_setup::kDim});
+  std::mt19937 rng(2);
+  std::normal_distribution<float> d;
+  T* p = st.data();
+  for (std::size_t i = 0; i < st.shape().total_elems(); ++i) p[i] = relokv::from_f32<T>(d(rng));
+  (void)s;
+  return st;
+}
+
+/// A plain streaming read of n bytes (the bandwidth reference).
+inline std::uint64_t stream_read(const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const std::uint64_t*>(data);
+  std::uint64_t acc[8] = {};
+  const std::size_t n = bytes / 8;
+  for (std::size_t i = 0; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] ^= p[i + static_cast<std::size_t>(l)];
+  std::uint64_t r = 0;
+  for (auto a : acc) r ^= a;
+  return r;
+}
+
+template <class P, class T>
+void run_decode(decode_setup& s, const relokv::host_kv_storage<T>& st) {
+  relokv::decode_attention<P>(s.rope, st.layer(0), s.view(), s.q.data(), &s.m, decode_setup::kHq,
+                              0.0884f, s.out.data());
+  keep(s.out[0]);
+}
+
+using figure_lines = std::vector<std::pair<std::string, double>>;
+
+template <class T>
+double bw_fraction(decode_setup& s, int reps) {
+  const auto st = random_pool<T>(s);
+  auto kernel = [&] { run_decode<relokv::block_relative>(s, st); };
+  auto stream = [&] { keep(stream_read(st.data(), st.bytes())); };
+  kernel();  // warm up (first touch, tables)
+  // time(stream) / time(kernel) = (bytes/time(kernel)) / (bytes/time(stream))
+  return 1.0 / median_ratio(kernel, stream, reps, 1);
+}
+
+inline figure_lines attention_figures(int reps) {
+  figure_lines out;
+  decode_setup s;
+  out.emplace_back("decode_bw_fraction_fp32", bw_fraction<float>(s, reps));
+  out.emplace_back("decode_bw_fraction_bf16", bw_fraction<relokv::bf16>(s, reps));
+  {
+    const auto st = random_pool<relokv::bf16>(s);
+    auto base = [&] { run_decode<relokv::pre_rotated>(s, st); };
+    auto at = [&] { run_decode<relokv::at_attention>(s, st); };
+    auto rel = [&] { run_decode<relokv::block_relative>(s, st); };
+    base();
+    out.emplace_back("rotate_overhead_at_attention", median_ratio(at, base, reps, 1));
+    out.emplace_back("rotate_overhead_block_relative", median_ratio(rel, base, reps, 1));
+  }
+  {
+    // Relocating 1k pre-rotated tokens (64 blocks) of one layer: copy + delta rotation.
+    relokv::host_kv_storage<relokv::bf16> st(
+        relokv::kv_shape{1, 128, decode_setup::kHkv, decode_setup::kBlock, decode_setup::kDim});
+    auto relocate = [&] {
+      for (int b = 0; b < 64; ++b) relokv::relocate_block(s.rope, st.layer(0), b, 64 + b, 777, 16);
+      keep(st.data()[0]);
+    };
+    out.emplace_back("relocate_pre_rotated_us_per_1k_tokens",
+                     median_ns(relocate, reps, 3) / 1000.0);
+    // The other placements relocate by changing pos0 in the block table: no key is touched.
+    out.emplace_back("relocate_at_attention_us_per_1k_tokens", 0.0);
+    out.emplace_back("relocate_block_relative_us_per_1k_tokens", 0.0);
+  }
+  return out;
+}
+
+}  // namespace relokv_bench

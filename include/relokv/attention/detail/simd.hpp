@@ -1,0 +1,87 @@
+#pragma once
+/// @file
+/// 16-lane float vectors (GCC/clang vector extensions) for the host attention fast path.
+/// Enabled where the target has AVX-512 (16 lanes map to one register); elsewhere the portable
+/// path, which compilers auto-vectorize for the target's width, is faster.
+/// Vectors never cross a function boundary by value (helpers take references), so the code is
+/// free of the calling-convention differences GCC warns about (-Wpsabi).
+#include <bit>
+#include <cstdint>
+
+#include "relokv/config.hpp"
+
+#if defined(__AVX512F__) && (defined(__GNUC__) || defined(__clang__))
+#define RELOKV_HOST_SIMD 1
+#else
+#define RELOKV_HOST_SIMD 0
+#endif
+
+#if RELOKV_HOST_SIMD
+RELOKV_NAMESPACE_BEGIN
+namespace detail::simd {
+
+typedef float vf16 __attribute__((vector_size(64)));
+typedef std::int32_t vi16 __attribute__((vector_size(64)));
+typedef std::uint32_t vu16 __attribute__((vector_size(64)));
+/// Unaligned, aliasing views for loads and stores from plain arrays.
+typedef float vf16u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef std::uint16_t vh16u __attribute__((vector_size(32), aligned(2), may_alias));
+typedef std::int32_t vi16u __attribute__((vector_size(64), aligned(4), may_alias));
+
+#define RELOKV_VLOAD(p) (*reinterpret_cast<const ::relokv::detail::simd::vf16u*>(p))
+#define RELOKV_VSTORE(p, v) (*reinterpret_cast<::relokv::detail::simd::vf16u*>(p) = (v))
+
+/// 16 bf16 values (raw bits) to fp32.
+RELOKV_ALWAYS_INLINE inline void load_bf16(vf16& out, const std::uint16_t* p) {
+  const vu16 w = __builtin_convertvector(*reinterpret_cast<const vh16u*>(p), vu16) << 16;
+  out = __builtin_bit_cast(vf16, w);
+}
+
+/// Sum of each of 16 vectors into one lane each: out[j] = sum(a[j]).
+RELOKV_ALWAYS_INLINE inline void transpose_sum(const vf16* a, vf16& out) {
+  vf16 l1[8], l2[4], l3[2];
+  for (int i = 0; i < 8; ++i)
+    l1[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10,
+                                    26, 12, 28, 14, 30) +
+            __builtin_shufflevector(a[2 * i], a[2 * i + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11,
+                                    27, 13, 29, 15, 31);
+  for (int i = 0; i < 4; ++i)
+    l2[i] = __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24,
+                                    25, 12, 13, 28, 29) +
+            __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11,
+                                    26, 27, 14, 15, 30, 31);
+  for (int i = 0; i < 2; ++i)
+    l3[i] = __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10,
+                                    11, 24, 25, 26, 27) +
+            __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13,
+                                    14, 15, 28, 29, 30, 31);
+  // Each level halves the number of vectors and doubles the number of keys a vector holds
+  // partial sums for; after the fourth, lane j holds the whole sum of a[j].
+  out = __builtin_shufflevector(l3[0], l3[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22,
+                                23) +
+        __builtin_shufflevector(l3[0], l3[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                30, 31);
+}
+
+/// x = e^x lane-wise for x <= 0; see detail::exp_nonpositive for the method and accuracy.
+RELOKV_ALWAYS_INLINE inline void exp_nonpositive(vf16& x) {
+  const vf16 clamp = __builtin_convertvector(x < -87.0f, vf16);  // -1 where x < -87, else 0
+  const vf16 xc = x + (x + 87.0f) * clamp;
+  const vf16 t = xc * 1.44269504088896341f - 0.5f;
+  const vi16 n = __builtin_convertvector(t, vi16);  // truncation == round-to-nearest here
+  const vf16 fn = __builtin_convertvector(n, vf16);
+  vf16 r = xc - fn * 0.693145751953125f;
+  r = r - fn * 1.428606765330187045e-06f;
+  vf16 p = r * (1.0f / 720.0f) + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vi16 e = (n + 127) << 23;
+  x = p * __builtin_bit_cast(vf16, e);
+}
+
+}  // namespace detail::simd
+RELOKV_NAMESPACE_END
+#endif

@@ -1,0 +1,480 @@
+#pragma once
+/// @file
+/// Host paged attention that applies RoPE where the placement says: decode (one query per
+/// sequence) and prefill (many queries at arbitrary, possibly scattered positions), causal by
+/// logical position; GQA/MQA; fp32, bf16 and fp16 storage with fp32 accumulation; online
+/// softmax. These kernels serve CPU engines and are the oracle for the CUDA kernels.
+///
+/// Loop structure per query: blocks outer, KV heads inner, the query heads of a GQA group
+/// innermost, so every key and value is read once per query position and group, not once per
+/// query head. The inner loops (conversion, rotation, dot products, exp, V accumulation) are
+/// written with fixed-width lane arrays so that they vectorize without -ffast-math.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "relokv/attention/detail/simd.hpp"
+#include "relokv/attention/paged_view.hpp"
+#include "relokv/concepts/rope_placement.hpp"
+#include "relokv/dtype.hpp"
+#include "relokv/rope/rotate.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+namespace detail {
+
+inline constexpr int kLanes = 16;
+
+/// e^x for x <= 0 (softmax weights): Cody-Waite reduction and a degree-6 polynomial; relative
+/// error below 2e-7 on [-87, 0]; branch-free so that loops over it vectorize.
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float t = x * 1.44269504088896341f;
+  const int n = static_cast<int>(t - 0.5f);  // round to nearest for t <= 0
+  const float fn = static_cast<float>(n);
+  float r = x - fn * 0.693145751953125f;
+  r = r - fn * 1.428606765330187045e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * bits_f32(static_cast<std::uint32_t>(n + 127) << 23);
+}
+
+inline float dot(const float* RELOKV_RESTRICT a, const float* RELOKV_RESTRICT b, int n) {
+  float acc[kLanes] = {};
+  int d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[d + l] * b[d + l];
+  float s = 0.0f;
+  for (; d < n; ++d) s += a[d] * b[d];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+template <class T>
+inline void to_float_row(const T* RELOKV_RESTRICT src, float* RELOKV_RESTRICT dst, int n) {
+  for (int d = 0; d < n; ++d) dst[d] = to_f32(src[d]);
+}
+
+/// Per-thread scratch, grown on demand and reused.
+struct attention_scratch {
+  std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
+      qcos, qsin;
+};
+inline attention_scratch& scratch() {
+  thread_local attention_scratch s;
+  return s;
+}
+
+/// One block and one KV head, for all query heads of its group: any head_dim, block size and
+/// compiler. Accumulates into w.acc/w.mx/w.sum.
+template <class T>
+struct block_head_t {
+  const T* kt;  ///< [block_size][head_dim]
+  const T* vt;  ///< [block_size][head_dim]
+  int valid;    ///< visible slots (causal limit and padding applied)
+  int h, G, D;
+  float scale;
+  rope_layout layout;
+  int pairs;
+  const float* qsrc;  ///< [num_q_heads][head_dim], rotated as the placement needs
+  /// When set (fast path, block_relative), qsrc is unrotated and each query chunk is rotated as
+  /// it is loaded: q' = q * qcos + partner(q) * qsin, per element ([head_dim] each); the partner
+  /// of an element is the other member of its pair (NeoX: the other half; GPT-J: the neighbour).
+  const float* qcos = nullptr;
+  const float* qsin = nullptr;
+};
+
+template <class P, class T>
+void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
+  const T* kt = bh.kt;
+  const T* vt = bh.vt;
+  const int valid = bh.valid, h = bh.h, G = bh.G, D = bh.D, pairs = bh.pairs;
+  const float scale = bh.scale;
+  const rope_layout layout = bh.layout;
+  const float* qsrc = bh.qsrc;
+  const auto hd = static_cast<std::size_t>(D);
+  {
+    const float* kf;
+    const float* vf;
+    constexpr bool direct = std::is_same_v<std::remove_const_t<T>, float>;
+    if constexpr (direct && P::kind != placement_kind::kAtAttention) {
+      kf = reinterpret_cast<const float*>(kt);
+    } else {
+      for (int j = 0; j < valid; ++j)
+        to_float_row(kt + static_cast<std::ptrdiff_t>(j) * D, w.kbuf.data() + j * hd, D);
+      if constexpr (P::kind == placement_kind::kAtAttention)
+        for (int j = 0; j < valid; ++j)
+          rotate_inplace(
+              w.kbuf.data() + j * hd, layout, pairs,
+              w.kcos.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
+              w.ksin.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs));
+      kf = w.kbuf.data();
+    }
+    if constexpr (direct) {
+      vf = reinterpret_cast<const float*>(vt);
+    } else {
+      for (int j = 0; j < valid; ++j)
+        to_float_row(vt + static_cast<std::ptrdiff_t>(j) * D, w.vbuf.data() + j * hd, D);
+      vf = w.vbuf.data();
+    }
+    for (int g = 0; g < G; ++g) {
+      const std::size_t qh = static_cast<std::size_t>(h * G + g);
+      const float* qg = qsrc + qh * hd;
+      float* s = w.scores.data();
+      float bmax = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < valid; ++j) {
+        s[j] = dot(qg, kf + static_cast<std::ptrdiff_t>(j) * D, D) * scale;
+        bmax = std::max(bmax, s[j]);
+      }
+      const float m_old = w.mx[qh];
+      const float m_new = std::max(m_old, bmax);
+      const float corr = exp_nonpositive(m_old - m_new);  // 0 on the first block
+      float bsum = 0.0f;
+      for (int j = 0; j < valid; ++j) {
+        s[j] = exp_nonpositive(s[j] - m_new);
+        bsum += s[j];
+      }
+      w.mx[qh] = m_new;
+      w.sum[qh] = w.sum[qh] * corr + bsum;
+      float* acc = w.acc.data() + qh * hd;
+      for (int d = 0; d < D; ++d) acc[d] *= corr;
+      for (int j = 0; j < valid; ++j) {
+        const float p = s[j];
+        const float* vj = vf + static_cast<std::ptrdiff_t>(j) * D;
+        for (int d = 0; d < D; ++d) acc[d] += p * vj[d];
+      }
+    }
+  }
+}
+
+#if RELOKV_HOST_SIMD
+/// The same as portable_block_head for head_dim = 16 * DC and block sizes that are multiples
+/// of 16: keys in chunks of 16, query heads' chunks held in registers, scores reduced with a
+/// transpose-sum, one vector exp per chunk, and V accumulated chunk-wise in registers.
+template <int DC, class P, class T>
+void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
+  using namespace simd;
+  constexpr int D = 16 * DC;
+  using U = std::remove_const_t<T>;
+  constexpr bool is_f32 = std::is_same_v<U, float>;
+  constexpr bool is_bf16 = std::is_same_v<U, bf16>;
+  constexpr bool rotate_keys = P::kind == placement_kind::kAtAttention;
+  for (int j0 = 0; j0 < bh.valid; j0 += 16) {
+    const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
+    // Keys of this chunk as fp32 rows (converted and/or rotated in scratch when needed).
+    const float* kf;
+    if constexpr (is_f32 && !rotate_keys) {
+      kf = reinterpret_cast<const float*>(bh.kt) + j0 * D;
+    } else {
+      float* kb = w.kbuf.data();
+      for (int j = 0; j < 16; ++j) {
+        const U* src = bh.kt + (j0 + j) * D;
+        float* dst = kb + j * D;
+        if constexpr (is_bf16) {
+          for (int c = 0; c < DC; ++c) {
+            vf16 x;
+            load_bf16(x, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
+            RELOKV_VSTORE(dst + 16 * c, x);
+          }
+        } else {
+          to_float_row(src, dst, D);
+        }
+        if (rotate_keys && j < vc)
+          rotate_inplace(dst, bh.layout, bh.pairs,
+                         w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs,
+                         w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs);
+      }
+      kf = kb;
+    }
+    const float* vfp = nullptr;
+    if constexpr (!is_f32 && !is_bf16) {
+      for (int j = 0; j < vc; ++j) to_float_row(bh.vt + (j0 + j) * D, w.vbuf.data() + j * D, D);
+      vfp = w.vbuf.data();
+    }
+    for (int g = 0; g < bh.G; ++g) {
+      const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
+      const float* qg = bh.qsrc + qh * D;
+      vf16 qv[DC];
+      if (bh.qcos != nullptr) {
+        for (int c = 0; c < DC; ++c) {
+          const vf16 x = RELOKV_VLOAD(qg + 16 * c);
+          const vf16 partner = bh.layout == rope_layout::kNeoX
+                                   ? RELOKV_VLOAD(qg + 16 * ((c + DC / 2) % DC))
+                                   : __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11,
+                                                             10, 13, 12, 15, 14);
+          qv[c] = (x * RELOKV_VLOAD(bh.qcos + 16 * c) + partner * RELOKV_VLOAD(bh.qsin + 16 * c)) *
+                  bh.scale;
+        }
+      } else {
+        for (int c = 0; c < DC; ++c) qv[c] = RELOKV_VLOAD(qg + 16 * c) * bh.scale;
+      }
+      // Chunk-outer, key-inner: sixteen independent accumulators keep the FMA units busy.
+      vf16 part[16];
+      for (int j = 0; j < 16; ++j) part[j] = RELOKV_VLOAD(kf + j * D) * qv[0];
+      for (int c = 1; c < DC; ++c)
+        for (int j = 0; j < 16; ++j) part[j] += RELOKV_VLOAD(kf + j * D + 16 * c) * qv[c];
+      alignas(64) float sc[16];
+      {
+        vf16 sums;
+        transpose_sum(part, sums);
+        RELOKV_VSTORE(sc, sums);
+      }
+      for (int j = vc; j < 16; ++j) sc[j] = -std::numeric_limits<float>::infinity();
+      float bmax = sc[0];
+      for (int j = 1; j < vc; ++j) bmax = sc[j] > bmax ? sc[j] : bmax;
+      const float m_old = w.mx[qh];
+      const float m_new = m_old > bmax ? m_old : bmax;
+      const float corr = exp_nonpositive(m_old - m_new);
+      alignas(64) float pr[16];
+      {
+        vf16 x = RELOKV_VLOAD(sc) - m_new;
+        simd::exp_nonpositive(x);
+        RELOKV_VSTORE(pr, x);
+      }
+      float bsum = 0.0f;
+      for (int j = 0; j < 16; ++j) {
+        pr[j] = j < vc ? pr[j] : 0.0f;
+        bsum += pr[j];
+      }
+      w.mx[qh] = m_new;
+      w.sum[qh] = w.sum[qh] * corr + bsum;
+      float* acc = w.acc.data() + qh * D;
+      vf16 a[DC];
+      for (int c = 0; c < DC; ++c) a[c] = RELOKV_VLOAD(acc + 16 * c) * corr;
+      for (int j = 0; j < vc; ++j) {
+        const float p = pr[j];
+        if constexpr (is_f32) {
+          const float* vr = reinterpret_cast<const float*>(bh.vt) + (j0 + j) * D;
+          for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;
+        } else if constexpr (is_bf16) {
+          const auto* vr = reinterpret_cast<const std::uint16_t*>(bh.vt) + (j0 + j) * D;
+          for (int c = 0; c < DC; ++c) {
+            vf16 x;
+            load_bf16(x, vr + 16 * c);
+            a[c] += x * p;
+          }
+        } else {
+          const float* vr = vfp + j * D;
+          for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;
+        }
+      }
+      for (int c = 0; c < DC; ++c) RELOKV_VSTORE(acc + 16 * c, a[c]);
+    }
+  }
+}
+#endif
+
+/// Software prefetch (into L2) of slice h of the num_kv_heads slices of a block's K and V.
+template <class T>
+inline void prefetch_slice(const paged_kv_view<const T>& kv, block_id block, int h) {
+#if defined(__GNUC__) || defined(__clang__)
+  const auto* base = reinterpret_cast<const char*>(kv.k(block, 0));
+  const std::size_t slice = 2 * static_cast<std::size_t>(kv.tile_elems()) * sizeof(T);
+  for (std::size_t off = slice * static_cast<std::size_t>(h);
+       off < slice * static_cast<std::size_t>(h + 1); off += 64)
+    __builtin_prefetch(base + off, 0, 1);
+#else
+  (void)kv, (void)block, (void)h;
+#endif
+}
+
+/// Per-element form of a rotation: x' = x * cosE + partner(x) * sinE (see block_head_t).
+inline void expand_rotation(rope_layout layout, int pairs, int D, const float* cs, const float* sn,
+                            float* cosE, float* sinE) {
+  for (int d = 0; d < D; ++d) {
+    cosE[d] = 1.0f;
+    sinE[d] = 0.0f;
+  }
+  for (int i = 0; i < pairs; ++i) {
+    std::int32_t a, b;
+    pair_index(layout, pairs, i, a, b);
+    cosE[a] = cosE[b] = cs[i];
+    sinE[a] = -sn[i];
+    sinE[b] = sn[i];
+  }
+}
+
+/// Attention of all query heads of one query position over the blocks of one sequence.
+/// q: [num_q_heads][head_dim], unrotated. out: [num_q_heads][head_dim].
+template <class P, class T>
+void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
+                std::int32_t num_blocks, const float* q, pos_t m, std::int32_t num_q_heads,
+                float scale, float* out) {
+  const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
+  const int pairs = rope.pairs();
+  const rope_layout layout = rope.config().layout;
+  const float mag = static_cast<float>(rope.magnitude_factor());
+  attention_scratch& w = scratch();
+  const auto hq = static_cast<std::size_t>(num_q_heads), hd = static_cast<std::size_t>(D);
+  w.qrot.resize(hq * hd);
+  w.qblock.resize(hq * hd);
+  w.kbuf.resize(static_cast<std::size_t>(bs) * hd);
+  w.vbuf.resize(static_cast<std::size_t>(bs) * hd);
+  w.kcos.resize(static_cast<std::size_t>(bs) * static_cast<std::size_t>(pairs));
+  w.ksin.resize(w.kcos.size());
+  w.acc.assign(hq * hd, 0.0f);
+  w.mx.assign(hq, -std::numeric_limits<float>::infinity());
+  w.sum.assign(hq, 0.0f);
+  w.scores.resize(static_cast<std::size_t>(bs));
+  w.cs.resize(static_cast<std::size_t>(pairs));
+  w.sn.resize(static_cast<std::size_t>(pairs));
+  w.c0.resize(static_cast<std::size_t>(pairs));
+  w.s0.resize(static_cast<std::size_t>(pairs));
+
+  // The fast path can fuse the per-block query rotation (block_relative) when pairs never
+  // straddle a 16-lane chunk: GPT-J always, NeoX when the whole head rotates.
+  const bool fast = RELOKV_HOST_SIMD && bs % 16 == 0 && (D == 64 || D == 128 || D == 256);
+  const bool fused_q = fast && (layout == rope_layout::kGPTJ || rope.config().rotary_dim == D);
+  w.qcos.resize(hd);
+  w.qsin.resize(hd);
+
+  // Queries rotated at m, for the placements whose keys carry absolute rotations.
+  std::copy(q, q + hq * hd, w.qrot.begin());
+  if constexpr (P::kind != placement_kind::kBlockRelative) {
+    rope.angles(m, w.cs.data(), w.sn.data());
+    for (std::size_t h = 0; h < hq; ++h)
+      rotate_inplace(w.qrot.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
+  }
+
+  for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
+    const block_entry e = blocks[bi];
+    if (e.pos0 > m || e.len <= 0) continue;
+    const int valid = static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m} - e.pos0 + 1));
+    const float* qsrc = w.qrot.data();
+    const float* qcos = nullptr;
+    const float* qsin = nullptr;
+    if constexpr (P::kind == placement_kind::kBlockRelative) {
+      // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k): one rotation per block. The
+      // fast path rotates each query chunk as it loads it; otherwise rotate a copy here.
+      rope.angles(std::int64_t{m} - e.pos0, w.cs.data(), w.sn.data());
+      if (fused_q) {
+        expand_rotation(layout, pairs, D, w.cs.data(), w.sn.data(), w.qcos.data(), w.qsin.data());
+        qsrc = q;
+        qcos = w.qcos.data();
+        qsin = w.qsin.data();
+      } else {
+        std::copy(q, q + hq * hd, w.qblock.begin());
+        for (std::size_t h = 0; h < hq; ++h)
+          rotate_inplace(w.qblock.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
+        qsrc = w.qblock.data();
+      }
+    }
+    if constexpr (P::kind == placement_kind::kAtAttention) {
+      // R(pos0 + j) = R(pos0) R(j): one table row per block, composed per slot, shared by all
+      // KV heads.
+      rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
+      for (int j = 0; j < valid; ++j) {
+        rope.angles(j, w.cs.data(), w.sn.data(), /*unit=*/true);
+        float* kc = w.kcos.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs);
+        float* ks = w.ksin.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs);
+        for (int i = 0; i < pairs; ++i) {
+          kc[i] = mag * (w.c0[static_cast<std::size_t>(i)] * w.cs[static_cast<std::size_t>(i)] -
+                         w.s0[static_cast<std::size_t>(i)] * w.sn[static_cast<std::size_t>(i)]);
+          ks[i] = mag * (w.s0[static_cast<std::size_t>(i)] * w.cs[static_cast<std::size_t>(i)] +
+                         w.c0[static_cast<std::size_t>(i)] * w.sn[static_cast<std::size_t>(i)]);
+        }
+      }
+    }
+    using block_head = block_head_t<T>;
+    for (int h = 0; h < H; ++h) {
+      // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles are
+      // separate runs that the hardware prefetcher would pick up late.
+      if (bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
+      const block_head bh{kv.k(e.block, h),
+                          kv.v(e.block, h),
+                          valid,
+                          h,
+                          G,
+                          D,
+                          scale,
+                          layout,
+                          pairs,
+                          qsrc,
+                          qcos,
+                          qsin};
+#if RELOKV_HOST_SIMD
+      if (bs % 16 == 0) {
+        if (D == 64) {
+          fast_block_head<4, P>(bh, w);
+          continue;
+        }
+        if (D == 128) {
+          fast_block_head<8, P>(bh, w);
+          continue;
+        }
+        if (D == 256) {
+          fast_block_head<16, P>(bh, w);
+          continue;
+        }
+      }
+#endif
+      portable_block_head<P>(bh, w);
+    }
+  }
+  for (std::size_t h = 0; h < hq; ++h) {
+    const float inv = w.sum[h] > 0.0f ? 1.0f / w.sum[h] : 0.0f;  // no visible key: zeros
+    for (std::size_t d = 0; d < hd; ++d) out[h * hd + d] = w.acc[h * hd + d] * inv;
+  }
+}
+
+template <class T>
+void check_shapes(const rope_table& rope, const paged_kv_view<const T>& kv,
+                  std::int32_t num_q_heads) {
+  if (kv.num_kv_heads <= 0 || num_q_heads % kv.num_kv_heads != 0)
+    throw error("attention: num_q_heads (" + std::to_string(num_q_heads) +
+                ") must be a positive multiple of num_kv_heads (" +
+                std::to_string(kv.num_kv_heads) + ")");
+  if (rope.config().head_dim != kv.head_dim)
+    throw error("attention: rope head_dim " + std::to_string(rope.config().head_dim) +
+                " differs from the KV head_dim " + std::to_string(kv.head_dim));
+}
+
+}  // namespace detail
+
+/// Decode attention: one query per sequence.
+/// @tparam P  RoPE placement the keys were written with
+/// @param q      [num_seqs][num_q_heads][head_dim], unrotated
+/// @param q_pos  [num_seqs] logical position of each query
+/// @param out    [num_seqs][num_q_heads][head_dim]
+template <class P, class T>
+void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_table_view table,
+                      const float* q, const pos_t* q_pos, std::int32_t num_q_heads, float scale,
+                      float* out) {
+  static_assert(rope_placement<P>, "P must model relokv::rope_placement");
+  detail::check_shapes(rope, kv, num_q_heads);
+  const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
+  for (std::int32_t s = 0; s < table.num_seqs; ++s)
+    detail::attend_one<P>(rope, kv, table.entries + table.indptr[s],
+                          table.indptr[s + 1] - table.indptr[s], q + s * stride, q_pos[s],
+                          num_q_heads, scale, out + s * stride);
+}
+
+/// Prefill attention: sequence s has queries q_indptr[s] .. q_indptr[s+1], each at its own
+/// logical position (they need not be contiguous: recomputed tokens are scattered), causal by
+/// logical position over the sequence's blocks.
+/// @param q      [num_tokens][num_q_heads][head_dim], unrotated
+/// @param q_pos  [num_tokens]
+/// @param out    [num_tokens][num_q_heads][head_dim]
+template <class P, class T>
+void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_table_view table,
+                       const float* q, const pos_t* q_pos, const std::int32_t* q_indptr,
+                       std::int32_t num_q_heads, float scale, float* out) {
+  static_assert(rope_placement<P>, "P must model relokv::rope_placement");
+  detail::check_shapes(rope, kv, num_q_heads);
+  const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
+  for (std::int32_t s = 0; s < table.num_seqs; ++s)
+    for (std::int32_t t = q_indptr[s]; t < q_indptr[s + 1]; ++t)
+      detail::attend_one<P>(rope, kv, table.entries + table.indptr[s],
+                            table.indptr[s + 1] - table.indptr[s], q + t * stride, q_pos[t],
+                            num_q_heads, scale, out + t * stride);
+}
+
+RELOKV_NAMESPACE_END

@@ -1,0 +1,86 @@
+#pragma once
+/// @file
+/// Writing new K/V into paged storage as the RoPE placement requires, and relocating
+/// pre-rotated blocks.
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "relokv/attention/paged_view.hpp"
+#include "relokv/cache/reuse_plan.hpp"
+#include "relokv/concepts/rope_placement.hpp"
+#include "relokv/dtype.hpp"
+#include "relokv/memory/host_kv_storage.hpp"
+#include "relokv/rope/rotate.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+
+/// Writes one token's K and V (all KV heads) into slot `slot` of `block`. K arrives unrotated
+/// and is stored rotated by P::stored_position(pos, slot): at pos (pre_rotated), not at all
+/// (at_attention) or by its slot (block_relative).
+/// @param k, v  [num_kv_heads][head_dim]
+template <class P, class T>
+void append_kv(const rope_table& rope, paged_kv_view<T> kv, block_id block, std::int32_t slot,
+               pos_t pos, const float* k, const float* v) {
+  static_assert(rope_placement<P>, "P must model relokv::rope_placement");
+  if (block < 0 || block >= kv.num_blocks || slot < 0 || slot >= kv.block_size)
+    throw error("append_kv: block " + std::to_string(block) + " slot " + std::to_string(slot) +
+                " outside the pool");
+  const std::int32_t D = kv.head_dim;
+  const pos_t rot = P::stored_position(pos, slot);
+  float buf[1024];
+  for (std::int32_t h = 0; h < kv.num_kv_heads; ++h) {
+    const float* kh = k + static_cast<std::ptrdiff_t>(h) * D;
+    for (std::int32_t d = 0; d < D; ++d) buf[d] = kh[d];
+    if constexpr (P::kind != placement_kind::kAtAttention) rope.rotate(buf, rot);
+    T* kd = kv.k(block, h) + static_cast<std::ptrdiff_t>(slot) * D;
+    T* vd = kv.v(block, h) + static_cast<std::ptrdiff_t>(slot) * D;
+    const float* vh = v + static_cast<std::ptrdiff_t>(h) * D;
+    for (std::int32_t d = 0; d < D; ++d) {
+      kd[d] = from_f32<T>(buf[d]);
+      vd[d] = from_f32<T>(vh[d]);
+    }
+  }
+}
+
+/// Copies `len` slots of block src into dst in one layer, rotating keys by `delta` positions
+/// (pre_rotated relocation; V is copied unchanged). In bf16/fp16 the rotated key is rounded
+/// again: one more half-ulp per relocation.
+template <class T>
+void relocate_block(const rope_table& rope, paged_kv_view<T> kv, block_id src, block_id dst,
+                    pos_t delta, std::int32_t len) {
+  const std::int32_t D = kv.head_dim;
+  const std::int32_t pairs = rope.pairs();
+  float cs[512], sn[512], buf[1024];
+  rope.angles(delta, cs, sn, /*unit=*/true);
+  for (std::int32_t h = 0; h < kv.num_kv_heads; ++h) {
+    const T* ks = kv.k(src, h);
+    T* kd = kv.k(dst, h);
+    for (std::int32_t j = 0; j < len; ++j) {
+      for (std::int32_t d = 0; d < D; ++d) buf[d] = to_f32(ks[j * D + d]);
+      rotate_inplace(buf, rope.config().layout, pairs, cs, sn);
+      for (std::int32_t d = 0; d < D; ++d) kd[j * D + d] = from_f32<T>(buf[d]);
+    }
+    const T* vs = kv.v(src, h);
+    T* vd = kv.v(dst, h);
+    for (std::int64_t i = 0; i < kv.tile_elems(); ++i) vd[i] = vs[i];
+  }
+}
+
+/// Performs a reuse plan's copies on every layer of a host pool: plain copies for the
+/// placements that relocate for free, copies with a delta rotation for pre_rotated.
+template <class P, class T>
+void apply_copies(const rope_table& rope, host_kv_storage<T>& storage,
+                  std::span<const block_copy> copies) {
+  for (const block_copy& c : copies) {
+    if (P::relocation_rotates_keys && c.rotates()) {
+      for (std::int32_t l = 0; l < storage.shape().num_layers; ++l)
+        relocate_block(rope, storage.layer(l), c.src, c.dst, c.dst_pos0 - c.src_pos0,
+                       storage.shape().block_size);
+    } else {
+      storage.copy_block(c.src, c.dst);
+    }
+  }
+}
+
+RELOKV_NAMESPACE_END

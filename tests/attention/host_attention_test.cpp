@@ -1,0 +1,247 @@
+#include <relokv/attention/host_attention.hpp>
+#include <relokv/attention/kv_append.hpp>
+#include <relokv/memory/host_kv_storage.hpp>
+#include <relokv/rope/at_attention.hpp>
+#include <relokv/rope/block_relative.hpp>
+#include <relokv/rope/pre_rotated.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "support/attention_oracle.hpp"
+#include "support/catch.hpp"
+
+using relokv::block_entry;
+
+namespace {
+
+std::vector<float> randn(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Tolerances (max abs error relative to the largest |output|), derived in the test notes:
+// fp32: table rotations and float accumulation, ~1e-6; bf16: rounding each stored element by at
+// most 2^-9 relative moves a score q.k/sqrt(d) by at most 2^-9 sum|q_i k_i|/sqrt(d), about
+// 2^-9 * 0.8 sqrt(d) (= 0.013 for d = 64) and the output by about that relative; fp16 (2^-12):
+// 8x less. We allow 2x margin.
+template <class T>
+double tolerance() {
+  if constexpr (std::is_same_v<T, float>) return 1e-5;
+  if constexpr (std::is_same_v<T, relokv::bf16>) return 3e-2;
+  return 4e-3;
+}
+
+struct doc_block {
+  relokv::block_id block;
+  int orig_pos0;
+  int len;
+  std::vector<oracle::key_token> tokens;  // raw K/V per slot
+};
+
+/// Writes `len` random tokens into `block` as if computed at positions orig_pos0...
+template <class P, class T>
+doc_block write_block(const relokv::rope_table& rope, relokv::host_kv_storage<T>& st,
+                      relokv::block_id block, int orig_pos0, int len, std::mt19937& rng) {
+  const auto& s = st.shape();
+  doc_block d{block, orig_pos0, len, {}};
+  for (int j = 0; j < len; ++j) {
+    oracle::key_token t;
+    t.pos = 0;
+    t.k = randn(static_cast<std::size_t>(s.num_kv_heads * s.head_dim), rng);
+    t.v = randn(static_cast<std::size_t>(s.num_kv_heads * s.head_dim), rng);
+    relokv::append_kv<P>(rope, st.layer(0), block, j, orig_pos0 + j, t.k.data(), t.v.data());
+    d.tokens.push_back(std::move(t));
+  }
+  return d;
+}
+
+template <class T>
+double max_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::fabs(got[i] - want[i]));
+    scale = std::max(scale, std::fabs(want[i]));
+  }
+  return err / scale;
+}
+
+relokv::rope_config config(relokv::rope_layout layout, int head_dim = 64) {
+  relokv::rope_config c;
+  c.head_dim = c.rotary_dim = head_dim;
+  c.layout = layout;
+  return c;
+}
+
+/// Blocks computed at one set of positions, read at others: the kernel must equal attention
+/// over keys rotated afresh at the new positions.
+template <class P, class T>
+void relocation_case(relokv::rope_layout layout, int num_q_heads, int num_kv_heads) {
+  std::mt19937 rng(7);
+  const auto cfg = config(layout);
+  const relokv::rope_table rope(cfg, 2048);
+  relokv::host_kv_storage<T> st(relokv::kv_shape{1, 8, num_kv_heads, 16, 64});
+  // Three blocks computed for another request at positions 300.., 700.., 1200..
+  std::vector<doc_block> docs = {write_block<P>(rope, st, 0, 300, 16, rng),
+                                 write_block<P>(rope, st, 1, 700, 16, rng),
+                                 write_block<P>(rope, st, 2, 1200, 9, rng)};
+  // This request reads them as: block 2 at 0, block 0 at 9, block 1 at 25 (len 16 each).
+  const int new_pos0[3] = {9, 25, 0};
+  std::vector<block_entry> table;
+  for (int i : {2, 0, 1}) {
+    relokv::block_id b = docs[static_cast<std::size_t>(i)].block;
+    if constexpr (P::relocation_rotates_keys) {  // a private, delta-rotated copy
+      const relokv::block_id copy = 4 + i;
+      relokv::relocate_block(rope, st.layer(0), b, copy,
+                             new_pos0[i] - docs[static_cast<std::size_t>(i)].orig_pos0, 16);
+      b = copy;
+    }
+    table.push_back({b, new_pos0[i], docs[static_cast<std::size_t>(i)].len});
+  }
+  std::vector<oracle::key_token> keys;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < docs[static_cast<std::size_t>(i)].len; ++j) {
+      auto t = docs[static_cast<std::size_t>(i)].tokens[static_cast<std::size_t>(j)];
+      t.pos = new_pos0[i] + j;
+      keys.push_back(t);
+    }
+  const std::int32_t indptr[2] = {0, 3};
+  const relokv::block_table_view view{table.data(), indptr, 1};
+  const float scale = 0.125f;
+  // Decode at position 41 (after every key), and at 20 (causal: sees part of block 0 only).
+  for (int m : {41, 20, 0}) {
+    const auto q = randn(static_cast<std::size_t>(num_q_heads * 64), rng);
+    std::vector<float> out(q.size());
+    relokv::decode_attention<P>(rope, relokv::paged_kv_view<const T>(st.layer(0)), view, q.data(),
+                                &m, num_q_heads, scale, out.data());
+    const auto want = oracle::attend(cfg, keys, q, m, num_q_heads, num_kv_heads, scale);
+    INFO("m " << m);
+    CHECK(max_err<T>(out, want) < tolerance<T>());
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("attention: relocated blocks equal keys rotated afresh", "[attention]",
+                   relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
+  for (auto layout : {relokv::rope_layout::kNeoX, relokv::rope_layout::kGPTJ}) {
+    INFO("layout " << int(layout));
+    SECTION("fp32") { relocation_case<TestType, float>(layout, 8, 2); }
+    SECTION("bf16") { relocation_case<TestType, relokv::bf16>(layout, 8, 2); }
+    SECTION("fp16") { relocation_case<TestType, relokv::fp16>(layout, 8, 2); }
+    SECTION("MQA fp32") { relocation_case<TestType, float>(layout, 4, 1); }
+    SECTION("MHA fp32") { relocation_case<TestType, float>(layout, 2, 2); }
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: one physical block at two positions in one batch", "[attention]",
+                   relokv::at_attention, relokv::block_relative) {
+  std::mt19937 rng(11);
+  const auto cfg = config(relokv::rope_layout::kNeoX);
+  const relokv::rope_table rope(cfg, 1024);
+  relokv::host_kv_storage<float> st(relokv::kv_shape{1, 4, 2, 16, 64});
+  auto shared = write_block<TestType>(rope, st, 0, 0, 16, rng);
+  auto other = write_block<TestType>(rope, st, 1, 0, 12, rng);
+  // seq 0: [other at 0][shared at 12]; seq 1: [shared at 0][other at 16]
+  const std::vector<block_entry> entries = {{1, 0, 12}, {0, 12, 16}, {0, 0, 16}, {1, 16, 12}};
+  const std::int32_t indptr[3] = {0, 2, 4};
+  const relokv::block_table_view view{entries.data(), indptr, 2};
+  const relokv::pos_t pos[2] = {27, 27};
+  const auto q = randn(2 * 4 * 64, rng);
+  std::vector<float> out(q.size());
+  relokv::decode_attention<TestType>(rope, relokv::paged_kv_view<const float>(st.layer(0)), view,
+                                     q.data(), pos, 4, 0.125f, out.data());
+  for (int s = 0; s < 2; ++s) {
+    std::vector<oracle::key_token> keys;
+    for (int e = indptr[s]; e < indptr[s + 1]; ++e) {
+      const auto& blk = entries[static_cast<std::size_t>(e)].block == 0 ? shared : other;
+      for (int j = 0; j < blk.len; ++j) {
+        auto t = blk.tokens[static_cast<std::size_t>(j)];
+        t.pos = entries[static_cast<std::size_t>(e)].pos0 + j;
+        keys.push_back(t);
+      }
+    }
+    const std::vector<float> qs(q.begin() + s * 256, q.begin() + (s + 1) * 256);
+    const std::vector<float> got(out.begin() + s * 256, out.begin() + (s + 1) * 256);
+    CHECK(max_err<float>(got, oracle::attend(cfg, keys, qs, 27, 4, 2, 0.125)) < 1e-5);
+  }
+}
+
+TEMPLATE_TEST_CASE("attention: scattered prefill queries agree with brute force", "[attention]",
+                   relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
+  std::mt19937 rng(5);
+  const auto cfg = config(relokv::rope_layout::kNeoX, 32);
+  const relokv::rope_table rope(cfg, 512);
+  relokv::host_kv_storage<float> st(relokv::kv_shape{1, 4, 1, 8, 32});
+  std::vector<oracle::key_token> keys;
+  std::vector<block_entry> entries;
+  int pos = 0;
+  for (int b = 0; b < 3; ++b) {  // block lens 8, 5 (padding), 8
+    const int len = b == 1 ? 5 : 8;
+    auto d = write_block<TestType>(rope, st, b, pos, len, rng);
+    for (int j = 0; j < len; ++j) {
+      d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
+      keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
+    }
+    entries.push_back({b, pos, len});
+    pos += len;
+  }
+  const std::int32_t indptr[2] = {0, 3};
+  const relokv::block_table_view view{entries.data(), indptr, 1};
+  const std::vector<relokv::pos_t> qpos = {0, 7, 8, 12, 13, 20};  // scattered, seams included
+  const std::int32_t qind[2] = {0, static_cast<std::int32_t>(qpos.size())};
+  const auto q = randn(qpos.size() * 2 * 32, rng);
+  std::vector<float> out(q.size());
+  relokv::prefill_attention<TestType>(rope, relokv::paged_kv_view<const float>(st.layer(0)), view,
+                                      q.data(), qpos.data(), qind, 2, 0.2f, out.data());
+  for (std::size_t t = 0; t < qpos.size(); ++t) {
+    const std::vector<float> qs(q.begin() + static_cast<std::ptrdiff_t>(t * 64),
+                                q.begin() + static_cast<std::ptrdiff_t>((t + 1) * 64));
+    const std::vector<float> got(out.begin() + static_cast<std::ptrdiff_t>(t * 64),
+                                 out.begin() + static_cast<std::ptrdiff_t>((t + 1) * 64));
+    INFO("query at " << qpos[t]);
+    CHECK(max_err<float>(got, oracle::attend(cfg, keys, qs, qpos[t], 2, 1, 0.2)) < 1e-5);
+  }
+}
+
+TEST_CASE("attention: YaRN magnitude and partial rotary through the kernels", "[attention]") {
+  std::mt19937 rng(9);
+  auto cfg = config(relokv::rope_layout::kGPTJ);
+  cfg.rotary_dim = 32;
+  cfg.scaling = relokv::rope_scaling::kYaRN;
+  cfg.factor = 4;
+  cfg.original_max_position = 512;
+  const relokv::rope_table rope(cfg, 256);
+  relokv::host_kv_storage<float> st(relokv::kv_shape{1, 2, 1, 16, 64});
+  auto d = write_block<relokv::block_relative>(rope, st, 0, 0, 16, rng);
+  std::vector<oracle::key_token> keys = d.tokens;
+  for (int j = 0; j < 16; ++j) keys[static_cast<std::size_t>(j)].pos = 300 + j;  // past the table
+  const std::vector<block_entry> e = {{0, 300, 16}};
+  const std::int32_t indptr[2] = {0, 1};
+  const relokv::pos_t m = 400;
+  const auto q = randn(64, rng);
+  std::vector<float> out(64);
+  relokv::decode_attention<relokv::block_relative>(
+      rope, relokv::paged_kv_view<const float>(st.layer(0)), {e.data(), indptr, 1}, q.data(), &m, 1,
+      0.125f, out.data());
+  CHECK(max_err<float>(out, oracle::attend(cfg, keys, q, m, 1, 1, 0.125)) < 1e-5);
+}
+
+TEST_CASE("attention: shape errors are reported", "[attention]") {
+  const auto cfg = config(relokv::rope_layout::kNeoX);
+  const relokv::rope_table rope(cfg, 16);
+  relokv::host_kv_storage<float> st(relokv::kv_shape{1, 1, 3, 16, 64});
+  const std::int32_t indptr[2] = {0, 0};
+  std::vector<float> q(4 * 64), out(4 * 64);
+  const relokv::pos_t m = 0;
+  CHECK_THROWS_AS(relokv::decode_attention<relokv::at_attention>(
+                      rope, relokv::paged_kv_view<const float>(st.layer(0)), {nullptr, indptr, 1},
+                      q.data(), &m, 4, 1.0f, out.data()),
+                  relokv::error);
+  CHECK_THROWS_AS(
+      relokv::append_kv<relokv::at_attention>(rope, st.layer(0), 1, 0, 0, q.data(), q.data()),
+      relokv::error);
+}

@@ -2,7 +2,9 @@
 // reuses their cached KV blocks. Host-only; shows the public API as it stands.
 #include <relokv/relokv.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -38,9 +40,12 @@ void show(const char* title, const relokv::reuse_plan& p) {
 int main() {
   constexpr int kBlock = 16;
   // One cache instance: XXH3-128 keys, an LRU pool of 256 blocks, RoPE applied at attention
-  // (keys stored unrotated, so a block is valid at any position), EPIC-style recompute later.
-  relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, relokv::at_attention> cache(
-      relokv::lru_block_pool(256), kBlock, relokv::xxh3_128(/*deployment seed=*/42));
+  // (keys stored unrotated, so a block is valid at any position), and the recompute strategy
+  // chosen per request at run time.
+  using strategy = relokv::recompute::any_strategy;
+  relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, relokv::at_attention,
+                            strategy>
+      cache(relokv::lru_block_pool(256), kBlock, relokv::xxh3_128(/*deployment seed=*/42));
 
   const auto system = tokens(1000, 24);
   const auto doc_a = tokens(2000, 40), doc_b = tokens(3000, 33), doc_c = tokens(4000, 50);
@@ -77,6 +82,34 @@ int main() {
   const auto r2 = relokv::parse_markers(stream, m);
   auto p2 = cache.plan(r2);
   show("request 2 (C A B)", p2);
+
+  // The same request under each PIC variant, served by the same cache at the same time.
+  const std::pair<const char*, strategy> variants[] = {
+      {"none (naive PIC)", relokv::recompute::none{}},
+      {"first_k (EPIC, k=16)", relokv::recompute::first_k(16)},
+      {"seam_window (KVBoost, R=16)", relokv::recompute::seam_window(16)},
+      {"deviation_topk (CacheBlend, 15%)", relokv::recompute::deviation_topk(0.15f)},
+      {"full (exact reference)", relokv::recompute::full{}}};
+  for (const auto& [label, s] : variants) {
+    auto p = cache.plan(r2, s);
+    std::printf("  %-34s %3d tokens to compute, %zu blocks copied on write\n", label,
+                p.tokens_to_compute, p.copies.size());
+    if (s.dynamic()) {
+      // Engine loop for a dynamic strategy: compute the masked tokens of a layer, measure
+      // the deviation of their fresh K/V from the cached K/V, refine the mask for the next.
+      const auto reused = p.reused_mask();
+      auto mask = p.compute;
+      for (int step = 0; step < s.steps(); ++step) {
+        std::vector<float> deviation(mask.size());
+        for (std::size_t t = 0; t < mask.size(); ++t)  // stand-in for token_deviation(...)
+          deviation[t] = static_cast<float>((t * 7919) % 101);
+        s.refine(step, deviation, reused, mask);
+      }
+      std::printf("  %-34s %3d tokens after refining at the check layer\n", "",
+                  static_cast<int>(std::count(mask.begin(), mask.end(), 1)));
+    }
+    cache.release(p.id);
+  }
 
   // A malformed request gets an error that names the offset and the rule.
   stream.push_back(m.separator);

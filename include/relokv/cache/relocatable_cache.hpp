@@ -191,7 +191,9 @@ class relocatable_cache {
       const block_extent& e = layout.blocks[bi];
       const auto first = p.compute.begin() + e.pos0;
       const auto computed = std::count(first, first + e.len, std::uint8_t{1});
-      pb.fresh = pb.status == block_status::kMiss || computed == e.len;
+      // A dynamic strategy's first mask is only where it measures: its reused tokens mostly
+      // stay, so their blocks are copied, never rebuilt from nothing.
+      pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !strategy.dynamic());
       pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb));
       if (pb.status != block_status::kMiss) {
         if (alloc_.ref_count(pb.physical) == 0 && !counted_free(pb.physical)) ++hits_now_free;

@@ -67,6 +67,15 @@ struct reuse_plan {
   std::int32_t tokens_to_compute = 0;
 
   [[nodiscard]] bool ok() const noexcept { return status == plan_status::kOk; }
+  /// Per token (logical position): 1 if its KV comes from the cache (a hit block), the tokens
+  /// a dynamic strategy may stop recomputing.
+  [[nodiscard]] std::vector<std::uint8_t> reused_mask() const {
+    std::vector<std::uint8_t> m(compute.size(), 0);
+    for (const planned_block& b : blocks)
+      if (b.status != block_status::kMiss)
+        for (std::int32_t j = 0; j < b.len; ++j) m[static_cast<std::size_t>(b.pos0 + j)] = 1;
+    return m;
+  }
   /// The block table attention reads: {physical block, pos0, len} per block.
   [[nodiscard]] std::vector<block_entry> block_table() const {
     std::vector<block_entry> t;

@@ -1,0 +1,63 @@
+#pragma once
+/// @file
+/// A run-time choice among the shipped strategies, so that one relocatable_cache serves
+/// requests that use different PIC variants at the same time.
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <variant>
+
+#include "relokv/recompute/deviation_topk.hpp"
+#include "relokv/recompute/first_k.hpp"
+#include "relokv/recompute/full.hpp"
+#include "relokv/recompute/none.hpp"
+#include "relokv/recompute/seam_window.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+namespace recompute {
+
+/// Holds one of none, first_k, seam_window, deviation_topk, full. Cost beside the static
+/// form: one std::visit (a jump through a small table) per select/refine call, that is per
+/// request or per check layer, never per token; and the size of the largest alternative.
+class any_strategy {
+ public:
+  using variant_type = std::variant<none, first_k, seam_window, deviation_topk, full>;
+
+  any_strategy() = default;
+  template <class S>
+  requires std::is_constructible_v<variant_type, S&&> &&
+      (!std::is_same_v<std::remove_cvref_t<S>, any_strategy>)any_strategy(S&& s)
+      : v_(std::forward<S>(s)) {}  // NOLINT: implicit by design
+
+  void select(const request_layout& l, std::span<const block_status> status,
+              std::span<std::uint8_t> mask) const {
+    std::visit([&](const auto& s) { s.select(l, status, mask); }, v_);
+  }
+  [[nodiscard]] bool dynamic() const noexcept {
+    return std::visit([](const auto& s) { return s.dynamic(); }, v_);
+  }
+  /// Check steps of a dynamic alternative (0 for static ones).
+  [[nodiscard]] std::int32_t steps() const noexcept {
+    if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->steps();
+    return 0;
+  }
+  /// Forwards to the dynamic alternative; a static one has no steps, so any call is an error.
+  void refine(std::int32_t step, std::span<const float> deviation,
+              std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask) const {
+    if (const auto* d = std::get_if<deviation_topk>(&v_)) {
+      d->refine(step, deviation, reused, mask);
+      return;
+    }
+    throw error("any_strategy::refine: the selected strategy is static (no check steps)");
+  }
+  [[nodiscard]] const variant_type& get() const noexcept { return v_; }
+  [[nodiscard]] std::size_t index() const noexcept { return v_.index(); }
+
+ private:
+  variant_type v_{none{}};
+};
+static_assert(recompute_strategy<any_strategy>,
+              "recompute::any_strategy must model recompute_strategy");
+
+}  // namespace recompute
+RELOKV_NAMESPACE_END

@@ -1,0 +1,200 @@
+#include <relokv/layout/builder.hpp>
+#include <relokv/recompute/any_strategy.hpp>
+#include <relokv/recompute/deviation.hpp>
+#include <relokv/recompute/deviation_topk.hpp>
+#include <relokv/recompute/first_k.hpp>
+#include <relokv/recompute/full.hpp>
+#include <relokv/recompute/none.hpp>
+#include <relokv/recompute/seam_window.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "support/catch.hpp"
+
+using relokv::block_status;
+using relokv::token_t;
+using S = block_status;
+
+namespace {
+std::vector<token_t> seq(int n, token_t first = 1) {
+  std::vector<token_t> t(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = first + i;
+  return t;
+}
+// prefix 6 (blocks 0-1), span A 10 (blocks 2-4), span B 3 (block 5), question 5 (blocks 6-7)
+// block size 4: prefix [0,4)[4,6) A [6,10)[10,14)[14,16) B [16,19) Q [19,23)[23,24)
+relokv::request_layout layout() {
+  return relokv::layout_builder(4)
+      .prefix(seq(6))
+      .span(seq(10, 100))
+      .span(seq(3, 200))
+      .question(seq(5, 300))
+      .build();
+}
+std::vector<std::uint8_t> initial_mask(const relokv::request_layout& l,
+                                       const std::vector<block_status>& st) {
+  std::vector<std::uint8_t> m(static_cast<std::size_t>(l.num_tokens()), 0);
+  for (std::int32_t b = 0; b < l.num_blocks(); ++b)
+    if (st[static_cast<std::size_t>(b)] == S::kMiss)
+      for (int j = 0; j < l.blocks[static_cast<std::size_t>(b)].len; ++j)
+        m[static_cast<std::size_t>(l.blocks[static_cast<std::size_t>(b)].pos0 + j)] = 1;
+  return m;
+}
+std::vector<int> ones(const std::vector<std::uint8_t>& m) {
+  std::vector<int> out;
+  for (std::size_t i = 0; i < m.size(); ++i)
+    if (m[i]) out.push_back(static_cast<int>(i));
+  return out;
+}
+// prefix exact, A relocated, B relocated, question missed
+const std::vector<block_status> kStatus = {S::kExactHit,     S::kExactHit,     S::kRelocatedHit,
+                                           S::kRelocatedHit, S::kRelocatedHit, S::kRelocatedHit,
+                                           S::kMiss,         S::kMiss};
+const std::vector<int> kQuestion = {19, 20, 21, 22, 23};
+
+template <class Strategy>
+std::vector<int> run(const Strategy& s, const std::vector<block_status>& st = kStatus) {
+  const auto l = layout();
+  auto m = initial_mask(l, st);
+  s.select(l, st, m);
+  return ones(m);
+}
+std::vector<int> cat(std::vector<int> a, const std::vector<int>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  std::sort(a.begin(), a.end());
+  return a;
+}
+}  // namespace
+
+TEST_CASE("none: only the tokens of missed blocks", "[recompute]") {
+  CHECK(run(relokv::recompute::none{}) == kQuestion);
+}
+
+TEST_CASE("full: every token", "[recompute]") {
+  CHECK(run(relokv::recompute::full{}).size() == 24);
+}
+
+TEST_CASE("first_k: the first k tokens of every relocated span", "[recompute]") {
+  CHECK(run(relokv::recompute::first_k(2)) == cat({6, 7, 16, 17}, kQuestion));
+  // Span B (3 tokens) is shorter than k = 4: recomputed whole.
+  CHECK(run(relokv::recompute::first_k(4)) == cat({6, 7, 8, 9, 16, 17, 18}, kQuestion));
+  CHECK(run(relokv::recompute::first_k(0)) == kQuestion);
+  // An exact (not relocated) span is left alone.
+  auto st = kStatus;
+  st[2] = st[3] = st[4] = S::kExactHit;
+  CHECK(run(relokv::recompute::first_k(2), st) == cat({16, 17}, kQuestion));
+  CHECK_THROWS_AS(relokv::recompute::first_k(33), relokv::error);
+  CHECK_THROWS_AS(relokv::recompute::first_k(-1), relokv::error);
+}
+
+TEST_CASE("seam_window: the tokens on both sides of every seam", "[recompute]") {
+  // Seams: prefix|A, A|B, B|Q. Before: tail of A (relocated) and tail of B (relocated).
+  CHECK(run(relokv::recompute::seam_window(2, 0)) == cat({14, 15, 17, 18}, kQuestion));
+  // After: head of A and head of B.
+  CHECK(run(relokv::recompute::seam_window(0, 1)) == cat({6, 16}, kQuestion));
+  // Windows longer than the span cover it whole (B has 3 tokens).
+  CHECK(run(relokv::recompute::seam_window(16, 0)) ==
+        cat({6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, kQuestion));
+  CHECK_THROWS_AS(relokv::recompute::seam_window(-1), relokv::error);
+}
+
+TEST_CASE("deviation_topk: candidates, then the top r% by deviation", "[recompute]") {
+  const relokv::recompute::deviation_topk s(0.25f);
+  CHECK(s.dynamic());
+  const auto l = layout();
+  auto m = initial_mask(l, kStatus);
+  s.select(l, kStatus, m);
+  // Candidates at the check layer: all of A and B, plus the question.
+  CHECK(ones(m) == cat({6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, kQuestion));
+  // reused: prefix (6) + A (10) + B (3) = 19 tokens; 25% -> ceil(4.75) = 5 kept.
+  std::vector<std::uint8_t> reused(24, 0);
+  for (int t = 0; t < 19; ++t) reused[static_cast<std::size_t>(t)] = 1;
+  std::vector<float> dev(24, 0.0f);
+  const int top[5] = {9, 12, 6, 17, 15};
+  for (int i = 0; i < 5; ++i) dev[static_cast<std::size_t>(top[i])] = 10.0f - static_cast<float>(i);
+  dev[3] = 100.0f;  // an exact prefix token (not masked): never selected
+  s.refine(0, dev, reused, m);
+  CHECK(ones(m) == cat({6, 9, 12, 15, 17}, kQuestion));
+  CHECK_THROWS_AS(s.refine(1, dev, reused, m), relokv::error);
+}
+
+TEST_CASE("deviation_topk: budgets at the edges and gradual filtering", "[recompute]") {
+  const auto l = layout();
+  std::vector<std::uint8_t> reused(24, 0);
+  for (int t = 0; t < 19; ++t) reused[static_cast<std::size_t>(t)] = 1;
+  std::vector<float> dev(24);
+  for (int t = 0; t < 24; ++t) dev[static_cast<std::size_t>(t)] = static_cast<float>(t % 7);
+  auto fresh_mask = [&](const relokv::recompute::deviation_topk& s) {
+    auto m = initial_mask(l, kStatus);
+    s.select(l, kStatus, m);
+    return m;
+  };
+  {  // r = 0: only what has no cached value
+    const relokv::recompute::deviation_topk s(0.0f);
+    auto m = fresh_mask(s);
+    s.refine(0, dev, reused, m);
+    CHECK(ones(m) == kQuestion);
+  }
+  {  // r = 100%: every candidate stays (there are fewer than the budget)
+    const relokv::recompute::deviation_topk s(1.0f);
+    auto m = fresh_mask(s);
+    const auto before = ones(m);
+    s.refine(0, dev, reused, m);
+    CHECK(ones(m) == before);
+  }
+  {  // 50% then 20%: the set shrinks, and the second set is inside the first
+    const relokv::recompute::deviation_topk s(0.5f, relokv::deviation_metric::kCosine,
+                                              {0.5f, 0.2f});
+    CHECK(s.steps() == 2);
+    auto m = fresh_mask(s);
+    s.refine(0, dev, reused, m);
+    const auto first = ones(m);
+    CHECK(first.size() == 10 + kQuestion.size());  // ceil(0.5 * 19) = 10 (13 candidates)
+    s.refine(1, dev, reused, m);
+    const auto second = ones(m);
+    CHECK(second.size() == 4 + kQuestion.size());  // ceil(0.2 * 19) = 4
+    CHECK(std::includes(first.begin(), first.end(), second.begin(), second.end()));
+  }
+  CHECK_THROWS_AS(relokv::recompute::deviation_topk(1.5f), relokv::error);
+  CHECK_THROWS_AS(
+      relokv::recompute::deviation_topk(0.1f, relokv::deviation_metric::kL2, {0.1f, 0.3f}),
+      relokv::error);
+}
+
+TEST_CASE("token_deviation: L2 and cosine on crafted rows", "[recompute]") {
+  // Two tokens of width 2. Token 0: K equal, V differs by (3, 4) -> L2 5; token 1: K scaled
+  // by 2 (cosine 0, L2 |k|), V opposite (cosine 2).
+  const float ck[4] = {1, 0, 0, 1}, cv[4] = {0, 0, 1, 1};
+  const float fk[4] = {1, 0, 0, 2}, fv[4] = {3, 4, -1, -1};
+  float out[2];
+  relokv::token_deviation(relokv::deviation_metric::kL2, ck, cv, fk, fv, 2, 2, out);
+  CHECK(out[0] == Approx(5.0f));
+  CHECK(out[1] == Approx(1.0f + std::sqrt(8.0f)));
+  relokv::token_deviation(relokv::deviation_metric::kCosine, ck, cv, fk, fv, 2, 2, out);
+  CHECK(out[0] == Approx(1.0f));  // K identical (0); V: zero vector vs (3,4) -> 1
+  CHECK(out[1] == Approx(2.0f));  // K parallel (0); V opposite (2)
+  // bf16 storage is read through its conversion.
+  const relokv::bf16 bk[2] = {relokv::bf16::from_float(1), relokv::bf16::from_float(0)};
+  const relokv::bf16 bv[2] = {relokv::bf16::from_float(0), relokv::bf16::from_float(0)};
+  const float f2[2] = {1, 0}, z[2] = {0, 0};
+  relokv::token_deviation(relokv::deviation_metric::kL2, bk, bv, f2, z, 1, 2, out);
+  CHECK(out[0] == 0.0f);
+}
+
+TEST_CASE("any_strategy: one type, every shipped strategy", "[recompute]") {
+  using relokv::recompute::any_strategy;
+  CHECK(run(any_strategy(relokv::recompute::first_k(2))) == run(relokv::recompute::first_k(2)));
+  CHECK(run(any_strategy(relokv::recompute::seam_window(3, 1))) ==
+        run(relokv::recompute::seam_window(3, 1)));
+  CHECK(run(any_strategy(relokv::recompute::full{})) == run(relokv::recompute::full{}));
+  CHECK(run(any_strategy()) == kQuestion);
+  const any_strategy dyn(relokv::recompute::deviation_topk(0.1f));
+  CHECK(dyn.dynamic());
+  CHECK(dyn.steps() == 1);
+  CHECK_FALSE(any_strategy(relokv::recompute::none{}).dynamic());
+  std::vector<float> dev(24, 0.0f);
+  std::vector<std::uint8_t> reused(24, 0), m(24, 0);
+  CHECK_THROWS_AS(any_strategy(relokv::recompute::none{}).refine(0, dev, reused, m), relokv::error);
+}

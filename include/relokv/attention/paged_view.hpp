@@ -32,7 +32,9 @@ struct paged_kv_view {
   RELOKV_HOST_DEVICE T* v(block_id block, std::int32_t head) const {
     return data + ((static_cast<std::int64_t>(block) * 2 + 1) * num_kv_heads + head) * tile_elems();
   }
-  RELOKV_HOST_DEVICE operator paged_kv_view<const T>() const {
+  /// A read-only view of the same memory.
+  template <class U = T>
+  requires(!std::is_const_v<U>) RELOKV_HOST_DEVICE operator paged_kv_view<const U>() const {
     return {data, num_blocks, num_kv_heads, block_size, head_dim};
   }
 };

@@ -94,7 +94,7 @@ class deviation_topk {
   }
 
  private:
-  deviation_metric metric_;
+  deviation_metric metric_ = deviation_metric::kL2;
   std::vector<float> schedule_;
 };
 static_assert(recompute_strategy<deviation_topk>,

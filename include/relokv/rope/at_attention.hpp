@@ -10,7 +10,8 @@ RELOKV_NAMESPACE_BEGIN
 struct at_attention {
   static constexpr placement_kind kind = placement_kind::kAtAttention;
   static constexpr bool relocation_rotates_keys = false;
-  static constexpr pos_t stored_position(pos_t /*pos*/, std::int32_t /*slot*/) noexcept {
+  RELOKV_HOST_DEVICE static constexpr pos_t stored_position(pos_t /*pos*/,
+                                                            std::int32_t /*slot*/) noexcept {
     return 0;
   }
 };

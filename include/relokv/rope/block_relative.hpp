@@ -11,7 +11,10 @@ RELOKV_NAMESPACE_BEGIN
 struct block_relative {
   static constexpr placement_kind kind = placement_kind::kBlockRelative;
   static constexpr bool relocation_rotates_keys = false;
-  static constexpr pos_t stored_position(pos_t /*pos*/, std::int32_t slot) noexcept { return slot; }
+  RELOKV_HOST_DEVICE static constexpr pos_t stored_position(pos_t /*pos*/,
+                                                            std::int32_t slot) noexcept {
+    return slot;
+  }
 };
 static_assert(rope_placement<block_relative>, "block_relative must model rope_placement");
 

@@ -10,7 +10,10 @@ RELOKV_NAMESPACE_BEGIN
 struct pre_rotated {
   static constexpr placement_kind kind = placement_kind::kPreRotated;
   static constexpr bool relocation_rotates_keys = true;
-  static constexpr pos_t stored_position(pos_t pos, std::int32_t /*slot*/) noexcept { return pos; }
+  RELOKV_HOST_DEVICE static constexpr pos_t stored_position(pos_t pos,
+                                                            std::int32_t /*slot*/) noexcept {
+    return pos;
+  }
 };
 static_assert(rope_placement<pre_rotated>, "pre_rotated must model rope_placement");
 

@@ -1,0 +1,221 @@
+// [gpu] tests: every CUDA kernel against its host oracle on random inputs. Without a CUDA
+// device the binary prints why and exits with 77, which ctest reports as skipped.
+#define CATCH_CONFIG_RUNNER
+#include <relokv/attention/host_attention.hpp>
+#include <relokv/attention/kv_append.hpp>
+#include <relokv/rope/at_attention.hpp>
+#include <relokv/rope/block_relative.hpp>
+#include <relokv/rope/pre_rotated.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "device_kernels.hpp"
+#include "support/catch.hpp"
+
+namespace {
+
+std::vector<float> randn(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+template <class T>
+std::vector<float> as_floats(const std::vector<std::uint8_t>& bytes) {
+  std::vector<float> f(bytes.size() / sizeof(T));
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    T x;
+    std::memcpy(&x, bytes.data() + i * sizeof(T), sizeof(T));
+    f[i] = relokv::to_f32(x);
+  }
+  return f;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0, s = 1e-30;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    e = std::max(e, double(std::fabs(a[i] - b[i])));
+    s = std::max(s, double(std::fabs(b[i])));
+  }
+  return e / s;
+}
+
+/// Host pool written at original positions, read through a table that relocates its blocks.
+template <class P, class T>
+void attention_case(int head_dim, int block_size, bool prefill) {
+  std::mt19937 rng(17);
+  relokv::rope_config cfg;
+  cfg.head_dim = cfg.rotary_dim = head_dim;
+  const relokv::rope_table rope(cfg, 4096);
+  const relokv::kv_shape shape{1, 16, 2, block_size, head_dim};
+  relokv::host_kv_storage<T> pool(shape);
+  for (int b = 0; b < 6; ++b)
+    for (int j = 0; j < block_size; ++j) {
+      const auto k = randn(static_cast<std::size_t>(2 * head_dim), rng);
+      const auto v = randn(k.size(), rng);
+      relokv::append_kv<P>(rope, pool.layer(0), b, j, 500 + b * block_size + j, k.data(), v.data());
+    }
+  // Two sequences; sequence 1 reads block 2 at a different position than sequence 0.
+  std::vector<relokv::block_entry> entries = {{3, 0, block_size},
+                                              {2, block_size, block_size - 3},
+                                              {5, 2 * block_size - 3, block_size},
+                                              {2, 0, block_size},
+                                              {0, block_size, block_size}};
+  if constexpr (P::relocation_rotates_keys) {  // pre_rotated reads delta-rotated copies
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      auto& e = entries[i];
+      const relokv::block_id copy = 8 + static_cast<relokv::block_id>(i);
+      relokv::relocate_block(rope, pool.layer(0), e.block, copy,
+                             e.pos0 - (500 + e.block * block_size), block_size);
+      e.block = copy;
+    }
+  }
+  const std::vector<std::int32_t> indptr = {0, 3, 5};
+  relokv_test::device_attention_args a;
+  a.placement = P::kind;
+  a.type = relokv::dtype_of_v<T>;
+  a.rope = cfg;
+  a.shape = shape;
+  a.pool.resize(pool.bytes());
+  std::memcpy(a.pool.data(), pool.data(), pool.bytes());
+  a.entries = entries;
+  a.indptr = indptr;
+  a.num_q_heads = 8;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const relokv::block_table_view table{entries.data(), indptr.data(), 2};
+  std::vector<float> want;
+  if (prefill) {
+    a.q_pos = {0, 5, 2 * block_size, 3 * block_size - 4, 3, 2 * block_size - 1};  // scattered
+    a.q_indptr = {0, 4, 6};
+    a.q = randn(a.q_pos.size() * 8 * static_cast<std::size_t>(head_dim), rng);
+    want.resize(a.q.size());
+    relokv::prefill_attention<P>(rope, relokv::paged_kv_view<const T>(pool.layer(0)), table,
+                                 a.q.data(), a.q_pos.data(), a.q_indptr.data(), 8, a.scale,
+                                 want.data());
+  } else {
+    a.q_pos = {3 * block_size - 4, 2 * block_size - 1};
+    a.q = randn(2 * 8 * static_cast<std::size_t>(head_dim), rng);
+    want.resize(a.q.size());
+    relokv::decode_attention<P>(rope, relokv::paged_kv_view<const T>(pool.layer(0)), table,
+                                a.q.data(), a.q_pos.data(), 8, a.scale, want.data());
+  }
+  const auto got = relokv_test::device_attention(a);
+  CHECK(rel_err(got, want) < 1e-4);
+}
+
+template <class P>
+void placement_cases() {
+  for (bool prefill : {false, true}) {
+    INFO("prefill " << prefill);
+    attention_case<P, relokv::bf16>(128, 16, prefill);
+    attention_case<P, relokv::fp16>(64, 32, prefill);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda: paged attention matches the host kernel", "[gpu]") {
+  SECTION("pre_rotated") { placement_cases<relokv::pre_rotated>(); }
+  SECTION("at_attention") { placement_cases<relokv::at_attention>(); }
+  SECTION("block_relative") { placement_cases<relokv::block_relative>(); }
+}
+
+TEST_CASE("cuda: unsupported shapes are rejected with a reason", "[gpu]") {
+  relokv_test::device_attention_args a;
+  a.rope.head_dim = a.rope.rotary_dim = 96;
+  a.shape = relokv::kv_shape{1, 1, 1, 16, 96};
+  a.pool.resize(a.shape.layer_elems() * 2);
+  a.indptr = {0, 0};
+  a.q_pos = {0};
+  a.q.resize(96);
+  a.num_q_heads = 1;
+  CHECK_THROWS_WITH(relokv_test::device_attention(a), Catch::Contains("head_dim: 96"));
+}
+
+TEST_CASE("cuda: kv-append, relocation and copies match the host", "[gpu]") {
+  std::mt19937 rng(3);
+  relokv::rope_config cfg;
+  cfg.head_dim = cfg.rotary_dim = 64;
+  const relokv::rope_table rope(cfg, 4096);
+  const relokv::kv_shape shape{1, 4, 2, 16, 64};
+  const std::vector<relokv::block_id> blocks = {0, 0, 1, 3};
+  const std::vector<std::int32_t> slots = {0, 5, 15, 7};
+  const std::vector<relokv::pos_t> pos = {0, 5, 1000, 37};
+  const auto k = randn(4 * 2 * 64, rng), v = randn(4 * 2 * 64, rng);
+  for (auto kind : {relokv::placement_kind::kPreRotated, relokv::placement_kind::kAtAttention,
+                    relokv::placement_kind::kBlockRelative}) {
+    relokv::host_kv_storage<relokv::bf16> host(shape);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const float* ki = k.data() + i * 128;
+      const float* vi = v.data() + i * 128;
+      if (kind == relokv::placement_kind::kPreRotated)
+        relokv::append_kv<relokv::pre_rotated>(rope, host.layer(0), blocks[i], slots[i], pos[i], ki,
+                                               vi);
+      else if (kind == relokv::placement_kind::kAtAttention)
+        relokv::append_kv<relokv::at_attention>(rope, host.layer(0), blocks[i], slots[i], pos[i],
+                                                ki, vi);
+      else
+        relokv::append_kv<relokv::block_relative>(rope, host.layer(0), blocks[i], slots[i], pos[i],
+                                                  ki, vi);
+    }
+    const auto dev = relokv_test::device_append(kind, relokv::dtype::kBF16, cfg, shape, k, v,
+                                                blocks, slots, pos);
+    std::vector<std::uint8_t> hb(host.bytes());
+    std::memcpy(hb.data(), host.data(), host.bytes());
+    CHECK(rel_err(as_floats<relokv::bf16>(dev), as_floats<relokv::bf16>(hb)) < 1e-2);
+
+    const std::vector<relokv::block_copy> copies = {{0, 2, 0, 300}, {1, 3, 16, 7}};
+    auto host_rel = host;
+    for (const auto& c : copies)
+      relokv::relocate_block(rope, host_rel.layer(0), c.src, c.dst, c.dst_pos0 - c.src_pos0, 16);
+    std::vector<std::uint8_t> hr(host_rel.bytes());
+    std::memcpy(hr.data(), host_rel.data(), host_rel.bytes());
+    const auto dr = relokv_test::device_copies(relokv::dtype::kBF16, cfg, shape, hb, copies, true);
+    CHECK(rel_err(as_floats<relokv::bf16>(dr), as_floats<relokv::bf16>(hr)) < 1e-2);
+    auto host_copy = host;
+    for (const auto& c : copies) host_copy.copy_block(c.src, c.dst);
+    const auto dc = relokv_test::device_copies(relokv::dtype::kBF16, cfg, shape, hb, copies, false);
+    CHECK(std::memcmp(dc.data(), host_copy.data(), host_copy.bytes()) == 0);
+  }
+}
+
+TEST_CASE("cuda: deviation and top-k match the host", "[gpu]") {
+  std::mt19937 rng(5);
+  const int n = 300, width = 256;
+  const auto fk = randn(static_cast<std::size_t>(n * width), rng);
+  const auto fv = randn(fk.size(), rng);
+  std::vector<relokv::bf16> ck(fk.size()), cv(fk.size());
+  for (std::size_t i = 0; i < fk.size(); ++i) {
+    ck[i] = relokv::bf16::from_float(fk[i] + 0.1f * static_cast<float>(i % 7));
+    cv[i] = relokv::bf16::from_float(fv[i]);
+  }
+  for (auto metric : {relokv::deviation_metric::kL2, relokv::deviation_metric::kCosine}) {
+    std::vector<float> want(static_cast<std::size_t>(n));
+    relokv::token_deviation(metric, ck.data(), cv.data(), fk.data(), fv.data(), n, width,
+                            want.data());
+    CHECK(rel_err(relokv_test::device_deviation(metric, ck, cv, fk, fv, n, width), want) < 1e-4);
+  }
+  std::vector<float> score(1000);
+  std::vector<std::uint8_t> eligible(1000);
+  for (std::size_t i = 0; i < score.size(); ++i) {
+    score[i] = static_cast<float>(rng() % 50);  // many ties
+    eligible[i] = (i % 3) != 0;
+  }
+  std::vector<std::uint8_t> want(1000, 0);
+  relokv::select_topk(score, eligible, 77, want);
+  CHECK(relokv_test::device_topk(score, eligible, 77) == want);
+}
+
+int main(int argc, char** argv) {
+  std::string why;
+  if (relokv_test::cuda_device_count(why) <= 0) {
+    std::printf("SKIPPED: no CUDA device (%s): the [gpu] tests did not run\n", why.c_str());
+    return 77;
+  }
+  std::printf("CUDA: %s\n", why.c_str());
+  return Catch::Session().run(argc, argv);
+}

@@ -195,7 +195,16 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       kf = kb;
     }
     const float* vfp = nullptr;
-    if constexpr (!is_f32 && !is_bf16) {
+    if constexpr (is_bf16) {  // convert V once per block and head, not once per query head
+      const auto* vs = reinterpret_cast<const std::uint16_t*>(bh.vt) + j0 * D;
+      for (int j = 0; j < vc; ++j)
+        for (int c = 0; c < DC; ++c) {
+          vf16 x;
+          load_bf16(x, vs + j * D + 16 * c);
+          RELOKV_VSTORE(w.vbuf.data() + j * D + 16 * c, x);
+        }
+      vfp = w.vbuf.data();
+    } else if constexpr (!is_f32) {
       for (int j = 0; j < vc; ++j) to_float_row(bh.vt + (j0 + j) * D, w.vbuf.data() + j * D, D);
       vfp = w.vbuf.data();
     }
@@ -254,13 +263,6 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         if constexpr (is_f32) {
           const float* vr = reinterpret_cast<const float*>(bh.vt) + (j0 + j) * D;
           for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;
-        } else if constexpr (is_bf16) {
-          const auto* vr = reinterpret_cast<const std::uint16_t*>(bh.vt) + (j0 + j) * D;
-          for (int c = 0; c < DC; ++c) {
-            vf16 x;
-            load_bf16(x, vr + 16 * c);
-            a[c] += x * p;
-          }
         } else {
           const float* vr = vfp + j * D;
           for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;

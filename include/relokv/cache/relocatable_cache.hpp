@@ -190,7 +190,7 @@ class relocatable_cache {
       planned_block& pb = p.blocks[bi];
       const block_extent& e = layout.blocks[bi];
       const auto first = p.compute.begin() + e.pos0;
-      const auto computed = std::count(first, first + e.len, std::uint8_t{1});
+      const std::int32_t computed = count_ones(&*first, e.len);
       // A dynamic strategy's first mask is only where it measures: its reused tokens mostly
       // stay, so their blocks are copied, never rebuilt from nothing.
       pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !strategy.dynamic());
@@ -245,7 +245,7 @@ class relocatable_cache {
       p.misses += pb.status == block_status::kMiss;
     }
     p.tokens_to_compute =
-        static_cast<std::int32_t>(std::count(p.compute.begin(), p.compute.end(), 1));
+        count_ones(p.compute.data(), static_cast<std::int32_t>(p.compute.size()));
     rs.plan_blocks.assign(p.blocks.begin(), p.blocks.end());
     rs.ctx_link = rs.ident;
     rs.content_link = rs.ident;
@@ -399,6 +399,12 @@ class relocatable_cache {
     std::vector<block_id> held;
   };
 
+  /// Ones in a 0/1 mask (a plain sum, which vectorizes; std::count does not here).
+  static std::int32_t count_ones(const std::uint8_t* m, std::int32_t n) noexcept {
+    std::int32_t s = 0;
+    for (std::int32_t i = 0; i < n; ++i) s += m[i];
+    return s;
+  }
   static bool relocatable(const segment& s) noexcept {
     return s.kind == segment_kind::kSpan ||
            (s.kind == segment_kind::kDependent && s.dep_window > 0);

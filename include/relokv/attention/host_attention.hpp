@@ -66,7 +66,7 @@ inline void to_float_row(const T* RELOKV_RESTRICT src, float* RELOKV_RESTRICT ds
 /// Per-thread scratch, grown on demand and reused.
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
-      qcos, qsin;
+      qcos, qsin, jcos, jsin;
 };
 inline attention_scratch& scratch() {
   thread_local attention_scratch s;
@@ -86,8 +86,8 @@ struct block_head_t {
   int pairs;
   const float* qsrc;  ///< [num_q_heads][head_dim], rotated as the placement needs
   /// When set (fast path, block_relative), qsrc is unrotated and each query chunk is rotated as
-  /// it is loaded: q' = q * qcos + partner(q) * qsin, per element ([head_dim] each); the partner
-  /// of an element is the other member of its pair (NeoX: the other half; GPT-J: the neighbour).
+  /// it is loaded. NeoX (whole head rotated): qcos/qsin are per pair ([head_dim / 2]). GPT-J:
+  /// per element ([head_dim], see expand_rotation): q' = q * qcos + neighbour(q) * qsin.
   const float* qcos = nullptr;
   const float* qsin = nullptr;
 };
@@ -175,7 +175,31 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       kf = reinterpret_cast<const float*>(bh.kt) + j0 * D;
     } else {
       float* kb = w.kbuf.data();
-      for (int j = 0; j < 16; ++j) {
+      // NeoX over the whole head (the common case): convert and rotate in one pass, pair
+      // chunks c and c + DC/2 straight from the per-slot cos/sin rows.
+      const bool fused_rotate = rotate_keys && !std::is_same_v<U, fp16> &&
+                                bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
+      for (int j = 0; j < 16 && fused_rotate; ++j) {
+        if (j >= vc) break;  // masked slots: never read past the transpose-sum's lane mask
+        const U* src = bh.kt + (j0 + j) * D;
+        float* dst = kb + j * D;
+        const float* cs = w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
+        const float* sn = w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
+        for (int c = 0; c < DC / 2; ++c) {
+          vf16 x1, x2;
+          if constexpr (is_bf16) {
+            load_bf16(x1, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
+            load_bf16(x2, reinterpret_cast<const std::uint16_t*>(src) + 16 * (c + DC / 2));
+          } else {
+            x1 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * c);
+            x2 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * (c + DC / 2));
+          }
+          const vf16 C = RELOKV_VLOAD(cs + 16 * c), S = RELOKV_VLOAD(sn + 16 * c);
+          RELOKV_VSTORE(dst + 16 * c, x1 * C - x2 * S);
+          RELOKV_VSTORE(dst + 16 * (c + DC / 2), x1 * S + x2 * C);
+        }
+      }
+      for (int j = 0; j < 16 && !fused_rotate; ++j) {
         const U* src = bh.kt + (j0 + j) * D;
         float* dst = kb + j * D;
         if constexpr (is_bf16) {
@@ -212,13 +236,21 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
       const float* qg = bh.qsrc + qh * D;
       vf16 qv[DC];
-      if (bh.qcos != nullptr) {
+      if (bh.qcos != nullptr && bh.layout == rope_layout::kNeoX) {
+        // NeoX over the whole head: qcos/qsin are the per-pair rows; chunk c pairs with c+DC/2.
+        for (int c = 0; c < DC / 2; ++c) {
+          const vf16 x1 = RELOKV_VLOAD(qg + 16 * c), x2 = RELOKV_VLOAD(qg + 16 * (c + DC / 2));
+          const vf16 C = RELOKV_VLOAD(bh.qcos + 16 * c) * bh.scale;
+          const vf16 S = RELOKV_VLOAD(bh.qsin + 16 * c) * bh.scale;
+          qv[c] = x1 * C - x2 * S;
+          qv[c + DC / 2] = x1 * S + x2 * C;
+        }
+      } else if (bh.qcos != nullptr) {
+        // GPT-J: per-element rows (expand_rotation); the partner is the neighbouring lane.
         for (int c = 0; c < DC; ++c) {
           const vf16 x = RELOKV_VLOAD(qg + 16 * c);
-          const vf16 partner = bh.layout == rope_layout::kNeoX
-                                   ? RELOKV_VLOAD(qg + 16 * ((c + DC / 2) % DC))
-                                   : __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11,
-                                                             10, 13, 12, 15, 14);
+          const vf16 partner =
+              __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
           qv[c] = (x * RELOKV_VLOAD(bh.qcos + 16 * c) + partner * RELOKV_VLOAD(bh.qsin + 16 * c)) *
                   bh.scale;
         }
@@ -338,6 +370,16 @@ void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_e
   w.qcos.resize(hd);
   w.qsin.resize(hd);
 
+  // Unit rotations R(j) of the slots of a block, for composing R(pos0 + j) = R(pos0) R(j).
+  if constexpr (P::kind == placement_kind::kAtAttention) {
+    w.jcos.resize(w.kcos.size());
+    w.jsin.resize(w.kcos.size());
+    for (int j = 0; j < bs; ++j)
+      rope.angles(j, w.jcos.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
+                  w.jsin.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
+                  /*unit=*/true);
+  }
+
   // Queries rotated at m, for the placements whose keys carry absolute rotations.
   std::copy(q, q + hq * hd, w.qrot.begin());
   if constexpr (P::kind != placement_kind::kBlockRelative) {
@@ -357,7 +399,12 @@ void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_e
       // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k): one rotation per block. The
       // fast path rotates each query chunk as it loads it; otherwise rotate a copy here.
       rope.angles(std::int64_t{m} - e.pos0, w.cs.data(), w.sn.data());
-      if (fused_q) {
+      if (bi + 1 < num_blocks) rope.prefetch(std::int64_t{m} - blocks[bi + 1].pos0);
+      if (fused_q && layout == rope_layout::kNeoX) {  // the pair rows as they are
+        qsrc = q;
+        qcos = w.cs.data();
+        qsin = w.sn.data();
+      } else if (fused_q) {
         expand_rotation(layout, pairs, D, w.cs.data(), w.sn.data(), w.qcos.data(), w.qsin.data());
         qsrc = q;
         qcos = w.qcos.data();
@@ -373,15 +420,17 @@ void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_e
       // R(pos0 + j) = R(pos0) R(j): one table row per block, composed per slot, shared by all
       // KV heads.
       rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
+      const float* c0 = w.c0.data();
+      const float* s0 = w.s0.data();
       for (int j = 0; j < valid; ++j) {
-        rope.angles(j, w.cs.data(), w.sn.data(), /*unit=*/true);
-        float* kc = w.kcos.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs);
-        float* ks = w.ksin.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs);
+        const std::size_t row = static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs);
+        const float* cj = w.jcos.data() + row;
+        const float* sj = w.jsin.data() + row;
+        float* kc = w.kcos.data() + row;
+        float* ks = w.ksin.data() + row;
         for (int i = 0; i < pairs; ++i) {
-          kc[i] = mag * (w.c0[static_cast<std::size_t>(i)] * w.cs[static_cast<std::size_t>(i)] -
-                         w.s0[static_cast<std::size_t>(i)] * w.sn[static_cast<std::size_t>(i)]);
-          ks[i] = mag * (w.s0[static_cast<std::size_t>(i)] * w.cs[static_cast<std::size_t>(i)] +
-                         w.c0[static_cast<std::size_t>(i)] * w.sn[static_cast<std::size_t>(i)]);
+          kc[i] = mag * (c0[i] * cj[i] - s0[i] * sj[i]);
+          ks[i] = mag * (s0[i] * cj[i] + c0[i] * sj[i]);
         }
       }
     }

@@ -244,8 +244,7 @@ class relocatable_cache {
       p.relocated_hits += pb.status == block_status::kRelocatedHit;
       p.misses += pb.status == block_status::kMiss;
     }
-    p.tokens_to_compute =
-        count_ones(p.compute.data(), static_cast<std::int32_t>(p.compute.size()));
+    p.tokens_to_compute = count_ones(p.compute.data(), static_cast<std::int32_t>(p.compute.size()));
     rs.plan_blocks.assign(p.blocks.begin(), p.blocks.end());
     rs.ctx_link = rs.ident;
     rs.content_link = rs.ident;

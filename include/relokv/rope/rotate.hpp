@@ -107,6 +107,20 @@ class rope_table {
     exact_angles(freq_.data(), p, static_cast<double>(pos), unit ? 1.0 : mag_, cs, sn);
   }
 
+  /// Hints that angles(pos) is needed soon (a table row is 2 * pairs floats, usually a miss).
+  void prefetch(std::int64_t pos) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (pos < 0 || pos >= max_position_) return;
+    const auto off = static_cast<std::size_t>(pos) * static_cast<std::size_t>(pairs());
+    for (std::size_t i = 0; i < static_cast<std::size_t>(pairs()); i += 16) {
+      __builtin_prefetch(cos_.data() + off + i);
+      __builtin_prefetch(sin_.data() + off + i);
+    }
+#else
+    (void)pos;
+#endif
+  }
+
   /// Rotates a head vector (head_dim floats) to position pos.
   void rotate(float* x, std::int64_t pos, bool unit = false) const {
     float cs[512], sn[512];

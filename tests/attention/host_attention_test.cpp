@@ -11,17 +11,13 @@
 
 #include "support/attention_oracle.hpp"
 #include "support/catch.hpp"
+#include "support/test_data.hpp"
 
 using relokv::block_entry;
 
 namespace {
 
-std::vector<float> randn(std::size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using relokv_test::randn;
 
 // Tolerances (max abs error relative to the largest |output|), derived in the test notes:
 // fp32: table rotations and float accumulation, ~1e-6; bf16: rounding each stored element by at

@@ -6,17 +6,14 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/test_data.hpp"
 #include "support/weak_hash.hpp"
 
 using relokv::block_status;
 using relokv::token_t;
 
 namespace {
-std::vector<token_t> seq(token_t first, int n) {
-  std::vector<token_t> t(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = first + i;
-  return t;
-}
+std::vector<token_t> seq(token_t first, int n) { return relokv_test::iota_tokens(first, n); }
 using cache_t = relokv::relocatable_cache<>;
 const auto kSys = seq(1000, 20);
 const auto kA = seq(2000, 32);

@@ -14,15 +14,11 @@
 
 #include "device_kernels.hpp"
 #include "support/catch.hpp"
+#include "support/test_data.hpp"
 
 namespace {
 
-std::vector<float> randn(std::size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using relokv_test::randn;
 
 template <class T>
 std::vector<float> as_floats(const std::vector<std::uint8_t>& bytes) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/test_data.hpp"
 
 using relokv::token_t;
 
@@ -83,11 +84,7 @@ struct toy_engine {
   }
 };
 
-std::vector<token_t> seq(int n, token_t first) {
-  std::vector<token_t> t(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = first + i;
-  return t;
-}
+std::vector<token_t> seq(int n, token_t first) { return relokv_test::iota_tokens(first, n); }
 double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));

@@ -12,17 +12,14 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/test_data.hpp"
 
 using relokv::block_status;
 using relokv::token_t;
 using S = block_status;
 
 namespace {
-std::vector<token_t> seq(int n, token_t first = 1) {
-  std::vector<token_t> t(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = first + i;
-  return t;
-}
+std::vector<token_t> seq(int n, token_t first = 1) { return relokv_test::iota_tokens(first, n); }
 // prefix 6 (blocks 0-1), span A 10 (blocks 2-4), span B 3 (block 5), question 5 (blocks 6-7)
 // block size 4: prefix [0,4)[4,6) A [6,10)[10,14)[14,16) B [16,19) Q [19,23)[23,24)
 relokv::request_layout layout() {

@@ -321,6 +321,23 @@ class relocatable_cache {
     }
   }
 
+  /// Gives a live request one more block (for decode, once its last block is full). The block
+  /// is private to the request and never registered; release() frees it.
+  /// @return the block, or status kOutOfBlocks (nothing taken) for the scheduler to act on
+  [[nodiscard]] alloc_result extend(request_id id) {
+    request_state& rs = state_of(id, "extend");
+    const alloc_result r = alloc_.allocate();
+    if (r.status != alloc_status::kOk) {
+      ++stats_.out_of_blocks;
+      return r;
+    }
+    forget(r.block);
+    stats_.evictions += r.evicted ? 1 : 0;
+    ++meta_[static_cast<std::size_t>(r.block)].generation;
+    rs.held.push_back(r.block);
+    return r;
+  }
+
   /// Ends a request: its references drop, tail blocks first, so that the tail of a finished
   /// request is evicted before its head.
   /// @throws error for an unknown or already released request.

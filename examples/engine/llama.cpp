@@ -1,0 +1,408 @@
+// Llama forward pass on relokv (see llama.hpp).
+#include "llama.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include <relokv/attention/host_attention.hpp>
+#include <relokv/attention/kv_append.hpp>
+#include <relokv/recompute/deviation.hpp>
+#include <relokv/rope/at_attention.hpp>
+#include <relokv/rope/block_relative.hpp>
+#include <relokv/rope/pre_rotated.hpp>
+
+namespace relokv_engine {
+namespace {
+
+/// Y[n][out] = X[n][in] * W[out][in]^T
+void matmul(const float* x, int n, int in, const std::vector<float>& w, int out, float* y) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w.data(), in, 0.0f,
+              y, out);
+}
+
+void rmsnorm(const float* x, const std::vector<float>& w, int dim, float eps, float* out) {
+  double ss = 0;
+  for (int i = 0; i < dim; ++i) ss += double(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(ss / dim) + eps);
+  for (int i = 0; i < dim; ++i) out[i] = x[i] * inv * w[static_cast<std::size_t>(i)];
+}
+
+std::vector<float> tensor_as(const gguf_file& f, const std::string& name,
+                             std::vector<std::uint64_t> dims) {
+  const gguf_tensor& t = f.tensor(name);
+  if (t.dims != dims) {
+    std::string want, got;
+    for (auto d : dims) want += std::to_string(d) + " ";
+    for (auto d : t.dims) got += std::to_string(d) + " ";
+    throw gguf_error(f.name(), t.offset,
+                     "tensor '" + name + "' has shape [ " + got + "], expected [ " + want + "]");
+  }
+  return f.dequantize(t);
+}
+
+/// Where each logical position of a request lives: its block and slot.
+struct kv_map {
+  std::vector<relokv::block_entry> table;
+  std::vector<relokv::block_id> block_of;
+  std::vector<std::int32_t> slot_of;
+  void index() {
+    block_of.clear();
+    slot_of.clear();
+    for (const auto& e : table)
+      for (std::int32_t j = 0; j < e.len; ++j) {
+        const auto pos = static_cast<std::size_t>(e.pos0 + j);
+        if (block_of.size() <= pos) {
+          block_of.resize(pos + 1, relokv::kNoBlock);
+          slot_of.resize(pos + 1, 0);
+        }
+        block_of[pos] = e.block;
+        slot_of[pos] = j;
+      }
+  }
+};
+
+/// The layer loop, shared by the relokv engine and the plain baseline. Computes the tokens at
+/// `positions` (ascending; their K/V are written where `map` says, except where `no_write`),
+/// attends over every block of `map`, and leaves the last token's hidden state in last_hidden.
+/// With a dynamic strategy the set shrinks layer by layer (mask/reused per position).
+template <class P>
+void run_layers(const llama_model& m, const relokv::rope_table& rope,
+                relokv::host_kv_storage<float>& kv, const kv_map& map,
+                std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
+                std::int32_t no_write, std::vector<std::uint8_t>* mask,
+                const std::vector<std::uint8_t>* reused,
+                const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden) {
+  const llama_config& c = m.cfg;
+  const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
+  auto n = static_cast<int>(positions.size());
+  std::vector<float> x(static_cast<std::size_t>(n) * D);
+  for (int i = 0; i < n; ++i) {
+    const auto t = static_cast<std::size_t>(
+        tokens[static_cast<std::size_t>(positions[static_cast<std::size_t>(i)])]);
+    std::copy_n(m.tok_emb.begin() + static_cast<std::ptrdiff_t>(t * D), D, x.begin() + i * D);
+  }
+  const bool dynamic = strategy != nullptr && strategy->dynamic() && mask && reused;
+  int step = 0;
+  std::vector<float> h, q, k, v, att, o, g, u, fk(static_cast<std::size_t>(Hk) * hd);
+  const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(map.table.size())};
+  const relokv::block_table_view view{map.table.data(), indptr, 1};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const llama_layer& L = m.layers[static_cast<std::size_t>(l)];
+    const auto N = static_cast<std::size_t>(n);
+    h.resize(N * D);
+    for (int i = 0; i < n; ++i) rmsnorm(&x[i * D], L.attn_norm, D, c.rms_eps, &h[i * D]);
+    q.resize(N * H * hd);
+    k.resize(N * Hk * hd);
+    v.resize(N * Hk * hd);
+    matmul(h.data(), n, D, L.wq, H * hd, q.data());
+    matmul(h.data(), n, D, L.wk, Hk * hd, k.data());
+    matmul(h.data(), n, D, L.wv, Hk * hd, v.data());
+    auto layer_kv = kv.layer(l);
+    if (dynamic && step < strategy->steps()) {
+      // Deviation of the fresh K/V (in storage form) from the cached ones, before they are
+      // overwritten; the mask for the next layer follows.
+      std::vector<float> dev(mask->size(), 0.0f);
+      for (int i = 0; i < n; ++i) {
+        const auto pos = positions[static_cast<std::size_t>(i)];
+        if (!(*reused)[static_cast<std::size_t>(pos)]) continue;
+        const auto b = map.block_of[static_cast<std::size_t>(pos)];
+        const auto s = map.slot_of[static_cast<std::size_t>(pos)];
+        for (int hh = 0; hh < Hk; ++hh) {
+          std::copy_n(&k[(static_cast<std::size_t>(i) * Hk + hh) * hd], hd,
+                      &fk[static_cast<std::size_t>(hh) * hd]);
+          if constexpr (P::kind != relokv::placement_kind::kAtAttention)
+            rope.rotate(&fk[static_cast<std::size_t>(hh) * hd], P::stored_position(pos, s));
+        }
+        float d_head = 0.0f, total = 0.0f;
+        for (int hh = 0; hh < Hk; ++hh) {
+          relokv::token_deviation(relokv::deviation_metric::kL2, layer_kv.k(b, hh) + s * hd,
+                                  layer_kv.v(b, hh) + s * hd,
+                                  &fk[static_cast<std::size_t>(hh) * hd],
+                                  &v[(static_cast<std::size_t>(i) * Hk + hh) * hd], 1, hd, &d_head);
+          total += d_head;
+        }
+        dev[static_cast<std::size_t>(pos)] = total;
+      }
+      strategy->refine(step++, dev, *reused, *mask);
+    }
+    for (int i = 0; i < n; ++i) {
+      const auto pos = positions[static_cast<std::size_t>(i)];
+      if (pos == no_write) continue;
+      relokv::append_kv<P>(rope, layer_kv, map.block_of[static_cast<std::size_t>(pos)],
+                           map.slot_of[static_cast<std::size_t>(pos)], pos,
+                           &k[static_cast<std::size_t>(i) * Hk * hd],
+                           &v[static_cast<std::size_t>(i) * Hk * hd]);
+    }
+    att.resize(N * H * hd);
+    const std::int32_t qind[2] = {0, n};
+    relokv::prefill_attention<P>(rope, relokv::paged_kv_view<const float>(layer_kv), view, q.data(),
+                                 positions.data(), qind, H, scale, att.data());
+    o.resize(N * D);
+    matmul(att.data(), n, H * hd, L.wo, D, o.data());
+    for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
+    for (int i = 0; i < n; ++i) rmsnorm(&x[i * D], L.ffn_norm, D, c.rms_eps, &h[i * D]);
+    g.resize(N * F);
+    u.resize(N * F);
+    matmul(h.data(), n, D, L.w_gate, F, g.data());
+    matmul(h.data(), n, D, L.w_up, F, u.data());
+    for (std::size_t i = 0; i < N * F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    matmul(g.data(), n, F, L.w_down, D, o.data());
+    for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
+    if (dynamic) {  // keep the rows the next layer still computes
+      int w = 0;
+      for (int i = 0; i < n; ++i) {
+        const auto pos = positions[static_cast<std::size_t>(i)];
+        if (!(*mask)[static_cast<std::size_t>(pos)] && i != n - 1) continue;
+        positions[static_cast<std::size_t>(w)] = pos;
+        if (w != i) std::copy_n(&x[i * D], D, &x[w * D]);
+        ++w;
+      }
+      n = w;
+      positions.resize(static_cast<std::size_t>(n));
+      x.resize(static_cast<std::size_t>(n) * D);
+    }
+  }
+  last_hidden.assign(x.end() - D, x.end());
+}
+
+std::vector<float> head(const llama_model& m, const std::vector<float>& hidden) {
+  std::vector<float> hn(hidden.size()), out(static_cast<std::size_t>(m.cfg.vocab));
+  rmsnorm(hidden.data(), m.out_norm, m.cfg.dim, m.cfg.rms_eps, hn.data());
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, m.cfg.vocab, m.cfg.dim, 1.0f, m.lm_head().data(),
+              m.cfg.dim, hn.data(), 1, 0.0f, out.data(), 1);
+  return out;
+}
+
+}  // namespace
+
+llama_model llama_model::from_gguf(const gguf_file& f) {
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "llama")
+    throw gguf_error(f.name(), 0, "architecture '" + arch + "' is not supported (llama is)");
+  llama_model m;
+  llama_config& c = m.cfg;
+  c.n_layers = static_cast<std::int32_t>(f.get_int("llama.block_count"));
+  c.dim = static_cast<std::int32_t>(f.get_int("llama.embedding_length"));
+  c.n_heads = static_cast<std::int32_t>(f.get_int("llama.attention.head_count"));
+  c.n_kv_heads = static_cast<std::int32_t>(f.get_int("llama.attention.head_count_kv", c.n_heads));
+  c.ffn = static_cast<std::int32_t>(f.get_int("llama.feed_forward_length"));
+  if (c.n_heads <= 0 || c.dim % c.n_heads != 0 || c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads)
+    throw gguf_error(f.name(), 0, "inconsistent attention head counts");
+  c.head_dim = c.dim / c.n_heads;
+  c.rms_eps = static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5));
+  const auto& emb = f.tensor("token_embd.weight");
+  c.vocab = static_cast<std::int32_t>(emb.dims.size() == 2 ? emb.dims[1] : 0);
+  c.rope.head_dim = c.head_dim;
+  c.rope.rotary_dim =
+      static_cast<std::int32_t>(f.get_int("llama.rope.dimension_count", c.head_dim));
+  c.rope.theta = f.get_float("llama.rope.freq_base", 10000.0);
+  // GGUF llama checkpoints permute Q and K at conversion so that pairs are adjacent.
+  c.rope.layout = relokv::rope_layout::kGPTJ;
+  if (f.has("llama.rope.scaling.type")) {
+    const std::string t = f.get_string("llama.rope.scaling.type");
+    c.rope.factor = f.get_float("llama.rope.scaling.factor", 1.0);
+    if (t == "linear") c.rope.scaling = relokv::rope_scaling::kLinear;
+    if (t == "yarn") {
+      c.rope.scaling = relokv::rope_scaling::kYaRN;
+      c.rope.original_max_position =
+          static_cast<std::int32_t>(f.get_int("llama.rope.scaling.original_context_length", 4096));
+    }
+  }
+  const auto D = static_cast<std::uint64_t>(c.dim), F = static_cast<std::uint64_t>(c.ffn);
+  const auto Q = static_cast<std::uint64_t>(c.n_heads * c.head_dim);
+  const auto K = static_cast<std::uint64_t>(c.n_kv_heads * c.head_dim);
+  const auto V = static_cast<std::uint64_t>(c.vocab);
+  m.tok_emb = tensor_as(f, "token_embd.weight", {D, V});
+  if (f.has_tensor("output.weight")) m.output = tensor_as(f, "output.weight", {D, V});
+  m.out_norm = tensor_as(f, "output_norm.weight", {D});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    llama_layer L;
+    L.attn_norm = tensor_as(f, p + "attn_norm.weight", {D});
+    L.wq = tensor_as(f, p + "attn_q.weight", {D, Q});
+    L.wk = tensor_as(f, p + "attn_k.weight", {D, K});
+    L.wv = tensor_as(f, p + "attn_v.weight", {D, K});
+    L.wo = tensor_as(f, p + "attn_output.weight", {Q, D});
+    L.ffn_norm = tensor_as(f, p + "ffn_norm.weight", {D});
+    L.w_gate = tensor_as(f, p + "ffn_gate.weight", {D, F});
+    L.w_up = tensor_as(f, p + "ffn_up.weight", {D, F});
+    L.w_down = tensor_as(f, p + "ffn_down.weight", {F, D});
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t seed) {
+  llama_model m;
+  m.cfg = cfg_in;
+  llama_config& c = m.cfg;
+  c.rope.head_dim = c.head_dim;
+  c.rope.rotary_dim = c.head_dim;
+  c.rope.layout = relokv::rope_layout::kGPTJ;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  auto mat = [&](int out, int in) {
+    std::vector<float> w(static_cast<std::size_t>(out) * in);
+    const float s = 1.0f / std::sqrt(static_cast<float>(in));
+    for (auto& x : w) x = nd(rng) * s;
+    return w;
+  };
+  auto ones = [](int n) { return std::vector<float>(static_cast<std::size_t>(n), 1.0f); };
+  m.tok_emb = mat(c.vocab, c.dim);
+  for (auto& x : m.tok_emb) x *= std::sqrt(static_cast<float>(c.dim));
+  m.out_norm = ones(c.dim);
+  for (int l = 0; l < c.n_layers; ++l) {
+    llama_layer L;
+    L.attn_norm = ones(c.dim);
+    L.wq = mat(c.n_heads * c.head_dim, c.dim);
+    L.wk = mat(c.n_kv_heads * c.head_dim, c.dim);
+    L.wv = mat(c.n_kv_heads * c.head_dim, c.dim);
+    L.wo = mat(c.dim, c.n_heads * c.head_dim);
+    L.ffn_norm = ones(c.dim);
+    L.w_gate = mat(c.ffn, c.dim);
+    L.w_up = mat(c.ffn, c.dim);
+    L.w_down = mat(c.dim, c.ffn);
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+template <class P>
+struct llama_engine<P>::live_request {
+  relokv::reuse_plan plan;
+  kv_map map;
+  std::vector<bool> writable;  // per table entry: the request may append into it
+  std::vector<relokv::token_t> tokens;
+  bool committed = false;
+};
+
+template <class P>
+llama_engine<P>::llama_engine(std::shared_ptr<const llama_model> model, std::int32_t num_blocks,
+                              std::int32_t block_size)
+    : model_(std::move(model)),
+      rope_(model_->cfg.rope, 8192),
+      kv_(relokv::kv_shape{model_->cfg.n_layers, num_blocks, model_->cfg.n_kv_heads, block_size,
+                           model_->cfg.head_dim}),
+      cache_(relokv::lru_block_pool(num_blocks), block_size) {}
+
+template <class P>
+llama_engine<P>::~llama_engine() = default;
+
+template <class P>
+std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout,
+                                            const relokv::recompute::any_strategy& strategy,
+                                            prefill_stats* stats) {
+  if (live_) throw std::logic_error("llama_engine: end() the live request first");
+  auto r = std::make_unique<live_request>();
+  r->plan = cache_.plan(layout, strategy);
+  if (!r->plan.ok())
+    throw std::runtime_error("llama_engine: out of KV blocks (" +
+                             std::to_string(r->plan.blocks_short) + " more needed)");
+  relokv::apply_copies<P>(rope_, kv_, r->plan.copies);
+  r->map.table = r->plan.block_table();
+  r->map.index();
+  for (const auto& pb : r->plan.blocks) r->writable.push_back(pb.fresh || pb.copy_on_write);
+  r->tokens = layout.tokens;
+  auto mask = r->plan.compute;
+  const auto reused = r->plan.reused_mask();
+  const auto last = static_cast<std::int32_t>(layout.tokens.size()) - 1;
+  std::vector<std::int32_t> positions;
+  for (std::int32_t p = 0; p <= last; ++p)
+    if (mask[static_cast<std::size_t>(p)]) positions.push_back(p);
+  // The last token's hidden state gives the logits: computed even when its K/V are cached
+  // (then exactly, in a block that may be shared, so its K/V are not written).
+  std::int32_t no_write = -1;
+  if (positions.empty() || positions.back() != last) {
+    positions.push_back(last);
+    no_write = last;
+  }
+  if (stats) {
+    stats->tokens = layout.num_tokens();
+    stats->computed = static_cast<std::int32_t>(positions.size());
+    stats->exact_hits = r->plan.exact_hits;
+    stats->relocated_hits = r->plan.relocated_hits;
+    stats->misses = r->plan.misses;
+  }
+  std::vector<float> hidden;
+  run_layers<P>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
+                &reused, &strategy, hidden);
+  live_ = std::move(r);
+  return head(*model_, hidden);
+}
+
+template <class P>
+std::vector<float> llama_engine<P>::decode(relokv::token_t token) {
+  if (!live_) throw std::logic_error("llama_engine: decode needs a prefilled request");
+  live_request& r = *live_;
+  const auto pos = static_cast<std::int32_t>(r.tokens.size());
+  r.tokens.push_back(token);
+  auto& last = r.map.table.back();
+  if (r.writable.back() && last.len < cache_.block_size() && last.pos0 + last.len == pos) {
+    ++last.len;
+  } else {
+    const auto a = cache_.extend(r.plan.id);
+    if (a.status != relokv::alloc_status::kOk)
+      throw std::runtime_error("llama_engine: out of KV blocks during decode");
+    r.map.table.push_back({a.block, pos, 1});
+    r.writable.push_back(true);
+  }
+  r.map.index();
+  std::vector<float> hidden;
+  run_layers<P>(*model_, rope_, kv_, r.map, {pos}, r.tokens, -1, nullptr, nullptr, nullptr, hidden);
+  return head(*model_, hidden);
+}
+
+template <class P>
+std::vector<relokv::token_t> llama_engine<P>::generate(const std::vector<float>& first_logits,
+                                                       std::int32_t max_tokens,
+                                                       relokv::token_t stop) {
+  std::vector<relokv::token_t> out;
+  relokv::token_t t = argmax(first_logits);
+  for (std::int32_t i = 0; i < max_tokens; ++i) {
+    out.push_back(t);
+    if (t == stop) break;
+    if (i + 1 < max_tokens) t = argmax(decode(t));
+  }
+  return out;
+}
+
+template <class P>
+void llama_engine<P>::end(bool commit) {
+  if (!live_) return;
+  if (commit) cache_.commit(live_->plan.id);
+  cache_.release(live_->plan.id);
+  live_.reset();
+}
+
+template class llama_engine<relokv::pre_rotated>;
+template class llama_engine<relokv::at_attention>;
+template class llama_engine<relokv::block_relative>;
+
+std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv::token_t>& tokens) {
+  const auto n = static_cast<std::int32_t>(tokens.size());
+  const relokv::rope_table rope(m.cfg.rope, std::max(n, 1));
+  // One contiguous buffer per layer: a single "block" as long as the prompt.
+  relokv::host_kv_storage<float> kv(
+      relokv::kv_shape{m.cfg.n_layers, 1, m.cfg.n_kv_heads, n, m.cfg.head_dim});
+  kv_map map;
+  map.table = {{0, 0, n}};
+  map.index();
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i) positions[static_cast<std::size_t>(i)] = i;
+  std::vector<float> hidden;
+  run_layers<relokv::pre_rotated>(m, rope, kv, map, std::move(positions), tokens, -1, nullptr,
+                                  nullptr, nullptr, hidden);
+  return head(m, hidden);
+}
+
+relokv::token_t argmax(const std::vector<float>& logits) {
+  return static_cast<relokv::token_t>(std::max_element(logits.begin(), logits.end()) -
+                                      logits.begin());
+}
+
+}  // namespace relokv_engine

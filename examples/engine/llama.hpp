@@ -1,0 +1,120 @@
+#pragma once
+// A small Llama-family forward pass on relokv: paged KV through relokv's host attention, reuse
+// plans from relocatable_cache honoured (only the masked tokens are computed; dynamic strategies
+// refined layer by layer), fp32 activations, GEMMs through BLAS.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <relokv/cache/relocatable_cache.hpp>
+#include <relokv/concepts/rope_placement.hpp>
+#include <relokv/layout/request_layout.hpp>
+#include <relokv/memory/host_kv_storage.hpp>
+#include <relokv/recompute/any_strategy.hpp>
+#include <relokv/rope/at_attention.hpp>
+#include <relokv/rope/block_relative.hpp>
+#include <relokv/rope/pre_rotated.hpp>
+#include <relokv/rope/rotate.hpp>
+
+#include "gguf.hpp"
+
+namespace relokv_engine {
+
+struct llama_config {
+  std::int32_t n_layers = 2;
+  std::int32_t dim = 64;
+  std::int32_t n_heads = 4;
+  std::int32_t n_kv_heads = 2;
+  std::int32_t head_dim = 16;
+  std::int32_t ffn = 128;
+  std::int32_t vocab = 256;
+  float rms_eps = 1e-5f;
+  relokv::rope_config rope;
+};
+
+struct llama_layer {
+  std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+};
+
+/// Weights in fp32, each matrix row-major [out][in].
+struct llama_model {
+  llama_config cfg;
+  std::vector<float> tok_emb;  // [vocab][dim]
+  std::vector<float> output;   // [vocab][dim]; empty when tied to tok_emb
+  std::vector<float> out_norm;
+  std::vector<llama_layer> layers;
+
+  /// Reads a GGUF llama model (architecture "llama"); throws gguf_error naming what is wrong.
+  static llama_model from_gguf(const gguf_file& f);
+  /// A small model with deterministic pseudo-random weights, so that everything runs offline.
+  static llama_model synthetic(const llama_config& cfg = {}, std::uint32_t seed = 1);
+  [[nodiscard]] const std::vector<float>& lm_head() const {
+    return output.empty() ? tok_emb : output;
+  }
+};
+
+/// What one prefill did.
+struct prefill_stats {
+  std::int32_t tokens = 0;
+  std::int32_t computed = 0;  ///< tokens computed at the first layer
+  std::int32_t exact_hits = 0, relocated_hits = 0, misses = 0;
+};
+
+/// One engine instance: a model, a paged KV pool and a relocatable_cache over it.
+/// @tparam P RoPE placement of the stored keys
+template <class P>
+class llama_engine {
+ public:
+  using cache_type = relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, P,
+                                               relokv::recompute::any_strategy>;
+
+  llama_engine(std::shared_ptr<const llama_model> model, std::int32_t num_blocks,
+               std::int32_t block_size = 16);
+  ~llama_engine();
+  llama_engine(const llama_engine&) = delete;
+  llama_engine& operator=(const llama_engine&) = delete;
+
+  /// Prefills a request (planning reuse with `strategy`) and returns the logits of its last
+  /// token; the request stays live for decode until end().
+  std::vector<float> prefill(const relokv::request_layout& layout,
+                             const relokv::recompute::any_strategy& strategy,
+                             prefill_stats* stats = nullptr);
+  /// Appends one token to the live request and returns the next logits.
+  std::vector<float> decode(relokv::token_t token);
+  /// Greedy generation: up to max_tokens, stopping after `stop` (if >= 0).
+  std::vector<relokv::token_t> generate(const std::vector<float>& first_logits,
+                                        std::int32_t max_tokens, relokv::token_t stop = -1);
+  /// Commits the live request's new blocks (reusable by later requests) and ends it.
+  void end(bool commit = true);
+
+  [[nodiscard]] cache_type& cache() noexcept { return cache_; }
+  [[nodiscard]] const llama_model& model() const noexcept { return *model_; }
+
+ private:
+  struct live_request;
+  void forward(std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
+               std::vector<std::uint8_t>* mask, const std::vector<std::uint8_t>* reused,
+               const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden);
+  std::vector<float> logits(const std::vector<float>& hidden) const;
+
+  std::shared_ptr<const llama_model> model_;
+  relokv::rope_table rope_;
+  relokv::host_kv_storage<float> kv_;
+  cache_type cache_;
+  std::unique_ptr<live_request> live_;
+};
+
+// Instantiated in llama.cpp for the three shipped placements.
+extern template class llama_engine<relokv::pre_rotated>;
+extern template class llama_engine<relokv::at_attention>;
+extern template class llama_engine<relokv::block_relative>;
+
+/// Prefill with a plain contiguous KV buffer and no cache at all: the baseline that
+/// engine_relokv_overhead divides by. Returns the logits of the last token.
+std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv::token_t>& tokens);
+
+/// Index of the largest logit.
+relokv::token_t argmax(const std::vector<float>& logits);
+
+}  // namespace relokv_engine

@@ -1,0 +1,209 @@
+// Byte-level BPE (see tokenizer.hpp).
+#include "tokenizer.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+
+namespace relokv_engine {
+namespace {
+
+std::string utf8(std::uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+enum class cls { kSpace, kLetter, kDigit, kOther };
+cls class_of(unsigned char c) {
+  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') return cls::kSpace;
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) return cls::kLetter;
+  if (c >= '0' && c <= '9') return cls::kDigit;
+  return cls::kOther;
+}
+
+/// GPT-2's pre-tokenization: contractions, optional space + letters / digits / other symbols,
+/// and whitespace (a run of spaces leaves its last one to the following word).
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  const std::size_t n = s.size();
+  static const char* contractions[] = {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"};
+  while (i < n) {
+    bool matched = false;
+    if (s[i] == '\'')
+      for (const char* c : contractions) {
+        const std::size_t len = std::char_traits<char>::length(c);
+        if (s.compare(i, len, c) == 0) {
+          out.push_back(s.substr(i, len));
+          i += len;
+          matched = true;
+          break;
+        }
+      }
+    if (matched) continue;
+    const auto c0 = static_cast<unsigned char>(s[i]);
+    std::size_t j = i;
+    if (class_of(c0) == cls::kSpace) {
+      while (j < n && class_of(static_cast<unsigned char>(s[j])) == cls::kSpace) ++j;
+      // keep one plain space for the next word when a word follows
+      if (j < n && j - i > 1 && s[j - 1] == ' ')
+        --j;
+      else if (j < n && j - i == 1 && s[i] == ' ') {
+        ++j;  // " word": the space joins the word
+        const cls k = class_of(static_cast<unsigned char>(s[i + 1]));
+        while (j < n && class_of(static_cast<unsigned char>(s[j])) == k && k != cls::kSpace) ++j;
+      }
+      out.push_back(s.substr(i, j - i));
+      i = j;
+      continue;
+    }
+    const cls k = class_of(c0);
+    while (j < n && class_of(static_cast<unsigned char>(s[j])) == k) ++j;
+    out.push_back(s.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace
+
+bpe_tokenizer::bpe_tokenizer(const gguf_file& f) {
+  const std::string model = f.get_string("tokenizer.ggml.model");
+  if (model != "gpt2")
+    throw gguf_error(f.name(), 0, "tokenizer model '" + model + "' is not supported (gpt2 is)");
+  tokens_ = f.get_strings("tokenizer.ggml.tokens");
+  const auto merges = f.get_strings("tokenizer.ggml.merges");
+  if (f.has("tokenizer.ggml.token_type")) {
+    const auto types = f.get_ints("tokenizer.ggml.token_type");
+    for (std::size_t i = 0; i < types.size() && i < tokens_.size(); ++i)
+      if (types[i] == 3 || types[i] == 4) specials_.push_back(tokens_[i]);
+  }
+  build(merges);
+}
+
+bpe_tokenizer::bpe_tokenizer(std::vector<std::string> tokens,
+                             const std::vector<std::string>& merges,
+                             std::vector<std::string> specials)
+    : tokens_(std::move(tokens)), specials_(std::move(specials)) {
+  build(merges);
+}
+
+void bpe_tokenizer::build(const std::vector<std::string>& merges) {
+  for (std::size_t i = 0; i < tokens_.size(); ++i)
+    ids_.emplace(tokens_[i], static_cast<relokv::token_t>(i));
+  for (std::size_t i = 0; i < merges.size(); ++i)
+    ranks_.emplace(merges[i], static_cast<std::int32_t>(i));
+  // GPT-2's byte <-> symbol map: printable bytes stand for themselves, the rest are shifted
+  // to code points from 256 on.
+  std::uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+    byte_sym_[b] = utf8(printable ? static_cast<std::uint32_t>(b) : next++);
+    sym_byte_[byte_sym_[b]] = static_cast<unsigned char>(b);
+  }
+  // Longest specials first, so that one that contains another wins.
+  std::sort(specials_.begin(), specials_.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+}
+
+relokv::token_t bpe_tokenizer::id(const std::string& token) const {
+  const auto it = ids_.find(token);
+  return it == ids_.end() ? -1 : it->second;
+}
+
+void bpe_tokenizer::encode_word(const std::string& word, std::vector<relokv::token_t>& out) const {
+  std::vector<std::string> sym;
+  for (unsigned char b : word) sym.push_back(byte_sym_[b]);
+  while (sym.size() > 1) {
+    std::int32_t best = INT_MAX;
+    std::size_t at = 0;
+    for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
+      const auto it = ranks_.find(sym[i] + " " + sym[i + 1]);
+      if (it != ranks_.end() && it->second < best) {
+        best = it->second;
+        at = i;
+      }
+    }
+    if (best == INT_MAX) break;
+    sym[at] += sym[at + 1];
+    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  }
+  for (const std::string& s : sym) {
+    const auto it = ids_.find(s);
+    if (it != ids_.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    // Not in the vocabulary as a whole: fall back to its bytes.
+    for (unsigned char b : s) {
+      const auto bt = ids_.find(byte_sym_[b]);
+      if (bt == ids_.end()) throw std::runtime_error("tokenizer: byte without a token");
+      out.push_back(bt->second);
+    }
+  }
+}
+
+std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text) const {
+  std::vector<relokv::token_t> out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    // Next special token (if any) splits the text.
+    std::size_t best = std::string::npos;
+    const std::string* which = nullptr;
+    for (const std::string& sp : specials_) {
+      const std::size_t p = text.find(sp, i);
+      if (p < best) {
+        best = p;
+        which = &sp;
+      }
+    }
+    const std::size_t end = best == std::string::npos ? text.size() : best;
+    for (const std::string& w : split_words(text.substr(i, end - i))) encode_word(w, out);
+    if (which == nullptr) break;
+    out.push_back(ids_.at(*which));
+    i = best + which->size();
+  }
+  return out;
+}
+
+std::string bpe_tokenizer::decode(const std::vector<relokv::token_t>& ids) const {
+  std::string out;
+  for (relokv::token_t t : ids) {
+    if (t < 0 || static_cast<std::size_t>(t) >= tokens_.size())
+      throw std::out_of_range("tokenizer: id " + std::to_string(t) + " outside the vocabulary");
+    const std::string& s = tokens_[static_cast<std::size_t>(t)];
+    if (std::find(specials_.begin(), specials_.end(), s) != specials_.end()) {
+      out += s;
+      continue;
+    }
+    // Split the token string into UTF-8 symbols and map each back to its byte.
+    for (std::size_t i = 0; i < s.size();) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      const std::size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+      const auto it = sym_byte_.find(s.substr(i, len));
+      if (it != sym_byte_.end())
+        out += static_cast<char>(it->second);
+      else
+        out += s.substr(i, len);
+      i += len;
+    }
+  }
+  return out;
+}
+
+std::string bpe_tokenizer::chat(const std::string& system, const std::string& user) {
+  return "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n" + user +
+         "<|im_end|>\n<|im_start|>assistant\n";
+}
+
+}  // namespace relokv_engine

@@ -1,0 +1,109 @@
+// relokv_chat: greedy answer from a GGUF Llama model running on relokv.
+//   relokv_chat [--model PATH] [--placement pre_rotated|at_attention|block_relative]
+//               [--max-tokens N] "question"
+// Without a model (see scripts/get-model) it runs the synthetic model and prints token ids.
+#include <relokv/layout/builder.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "gguf.hpp"
+#include "llama.hpp"
+#include "model_path.hpp"
+#include "tokenizer.hpp"
+
+namespace {
+
+void usage() {
+  std::printf(
+      "usage: relokv_chat [--model PATH] [--placement P] [--max-tokens N] \"question\"\n"
+      "  --model PATH      GGUF Llama model (default: $RELOKV_MODEL or the scripts/get-model "
+      "cache;\n"
+      "                    without one, a small synthetic model)\n"
+      "  --placement P     pre_rotated, at_attention or block_relative (default)\n"
+      "  --max-tokens N    most tokens to generate (default 64)\n");
+}
+
+template <class P>
+int run(std::shared_ptr<const relokv_engine::llama_model> m,
+        const relokv_engine::bpe_tokenizer* tok, const std::string& question, int max_tokens) {
+  relokv_engine::llama_engine<P> eng(m, 1024);
+  std::vector<relokv::token_t> prompt;
+  relokv::token_t stop = -1;
+  if (tok) {
+    prompt = tok->encode(relokv_engine::bpe_tokenizer::chat(
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face", question));
+    stop = tok->id("<|im_end|>");
+  } else {
+    for (unsigned char c : question) prompt.push_back(c % m->cfg.vocab);
+  }
+  const auto layout = relokv::layout_builder(16).prefix(prompt).build();
+  const auto out = eng.generate(eng.prefill(layout, relokv::recompute::none{}), max_tokens, stop);
+  eng.end();
+  if (tok) {
+    std::string text = tok->decode(out);
+    if (const auto p = text.find("<|im_end|>"); p != std::string::npos) text.resize(p);
+    std::printf("%s\n", text.c_str());
+  } else {
+    for (auto t : out) std::printf("%d ", t);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = relokv_engine::default_model_path(), placement = "block_relative", question;
+  int max_tokens = 64;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--model" && i + 1 < argc) {
+      model = argv[++i];
+    } else if (a == "--placement" && i + 1 < argc) {
+      placement = argv[++i];
+    } else if (a == "--max-tokens" && i + 1 < argc) {
+      max_tokens = std::atoi(argv[++i]);
+    } else if (a == "--help" || a == "-h") {
+      usage();
+      return 0;
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "relokv_chat: unknown option '%s'\n", a.c_str());
+      usage();
+      return 2;
+    } else {
+      question = a;
+    }
+  }
+  if (question.empty()) question = "What is the capital of France?";
+  try {
+    std::shared_ptr<const relokv_engine::llama_model> m;
+    std::unique_ptr<relokv_engine::bpe_tokenizer> tok;
+    if (!model.empty()) {
+      const auto f = relokv_engine::gguf_file::open(model);
+      m = std::make_shared<const relokv_engine::llama_model>(
+          relokv_engine::llama_model::from_gguf(f));
+      tok = std::make_unique<relokv_engine::bpe_tokenizer>(f);
+    } else {
+      std::fprintf(stderr,
+                   "relokv_chat: no model found (run scripts/get-model); using the "
+                   "synthetic model, which answers in token ids\n");
+      m = std::make_shared<const relokv_engine::llama_model>(
+          relokv_engine::llama_model::synthetic());
+    }
+    if (placement == "pre_rotated")
+      return run<relokv::pre_rotated>(m, tok.get(), question, max_tokens);
+    if (placement == "at_attention")
+      return run<relokv::at_attention>(m, tok.get(), question, max_tokens);
+    if (placement == "block_relative")
+      return run<relokv::block_relative>(m, tok.get(), question, max_tokens);
+    std::fprintf(stderr, "relokv_chat: unknown placement '%s'\n", placement.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "relokv_chat: %s\n", e.what());
+    return 1;
+  }
+}

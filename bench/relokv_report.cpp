@@ -7,6 +7,9 @@
 
 #include "support/attention_figures.hpp"
 #include "support/core_figures.hpp"
+#if RELOKV_REPORT_ENGINE
+#include "support/engine_figures.hpp"
+#endif
 
 namespace {
 void usage() {
@@ -47,5 +50,8 @@ int main(int argc, char** argv) {
   };
   print(relokv_bench::core_figures(reps));
   print(relokv_bench::attention_figures(reps));
+#if RELOKV_REPORT_ENGINE
+  print(relokv_bench::engine_figures(reps));
+#endif
   return 0;
 }

@@ -341,7 +341,7 @@ inline void expand_rotation(rope_layout layout, int pairs, int D, const float* c
 template <class P, class T>
 void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
                 std::int32_t num_blocks, const float* q, pos_t m, std::int32_t num_q_heads,
-                float scale, float* out) {
+                float scale, float* out, bool prefetch) {
   const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
   const int pairs = rope.pairs();
   const rope_layout layout = rope.config().layout;
@@ -438,7 +438,7 @@ void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_e
     for (int h = 0; h < H; ++h) {
       // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles are
       // separate runs that the hardware prefetcher would pick up late.
-      if (bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
+      if (prefetch && bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
       const block_head bh{kv.k(e.block, h),
                           kv.v(e.block, h),
                           valid,
@@ -505,7 +505,7 @@ void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_t
   for (std::int32_t s = 0; s < table.num_seqs; ++s)
     detail::attend_one<P>(rope, kv, table.entries + table.indptr[s],
                           table.indptr[s + 1] - table.indptr[s], q + s * stride, q_pos[s],
-                          num_q_heads, scale, out + s * stride);
+                          num_q_heads, scale, out + s * stride, /*prefetch=*/true);
 }
 
 /// Prefill attention: sequence s has queries q_indptr[s] .. q_indptr[s+1], each at its own
@@ -525,7 +525,8 @@ void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_
     for (std::int32_t t = q_indptr[s]; t < q_indptr[s + 1]; ++t)
       detail::attend_one<P>(rope, kv, table.entries + table.indptr[s],
                             table.indptr[s + 1] - table.indptr[s], q + t * stride, q_pos[t],
-                            num_q_heads, scale, out + t * stride);
+                            num_q_heads, scale, out + t * stride,
+                            /*prefetch=*/false);  // queries share the blocks: they stay cached
 }
 
 RELOKV_NAMESPACE_END

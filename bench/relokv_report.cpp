@@ -9,6 +9,7 @@
 #include "support/core_figures.hpp"
 #if RELOKV_REPORT_ENGINE
 #include "support/engine_figures.hpp"
+#include "support/rag_figures.hpp"
 #endif
 
 namespace {
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   print(relokv_bench::attention_figures(reps));
 #if RELOKV_REPORT_ENGINE
   print(relokv_bench::engine_figures(reps));
+  print(relokv_bench::rag_figures());
 #endif
   return 0;
 }

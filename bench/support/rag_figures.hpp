@@ -1,0 +1,45 @@
+#pragma once
+// Main-job figures: TTFT speedup and answer agreement of EPIC-style first_k against full
+// recompute, on the synthetic model unless a model is present (rag_on_real_model says which).
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gguf.hpp"
+#include "model_path.hpp"
+#include "rag.hpp"
+#include "support/engine_figures.hpp"
+
+namespace relokv_bench {
+
+inline std::vector<std::pair<std::string, double>> rag_figures() {
+  std::shared_ptr<const relokv_engine::llama_model> model;
+  std::unique_ptr<relokv_engine::bpe_tokenizer> tok;
+  const std::string path = relokv_engine::default_model_path();
+  if (!path.empty()) {
+    const auto f = relokv_engine::gguf_file::open(path);
+    model = std::make_shared<const relokv_engine::llama_model>(
+        relokv_engine::llama_model::from_gguf(f));
+    tok = std::make_unique<relokv_engine::bpe_tokenizer>(f);
+  } else {
+    model = std::make_shared<const relokv_engine::llama_model>(
+        relokv_engine::llama_model::synthetic(figure_model_config()));
+  }
+  const relokv_rag::text_codec codec{tok.get(), model->cfg.vocab};
+  const auto w = relokv_rag::generate(6, 30, 10, 1.0, 7, model->cfg.vocab);
+  namespace rc = relokv::recompute;
+  const std::vector<relokv_rag::variant> variants = {{"full", rc::full{}, true, ""},
+                                                     {"first_k", rc::first_k(16), true, ""}};
+  relokv_rag::run_options opt;
+  opt.max_answer = 8;
+  const auto res = relokv_rag::run(model, w, codec, variants, opt);
+  double agree = 0;
+  for (double a : res[1].agreement) agree += a;
+  return {{"rag_ttft_speedup_first_k",
+           relokv_rag::percentile(res[0].ttft_ms, 50) / relokv_rag::percentile(res[1].ttft_ms, 50)},
+          {"rag_agreement_first_k", agree / double(res[1].agreement.size())},
+          {"rag_on_real_model", path.empty() ? 0.0 : 1.0}};
+}
+
+}  // namespace relokv_bench

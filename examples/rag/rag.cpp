@@ -1,0 +1,279 @@
+// Multi-document QA workload and runner (see rag.hpp).
+#include "rag.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include <relokv/layout/builder.hpp>
+
+#include "json.hpp"
+
+namespace relokv_rag {
+
+std::vector<relokv::token_t> text_codec::encode(const std::string& s) const {
+  if (tok) return tok->encode(s);
+  std::vector<relokv::token_t> out;
+  for (unsigned char c : s) out.push_back(static_cast<relokv::token_t>(c % vocab));
+  return out;
+}
+std::string text_codec::decode(const std::vector<relokv::token_t>& t) const {
+  if (tok) {
+    std::string s = tok->decode(t);
+    if (const auto p = s.find("<|im_end|>"); p != std::string::npos) s.resize(p);
+    return s;
+  }
+  std::string s;
+  for (auto x : t) s += std::to_string(x) + " ";
+  return s;
+}
+
+workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint32_t seed,
+                    const text_codec& codec) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  workload w;
+  w.source = path;
+  w.prefix = codec.encode(
+      "<|im_start|>system\nAnswer the question from the documents, in a few words.<|im_end|>\n"
+      "<|im_start|>user\n");
+  std::map<std::string, std::size_t> index;
+  std::mt19937 rng(seed);
+  std::string line;
+  for (std::size_t lineno = 1; std::getline(in, line) && w.requests.size() < max_requests;
+       ++lineno) {
+    if (line.empty()) continue;
+    const std::string where = path + ":" + std::to_string(lineno);
+    const json j = json::parse(line, where);
+    qa_request r;
+    r.question = j.at("question").str;
+    r.answer = j.at("answer").str;
+    const json& ctx = j.at("context");
+    if (ctx.k != json::kind::kArray) throw std::runtime_error(where + ": context is not a list");
+    for (const json& item : ctx.arr) {
+      if (item.k != json::kind::kArray || item.arr.size() != 2)
+        throw std::runtime_error(where + ": a context entry is not [title, [sentences]]");
+      std::string text;
+      for (const json& s : item.arr[1].arr) text += s.str;
+      const std::string key = item.arr[0].str + "\n" + text;
+      auto it = index.find(key);
+      if (it == index.end()) {
+        passage p{item.arr[0].str, text,
+                  codec.encode("Document: " + item.arr[0].str + "\n" + text + "\n")};
+        it = index.emplace(key, w.corpus.size()).first;
+        w.corpus.push_back(std::move(p));
+      }
+      r.passages.push_back(it->second);
+    }
+    std::shuffle(r.passages.begin(), r.passages.end(), rng);
+    r.question_tokens =
+        codec.encode("Question: " + r.question + "<|im_end|>\n<|im_start|>assistant\n");
+    r.answer_tokens = codec.encode(r.answer);
+    w.requests.push_back(std::move(r));
+  }
+  if (w.requests.empty()) throw std::runtime_error(path + ": no requests");
+  return w;
+}
+
+workload generate(std::size_t requests, std::size_t corpus, std::size_t k, double zipf,
+                  std::uint32_t seed, std::int32_t vocab) {
+  std::mt19937 rng(seed);
+  workload w;
+  w.source = "generator";
+  std::uniform_int_distribution<relokv::token_t> tok(3, vocab - 1);
+  for (int i = 0; i < 24; ++i) w.prefix.push_back(tok(rng));
+  std::uniform_int_distribution<int> len(60, 140);
+  for (std::size_t i = 0; i < corpus; ++i) {
+    passage p;
+    p.title = "passage " + std::to_string(i);
+    const int n = len(rng);
+    for (int t = 0; t < n; ++t) p.tokens.push_back(tok(rng));
+    w.corpus.push_back(std::move(p));
+  }
+  std::vector<double> weight(corpus);  // Zipf popularity
+  for (std::size_t i = 0; i < corpus; ++i) weight[i] = 1.0 / std::pow(double(i + 1), zipf);
+  std::discrete_distribution<std::size_t> pick(weight.begin(), weight.end());
+  for (std::size_t r = 0; r < requests; ++r) {
+    qa_request q;
+    while (q.passages.size() < std::min(k, corpus)) {
+      const std::size_t p = pick(rng);
+      if (std::find(q.passages.begin(), q.passages.end(), p) == q.passages.end())
+        q.passages.push_back(p);
+    }
+    std::shuffle(q.passages.begin(), q.passages.end(), rng);
+    for (int t = 0; t < 12; ++t) q.question_tokens.push_back(tok(rng));
+    const auto& src = w.corpus[q.passages[rng() % q.passages.size()]].tokens;
+    q.answer_tokens.assign(src.begin() + 5, src.begin() + 9);
+    for (auto t : q.answer_tokens) q.answer += std::to_string(t) + " ";
+    w.requests.push_back(std::move(q));
+  }
+  return w;
+}
+
+std::vector<variant> default_variants() {
+  namespace rc = relokv::recompute;
+  return {
+      {"full prefill (no cache)", rc::full{}, true, "reference"},
+      {"prefix caching (exact keys)", rc::none{}, false, "vLLM-style"},
+      {"naive PIC", rc::none{}, true, ""},
+      {"Block-Attention", rc::none{}, true, "question only; same compute as naive PIC here"},
+      {"EPIC first_k=16", rc::first_k(16), true, ""},
+      {"KVBoost seam_window=16", rc::seam_window(16), true, ""},
+      {"CacheBlend topk=15%", rc::deviation_topk(0.15f), true, ""},
+  };
+}
+
+namespace {
+
+std::string normalize(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) || u >= 0x80)
+      o += static_cast<char>(std::tolower(u));
+    else
+      o += ' ';
+  }
+  return o;
+}
+
+double kl_divergence(const std::vector<float>& ref, const std::vector<float>& got) {
+  const double mr = *std::max_element(ref.begin(), ref.end());
+  const double mg = *std::max_element(got.begin(), got.end());
+  double zr = 0, zg = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    zr += std::exp(ref[i] - mr);
+    zg += std::exp(got[i] - mg);
+  }
+  double kl = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double lp = ref[i] - mr - std::log(zr), lq = got[i] - mg - std::log(zg);
+    kl += std::exp(lp) * (lp - lq);
+  }
+  return std::max(0.0, kl);
+}
+
+template <class P>
+std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_model> model,
+                                     const workload& w, const text_codec& codec,
+                                     const std::vector<variant>& variants, const run_options& opt) {
+  relokv_engine::llama_engine<P> eng(model, opt.num_blocks);
+  const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
+  const std::size_t total = w.corpus.size() + w.requests.size() * variants.size();
+  std::size_t done = 0;
+  // Passages are cached as spans computed after the system prompt, before the questions.
+  for (const passage& p : w.corpus) {
+    (void)eng.prefill(relokv::layout_builder(16).prefix(w.prefix).span(p.tokens).build(),
+                      relokv::recompute::none{});
+    eng.end(true);
+    if (opt.progress) opt.progress(++done, total);
+  }
+  std::vector<variant_result> res(variants.size());
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    res[v].name = variants[v].name;
+    res[v].note = variants[v].note;
+  }
+  const auto block_bytes = static_cast<std::int64_t>(model->cfg.n_layers) * 2 *
+                           model->cfg.n_kv_heads * 16 * model->cfg.head_dim * 4;
+  for (const qa_request& r : w.requests) {
+    relokv::layout_builder spans(16), flat(16);
+    spans.prefix(w.prefix);
+    std::vector<relokv::token_t> all(w.prefix);
+    for (std::size_t p : r.passages) {
+      spans.span(w.corpus[p].tokens);
+      all.insert(all.end(), w.corpus[p].tokens.begin(), w.corpus[p].tokens.end());
+    }
+    spans.question(r.question_tokens);
+    all.insert(all.end(), r.question_tokens.begin(), r.question_tokens.end());
+    const auto l_spans = spans.build();
+    const auto l_flat = flat.prefix(all).build();
+    std::vector<float> ref_logits;
+    std::vector<relokv::token_t> ref_answer;
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      const variant& var = variants[v];
+      relokv_engine::prefill_stats st;
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto logits = eng.prefill(var.spans ? l_spans : l_flat, var.strategy, &st);
+      const relokv::token_t first = relokv_engine::argmax(logits);
+      const auto t1 = std::chrono::steady_clock::now();
+      const auto in_use = eng.cache().allocator().capacity() - eng.cache().allocator().num_free();
+      auto answer = eng.generate(logits, opt.max_answer, stop);
+      (void)first;
+      eng.end(false);  // questions are not kept: every variant meets the same cache
+      const auto t2 = std::chrono::steady_clock::now();
+      if (!answer.empty() && answer.back() == stop) answer.pop_back();
+      variant_result& out = res[v];
+      out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      out.busy_s += std::chrono::duration<double>(t2 - t0).count();
+      out.computed.push_back(st.computed);
+      out.blocks += st.exact_hits + st.relocated_hits + st.misses;
+      out.exact += st.exact_hits;
+      out.relocated += st.relocated_hits;
+      out.peak_kv_bytes = std::max<std::int64_t>(out.peak_kv_bytes, in_use * block_bytes);
+      if (v == 0) {
+        ref_logits = logits;
+        ref_answer = answer;
+      }
+      out.kl.push_back(kl_divergence(ref_logits, logits));
+      std::size_t same = 0;
+      for (std::size_t i = 0; i < std::min(answer.size(), ref_answer.size()); ++i)
+        same += answer[i] == ref_answer[i];
+      const std::size_t denom = std::max<std::size_t>({answer.size(), ref_answer.size(), 1});
+      out.agreement.push_back(double(same) / double(denom));
+      out.f1.push_back(answer_f1(codec.decode(answer), r.answer));
+      if (opt.progress) opt.progress(++done, total);
+    }
+  }
+  return res;
+}
+
+}  // namespace
+
+std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model> model,
+                                const workload& w, const text_codec& codec,
+                                const std::vector<variant>& variants, const run_options& opt) {
+  if (opt.placement == "pre_rotated")
+    return run_with<relokv::pre_rotated>(model, w, codec, variants, opt);
+  if (opt.placement == "at_attention")
+    return run_with<relokv::at_attention>(model, w, codec, variants, opt);
+  if (opt.placement == "block_relative")
+    return run_with<relokv::block_relative>(model, w, codec, variants, opt);
+  throw std::invalid_argument("unknown placement '" + opt.placement +
+                              "' (pre_rotated, at_attention or block_relative)");
+}
+
+double answer_f1(const std::string& prediction, const std::string& gold) {
+  auto words = [](const std::string& s) {
+    std::istringstream in(normalize(s));
+    std::vector<std::string> out;
+    for (std::string t; in >> t;)
+      if (t != "a" && t != "an" && t != "the") out.push_back(t);
+    return out;
+  };
+  const auto p = words(prediction), g = words(gold);
+  if (p.empty() || g.empty()) return p.empty() && g.empty() ? 1.0 : 0.0;
+  std::map<std::string, int> count;
+  for (const auto& t : g) ++count[t];
+  int common = 0;
+  for (const auto& t : p)
+    if (count[t]-- > 0) ++common;
+  if (common == 0) return 0.0;
+  const double prec = double(common) / double(p.size()), rec = double(common) / double(g.size());
+  return 2 * prec * rec / (prec + rec);
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * double(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(idx));
+  const auto hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
+}
+
+}  // namespace relokv_rag

@@ -1,0 +1,84 @@
+#pragma once
+// Multi-document QA on relokv: every PIC variant served by one relocatable_cache, requests
+// interleaved, measured side by side against full recompute.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <relokv/recompute/any_strategy.hpp>
+#include <relokv/types.hpp>
+
+#include "llama.hpp"
+#include "tokenizer.hpp"
+
+namespace relokv_rag {
+
+struct passage {
+  std::string title, text;
+  std::vector<relokv::token_t> tokens;
+};
+struct qa_request {
+  std::vector<std::size_t> passages;  // into the corpus, in the order the prompt shows them
+  std::string question, answer;
+  std::vector<relokv::token_t> question_tokens, answer_tokens;
+};
+struct workload {
+  std::string source;                   // "generator" or the JSONL path
+  std::vector<relokv::token_t> prefix;  // system prompt
+  std::vector<passage> corpus;
+  std::vector<qa_request> requests;
+};
+
+/// Text to tokens: the model's tokenizer, or bytes folded into the vocabulary (synthetic model).
+struct text_codec {
+  const relokv_engine::bpe_tokenizer* tok = nullptr;
+  std::int32_t vocab = 256;
+  [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& s) const;
+  [[nodiscard]] std::string decode(const std::vector<relokv::token_t>& t) const;
+};
+
+/// 2WikiMultihopQA-style JSONL: question, answer, context = [[title, [sentences...]], ...].
+/// Passages are pooled across questions; each request shows its passages in a seeded random
+/// order. Throws naming the line and the problem for malformed input.
+workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint32_t seed,
+                    const text_codec& codec);
+/// Built-in generator: a corpus of passages with Zipf popularity; each request is the system
+/// prompt, k passages in random order and a question whose answer is a span of one of them.
+workload generate(std::size_t requests, std::size_t corpus, std::size_t k, double zipf,
+                  std::uint32_t seed, std::int32_t vocab);
+
+struct variant {
+  std::string name;
+  relokv::recompute::any_strategy strategy;
+  bool spans = true;  // false: the whole prompt is one prefix (exact keys only)
+  std::string note;
+};
+std::vector<variant> default_variants();
+
+struct variant_result {
+  std::string name, note;
+  std::vector<double> ttft_ms, computed, kl, agreement, f1;
+  std::int64_t blocks = 0, exact = 0, relocated = 0;
+  double busy_s = 0;
+  std::int64_t peak_kv_bytes = 0;
+};
+struct run_options {
+  std::int32_t max_answer = 16;
+  std::string placement = "block_relative";
+  std::int32_t num_blocks = 4096;
+  std::function<void(std::size_t done, std::size_t total)> progress;
+};
+
+/// Caches every passage (computed on its own after the system prompt), then runs each request
+/// under every variant, interleaved, in one engine and one cache.
+std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model> model,
+                                const workload& w, const text_codec& codec,
+                                const std::vector<variant>& variants, const run_options& opt);
+
+/// SQuAD-style token F1 between two answers (lowercased, punctuation and articles removed).
+double answer_f1(const std::string& prediction, const std::string& gold);
+double percentile(std::vector<double> v, double p);
+
+}  // namespace relokv_rag

@@ -74,7 +74,7 @@ inline attention_scratch& scratch() {
 }
 
 /// One block and one KV head, for all query heads of its group: any head_dim, block size and
-/// compiler. Accumulates into w.acc/w.mx/w.sum.
+/// compiler. Accumulates into bh.acc/bh.mx/bh.sum.
 template <class T>
 struct block_head_t {
   const T* kt;  ///< [block_size][head_dim]
@@ -90,6 +90,11 @@ struct block_head_t {
   /// per element ([head_dim], see expand_rotation): q' = q * qcos + neighbour(q) * qsin.
   const float* qcos = nullptr;
   const float* qsin = nullptr;
+  /// Online-softmax state of this query: acc [num_q_heads][head_dim], mx and sum
+  /// [num_q_heads].
+  float* acc = nullptr;
+  float* mx = nullptr;
+  float* sum = nullptr;
 };
 
 template <class P, class T>
@@ -134,7 +139,7 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         s[j] = dot(qg, kf + static_cast<std::ptrdiff_t>(j) * D, D) * scale;
         bmax = std::max(bmax, s[j]);
       }
-      const float m_old = w.mx[qh];
+      const float m_old = bh.mx[qh];
       const float m_new = std::max(m_old, bmax);
       const float corr = exp_nonpositive(m_old - m_new);  // 0 on the first block
       float bsum = 0.0f;
@@ -142,9 +147,9 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         s[j] = exp_nonpositive(s[j] - m_new);
         bsum += s[j];
       }
-      w.mx[qh] = m_new;
-      w.sum[qh] = w.sum[qh] * corr + bsum;
-      float* acc = w.acc.data() + qh * hd;
+      bh.mx[qh] = m_new;
+      bh.sum[qh] = bh.sum[qh] * corr + bsum;
+      float* acc = bh.acc + qh * hd;
       for (int d = 0; d < D; ++d) acc[d] *= corr;
       for (int j = 0; j < valid; ++j) {
         const float p = s[j];
@@ -271,7 +276,7 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       for (int j = vc; j < 16; ++j) sc[j] = -std::numeric_limits<float>::infinity();
       float bmax = sc[0];
       for (int j = 1; j < vc; ++j) bmax = sc[j] > bmax ? sc[j] : bmax;
-      const float m_old = w.mx[qh];
+      const float m_old = bh.mx[qh];
       const float m_new = m_old > bmax ? m_old : bmax;
       const float corr = exp_nonpositive(m_old - m_new);
       alignas(64) float pr[16];
@@ -285,9 +290,9 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         pr[j] = j < vc ? pr[j] : 0.0f;
         bsum += pr[j];
       }
-      w.mx[qh] = m_new;
-      w.sum[qh] = w.sum[qh] * corr + bsum;
-      float* acc = w.acc.data() + qh * D;
+      bh.mx[qh] = m_new;
+      bh.sum[qh] = bh.sum[qh] * corr + bsum;
+      float* acc = bh.acc + qh * D;
       vf16 a[DC];
       for (int c = 0; c < DC; ++c) a[c] = RELOKV_VLOAD(acc + 16 * c) * corr;
       for (int j = 0; j < vc; ++j) {
@@ -336,27 +341,30 @@ inline void expand_rotation(rope_layout layout, int pairs, int D, const float* c
   }
 }
 
-/// Attention of all query heads of one query position over the blocks of one sequence.
-/// q: [num_q_heads][head_dim], unrotated. out: [num_q_heads][head_dim].
+/// Attention of a group of queries of one sequence (each with all its query heads) over the
+/// sequence's blocks. Blocks are the outer loop, so a block's K/V are read once per group while
+/// they sit in cache, and per-block work (key rotations for at_attention) is shared.
+/// q: [nq][num_q_heads][head_dim], unrotated; m: [nq]; out: [nq][num_q_heads][head_dim].
 template <class P, class T>
-void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
-                std::int32_t num_blocks, const float* q, pos_t m, std::int32_t num_q_heads,
-                float scale, float* out, bool prefetch) {
+void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
+                  std::int32_t num_blocks, const float* q, const pos_t* m, int nq,
+                  std::int32_t num_q_heads, float scale, float* out, bool prefetch) {
   const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
   const int pairs = rope.pairs();
   const rope_layout layout = rope.config().layout;
   const float mag = static_cast<float>(rope.magnitude_factor());
   attention_scratch& w = scratch();
   const auto hq = static_cast<std::size_t>(num_q_heads), hd = static_cast<std::size_t>(D);
-  w.qrot.resize(hq * hd);
+  const auto nqs = static_cast<std::size_t>(nq);
+  w.qrot.resize(nqs * hq * hd);
   w.qblock.resize(hq * hd);
   w.kbuf.resize(static_cast<std::size_t>(bs) * hd);
   w.vbuf.resize(static_cast<std::size_t>(bs) * hd);
   w.kcos.resize(static_cast<std::size_t>(bs) * static_cast<std::size_t>(pairs));
   w.ksin.resize(w.kcos.size());
-  w.acc.assign(hq * hd, 0.0f);
-  w.mx.assign(hq, -std::numeric_limits<float>::infinity());
-  w.sum.assign(hq, 0.0f);
+  w.acc.assign(nqs * hq * hd, 0.0f);
+  w.mx.assign(nqs * hq, -std::numeric_limits<float>::infinity());
+  w.sum.assign(nqs * hq, 0.0f);
   w.scores.resize(static_cast<std::size_t>(bs));
   w.cs.resize(static_cast<std::size_t>(pairs));
   w.sn.resize(static_cast<std::size_t>(pairs));
@@ -380,49 +388,29 @@ void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_e
                   /*unit=*/true);
   }
 
-  // Queries rotated at m, for the placements whose keys carry absolute rotations.
-  std::copy(q, q + hq * hd, w.qrot.begin());
+  // Queries rotated at their positions, for the placements whose keys carry absolute rotations.
+  std::copy(q, q + nqs * hq * hd, w.qrot.begin());
   if constexpr (P::kind != placement_kind::kBlockRelative) {
-    rope.angles(m, w.cs.data(), w.sn.data());
-    for (std::size_t h = 0; h < hq; ++h)
-      rotate_inplace(w.qrot.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
+    for (std::size_t i = 0; i < nqs; ++i) {
+      rope.angles(m[i], w.cs.data(), w.sn.data());
+      for (std::size_t h = 0; h < hq; ++h)
+        rotate_inplace(w.qrot.data() + (i * hq + h) * hd, layout, pairs, w.cs.data(), w.sn.data());
+    }
   }
+  const pos_t m_max = *std::max_element(m, m + nq);
 
   for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
     const block_entry e = blocks[bi];
-    if (e.pos0 > m || e.len <= 0) continue;
-    const int valid = static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m} - e.pos0 + 1));
-    const float* qsrc = w.qrot.data();
-    const float* qcos = nullptr;
-    const float* qsin = nullptr;
-    if constexpr (P::kind == placement_kind::kBlockRelative) {
-      // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k): one rotation per block. The
-      // fast path rotates each query chunk as it loads it; otherwise rotate a copy here.
-      rope.angles(std::int64_t{m} - e.pos0, w.cs.data(), w.sn.data());
-      if (bi + 1 < num_blocks) rope.prefetch(std::int64_t{m} - blocks[bi + 1].pos0);
-      if (fused_q && layout == rope_layout::kNeoX) {  // the pair rows as they are
-        qsrc = q;
-        qcos = w.cs.data();
-        qsin = w.sn.data();
-      } else if (fused_q) {
-        expand_rotation(layout, pairs, D, w.cs.data(), w.sn.data(), w.qcos.data(), w.qsin.data());
-        qsrc = q;
-        qcos = w.qcos.data();
-        qsin = w.qsin.data();
-      } else {
-        std::copy(q, q + hq * hd, w.qblock.begin());
-        for (std::size_t h = 0; h < hq; ++h)
-          rotate_inplace(w.qblock.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
-        qsrc = w.qblock.data();
-      }
-    }
+    if (e.pos0 > m_max || e.len <= 0) continue;
     if constexpr (P::kind == placement_kind::kAtAttention) {
       // R(pos0 + j) = R(pos0) R(j): one table row per block, composed per slot, shared by all
-      // KV heads.
+      // KV heads and queries.
+      const int rows =
+          static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m_max} - e.pos0 + 1));
       rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
       const float* c0 = w.c0.data();
       const float* s0 = w.s0.data();
-      for (int j = 0; j < valid; ++j) {
+      for (int j = 0; j < rows; ++j) {
         const std::size_t row = static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs);
         const float* cj = w.jcos.data() + row;
         const float* sj = w.jsin.data() + row;
@@ -434,45 +422,75 @@ void attend_one(const rope_table& rope, paged_kv_view<const T> kv, const block_e
         }
       }
     }
-    using block_head = block_head_t<T>;
-    for (int h = 0; h < H; ++h) {
-      // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles are
-      // separate runs that the hardware prefetcher would pick up late.
-      if (prefetch && bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
-      const block_head bh{kv.k(e.block, h),
-                          kv.v(e.block, h),
-                          valid,
-                          h,
-                          G,
-                          D,
-                          scale,
-                          layout,
-                          pairs,
-                          qsrc,
-                          qcos,
-                          qsin};
-#if RELOKV_HOST_SIMD
-      if (bs % 16 == 0) {
-        if (D == 64) {
-          fast_block_head<4, P>(bh, w);
-          continue;
-        }
-        if (D == 128) {
-          fast_block_head<8, P>(bh, w);
-          continue;
-        }
-        if (D == 256) {
-          fast_block_head<16, P>(bh, w);
-          continue;
+    for (int qi = 0; qi < nq; ++qi) {
+      const pos_t mq = m[qi];
+      if (e.pos0 > mq) continue;
+      const int valid =
+          static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{mq} - e.pos0 + 1));
+      const auto qoff = static_cast<std::size_t>(qi) * hq;
+      const float* qraw = q + qoff * hd;
+      const float* qsrc = w.qrot.data() + qoff * hd;
+      const float* qcos = nullptr;
+      const float* qsin = nullptr;
+      if constexpr (P::kind == placement_kind::kBlockRelative) {
+        // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k): one rotation per block. The
+        // fast path rotates each query chunk as it loads it; otherwise rotate a copy here.
+        rope.angles(std::int64_t{mq} - e.pos0, w.cs.data(), w.sn.data());
+        if (nq == 1 && bi + 1 < num_blocks) rope.prefetch(std::int64_t{mq} - blocks[bi + 1].pos0);
+        if (fused_q && layout == rope_layout::kNeoX) {  // the pair rows as they are
+          qsrc = qraw;
+          qcos = w.cs.data();
+          qsin = w.sn.data();
+        } else if (fused_q) {
+          expand_rotation(layout, pairs, D, w.cs.data(), w.sn.data(), w.qcos.data(), w.qsin.data());
+          qsrc = qraw;
+          qcos = w.qcos.data();
+          qsin = w.qsin.data();
+        } else {
+          std::copy(qraw, qraw + hq * hd, w.qblock.begin());
+          for (std::size_t h = 0; h < hq; ++h)
+            rotate_inplace(w.qblock.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
+          qsrc = w.qblock.data();
         }
       }
+      for (int h = 0; h < H; ++h) {
+        // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles
+        // are separate runs that the hardware prefetcher would pick up late.
+        if (prefetch && qi == 0 && bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
+        block_head_t<T> bh{kv.k(e.block, h),
+                           kv.v(e.block, h),
+                           valid,
+                           h,
+                           G,
+                           D,
+                           scale,
+                           layout,
+                           pairs,
+                           qsrc,
+                           qcos,
+                           qsin};
+        bh.acc = w.acc.data() + qoff * hd;
+        bh.mx = w.mx.data() + qoff;
+        bh.sum = w.sum.data() + qoff;
+#if RELOKV_HOST_SIMD
+        if (fast) {
+          if (D == 64) {
+            fast_block_head<4, P>(bh, w);
+          } else if (D == 128) {
+            fast_block_head<8, P>(bh, w);
+          } else {
+            fast_block_head<16, P>(bh, w);
+          }
+          continue;
+        }
 #endif
-      portable_block_head<P>(bh, w);
+        portable_block_head<P>(bh, w);
+      }
     }
   }
-  for (std::size_t h = 0; h < hq; ++h) {
-    const float inv = w.sum[h] > 0.0f ? 1.0f / w.sum[h] : 0.0f;  // no visible key: zeros
-    for (std::size_t d = 0; d < hd; ++d) out[h * hd + d] = w.acc[h * hd + d] * inv;
+  for (std::size_t i = 0; i < nqs * hq; ++i) {
+    const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
+    for (std::size_t d = 0; d < hd; ++d) out[i * hd + d] = w.acc[i * hd + d] * inv;
   }
 }
 
@@ -503,9 +521,9 @@ void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_t
   detail::check_shapes(rope, kv, num_q_heads);
   const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
   for (std::int32_t s = 0; s < table.num_seqs; ++s)
-    detail::attend_one<P>(rope, kv, table.entries + table.indptr[s],
-                          table.indptr[s + 1] - table.indptr[s], q + s * stride, q_pos[s],
-                          num_q_heads, scale, out + s * stride, /*prefetch=*/true);
+    detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
+                            table.indptr[s + 1] - table.indptr[s], q + s * stride, q_pos + s, 1,
+                            num_q_heads, scale, out + s * stride, /*prefetch=*/true);
 }
 
 /// Prefill attention: sequence s has queries q_indptr[s] .. q_indptr[s+1], each at its own
@@ -521,12 +539,15 @@ void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   detail::check_shapes(rope, kv, num_q_heads);
   const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
+  // Queries of a sequence in groups that share each block while it is in cache.
+  constexpr std::int32_t kGroup = 16;
   for (std::int32_t s = 0; s < table.num_seqs; ++s)
-    for (std::int32_t t = q_indptr[s]; t < q_indptr[s + 1]; ++t)
-      detail::attend_one<P>(rope, kv, table.entries + table.indptr[s],
-                            table.indptr[s + 1] - table.indptr[s], q + t * stride, q_pos[t],
-                            num_q_heads, scale, out + t * stride,
-                            /*prefetch=*/false);  // queries share the blocks: they stay cached
+    for (std::int32_t t = q_indptr[s]; t < q_indptr[s + 1]; t += kGroup) {
+      const int n = static_cast<int>(std::min(kGroup, q_indptr[s + 1] - t));
+      detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
+                              table.indptr[s + 1] - table.indptr[s], q + t * stride, q_pos + t, n,
+                              num_q_heads, scale, out + t * stride, /*prefetch=*/false);
+    }
 }
 
 RELOKV_NAMESPACE_END

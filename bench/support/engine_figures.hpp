@@ -9,26 +9,15 @@
 #include <relokv/layout/builder.hpp>
 
 #include "llama.hpp"
+#include "load_model.hpp"
 #include "support/measure.hpp"
 
 namespace relokv_bench {
 
-inline relokv_engine::llama_config figure_model_config() {
-  relokv_engine::llama_config c;
-  c.n_layers = 4;
-  c.dim = 512;
-  c.n_heads = 8;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.ffn = 1024;
-  c.vocab = 4096;
-  return c;
-}
-
 inline std::vector<std::pair<std::string, double>> engine_figures(int reps) {
   std::vector<std::pair<std::string, double>> out;
   const auto model = std::make_shared<const relokv_engine::llama_model>(
-      relokv_engine::llama_model::synthetic(figure_model_config()));
+      relokv_engine::llama_model::synthetic(relokv_engine::demo_config()));
   constexpr int kContext = 2048;
   std::vector<relokv::token_t> prompt(kContext);
   for (int i = 0; i < kContext; ++i) prompt[static_cast<std::size_t>(i)] = (i * 7919) % 4096;

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "gguf.hpp"
+#include "load_model.hpp"
 #include "model_path.hpp"
 #include "rag.hpp"
 #include "support/engine_figures.hpp"
@@ -14,19 +14,10 @@
 namespace relokv_bench {
 
 inline std::vector<std::pair<std::string, double>> rag_figures() {
-  std::shared_ptr<const relokv_engine::llama_model> model;
-  std::unique_ptr<relokv_engine::bpe_tokenizer> tok;
   const std::string path = relokv_engine::default_model_path();
-  if (!path.empty()) {
-    const auto f = relokv_engine::gguf_file::open(path);
-    model = std::make_shared<const relokv_engine::llama_model>(
-        relokv_engine::llama_model::from_gguf(f));
-    tok = std::make_unique<relokv_engine::bpe_tokenizer>(f);
-  } else {
-    model = std::make_shared<const relokv_engine::llama_model>(
-        relokv_engine::llama_model::synthetic(figure_model_config()));
-  }
-  const relokv_rag::text_codec codec{tok.get(), model->cfg.vocab};
+  const auto loaded = relokv_engine::load_model(path);
+  const auto& model = loaded.model;
+  const relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
   const auto w = relokv_rag::generate(6, 30, 10, 1.0, 7, model->cfg.vocab);
   namespace rc = relokv::recompute;
   const std::vector<relokv_rag::variant> variants = {{"full", rc::full{}, true, ""},

@@ -10,8 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "gguf.hpp"
-#include "llama.hpp"
+#include "load_model.hpp"
 #include "model_path.hpp"
 #include "tokenizer.hpp"
 
@@ -80,26 +79,17 @@ int main(int argc, char** argv) {
   }
   if (question.empty()) question = "What is the capital of France?";
   try {
-    std::shared_ptr<const relokv_engine::llama_model> m;
-    std::unique_ptr<relokv_engine::bpe_tokenizer> tok;
-    if (!model.empty()) {
-      const auto f = relokv_engine::gguf_file::open(model);
-      m = std::make_shared<const relokv_engine::llama_model>(
-          relokv_engine::llama_model::from_gguf(f));
-      tok = std::make_unique<relokv_engine::bpe_tokenizer>(f);
-    } else {
+    if (model.empty())
       std::fprintf(stderr,
                    "relokv_chat: no model found (run scripts/get-model); using the "
                    "synthetic model, which answers in token ids\n");
-      m = std::make_shared<const relokv_engine::llama_model>(
-          relokv_engine::llama_model::synthetic());
-    }
-    if (placement == "pre_rotated")
-      return run<relokv::pre_rotated>(m, tok.get(), question, max_tokens);
-    if (placement == "at_attention")
-      return run<relokv::at_attention>(m, tok.get(), question, max_tokens);
+    const auto loaded = relokv_engine::load_model(model);
+    const auto& m = loaded.model;
+    const auto* tok = loaded.tokenizer.get();
+    if (placement == "pre_rotated") return run<relokv::pre_rotated>(m, tok, question, max_tokens);
+    if (placement == "at_attention") return run<relokv::at_attention>(m, tok, question, max_tokens);
     if (placement == "block_relative")
-      return run<relokv::block_relative>(m, tok.get(), question, max_tokens);
+      return run<relokv::block_relative>(m, tok, question, max_tokens);
     std::fprintf(stderr, "relokv_chat: unknown placement '%s'\n", placement.c_str());
     return 2;
   } catch (const std::exception& e) {

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "gguf.hpp"
+#include "load_model.hpp"
 #include "model_path.hpp"
 #include "rag.hpp"
 
@@ -180,27 +180,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    std::shared_ptr<const relokv_engine::llama_model> model;
-    std::unique_ptr<relokv_engine::bpe_tokenizer> tok;
-    std::unique_ptr<relokv_engine::gguf_file> file;
-    if (!model_path.empty()) {
-      file = std::make_unique<relokv_engine::gguf_file>(relokv_engine::gguf_file::open(model_path));
-      model = std::make_shared<const relokv_engine::llama_model>(
-          relokv_engine::llama_model::from_gguf(*file));
-      tok = std::make_unique<relokv_engine::bpe_tokenizer>(*file);
-    } else {
-      relokv_engine::llama_config c;
-      c.n_layers = 4;
-      c.dim = 512;
-      c.n_heads = 8;
-      c.n_kv_heads = 2;
-      c.head_dim = 64;
-      c.ffn = 1024;
-      c.vocab = 4096;
-      model = std::make_shared<const relokv_engine::llama_model>(
-          relokv_engine::llama_model::synthetic(c));
-    }
-    relokv_rag::text_codec codec{tok.get(), model->cfg.vocab};
+    const auto loaded = relokv_engine::load_model(model_path);
+    const auto& model = loaded.model;
+    relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
     const auto w = data.empty() ? relokv_rag::generate(requests, corpus, passages, zipf, seed,
                                                        model->cfg.vocab)
                                 : relokv_rag::load_jsonl(data, requests, seed, codec);

@@ -154,9 +154,16 @@ int main(int argc, char** argv) {
         zipf = std::stod(need(i));
       else if (a == "--seed")
         seed = static_cast<std::uint32_t>(std::stoul(need(i)));
-      else if (a == "--model")
+      else if (a == "--model") {
         model_path = need(i);
-      else if (a == "--synthetic")
+        if (model_path == "auto") {
+          model_path = relokv_engine::default_model_path();
+          if (model_path.empty()) {
+            std::fprintf(stderr, "relokv_rag: --model auto: no model; run scripts/get-model\n");
+            return 2;
+          }
+        }
+      } else if (a == "--synthetic")
         model_path.clear();
       else if (a == "--placement")
         opt.placement = need(i);

@@ -253,14 +253,18 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
     return w;
   };
   auto ones = [](int n) { return std::vector<float>(static_cast<std::size_t>(n), 1.0f); };
-  m.tok_emb = mat(c.vocab, c.dim);
-  for (auto& x : m.tok_emb) x *= std::sqrt(static_cast<float>(c.dim));
+  m.tok_emb = mat(c.vocab, c.dim);  // rows of norm ~1: the attention output is not drowned
   m.out_norm = ones(c.dim);
   for (int l = 0; l < c.n_layers; ++l) {
     llama_layer L;
     L.attn_norm = ones(c.dim);
     L.wq = mat(c.n_heads * c.head_dim, c.dim);
     L.wk = mat(c.n_kv_heads * c.head_dim, c.dim);
+    // Sharper attention than random init gives, so that context (and reusing KV computed in
+    // another context) visibly changes the output.
+    for (auto& x : L.wq) x *= 3.0f;
+    for (auto& x : L.wk) x *= 3.0f;
+    for (auto& x : L.wv) x *= 3.0f;
     L.wv = mat(c.n_kv_heads * c.head_dim, c.dim);
     L.wo = mat(c.dim, c.n_heads * c.head_dim);
     L.ffn_norm = ones(c.dim);

@@ -221,6 +221,10 @@ int main(int argc, char** argv) {
     std::printf("\n");
     for (const auto& r : rows)
       if (!r.note.empty()) std::printf("  %s: %s\n", r.name.c_str(), r.note.c_str());
+    if (!loaded.tokenizer)
+      std::printf(
+          "  synthetic model: F1 against the generator's answers means nothing (random "
+          "weights); KL and agreement compare the variants\n");
     if (!csv_out.empty()) {
       std::ofstream o(csv_out);
       o << "variant,ttft_p50_ms,ttft_p95_ms,tokens_computed,exact_hit_pct,relocated_hit_pct,"

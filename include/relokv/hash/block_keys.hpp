@@ -111,16 +111,21 @@ void derive_block_keys(const H& h, const request_layout& layout, const extra_key
     const bool relocatable =
         s.kind == segment_kind::kSpan || (s.kind == segment_kind::kDependent && s.dep_window > 0);
     key content = seg_ctx;
-    for (std::int32_t j = 0; j < s.num_blocks; ++j) {
-      const auto b = static_cast<std::size_t>(s.first_block + j);
-      const key tok = out.content[b];
-      ctx = h.combine(ctx, tok, hash_domain::kContext);
-      out.context[b] = ctx;
-      if (relocatable) {
+    key* RELOKV_RESTRICT cx = out.context.data() + s.first_block;
+    key* RELOKV_RESTRICT ct = out.content.data() + s.first_block;  // digests in, keys out
+    if (relocatable) {
+      for (std::int32_t j = 0; j < s.num_blocks; ++j) {
+        const key tok = ct[j];
+        ctx = h.combine(ctx, tok, hash_domain::kContext);
         content = h.combine(content, tok, hash_domain::kContent);
-        out.content[b] = content;
-      } else {
-        out.content[b] = ctx;
+        cx[j] = ctx;
+        ct[j] = content;
+      }
+    } else {
+      for (std::int32_t j = 0; j < s.num_blocks; ++j) {
+        ctx = h.combine(ctx, ct[j], hash_domain::kContext);
+        cx[j] = ctx;
+        ct[j] = ctx;
       }
     }
     if (s.kind == segment_kind::kPrefix && s.num_blocks > 0) prefix_last = ctx;

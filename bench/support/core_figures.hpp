@@ -21,9 +21,8 @@ inline figure_lines core_figures(int reps) {
   const double nb = l.num_blocks();
   const relokv::xxh3_128 h(42);
   relokv::block_keys<relokv::xxh3_128> keys;
-  relokv::key_scratch scratch;
   auto derive = [&] {
-    relokv::derive_block_keys(h, l, relokv::extra_keys{1, 2, 3}, keys, scratch);
+    relokv::derive_block_keys(h, l, relokv::extra_keys{1, 2, 3}, keys);
     keep(keys.content.back());
   };
   out.emplace_back("key_ns_per_block", median_ns(derive, reps, 2000) / nb);

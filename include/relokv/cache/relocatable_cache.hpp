@@ -124,7 +124,7 @@ class relocatable_cache {
   void plan_into(const request_layout& layout, const RecomputeStrategy& strategy,
                  const extra_keys& extras, reuse_plan& p) {
     const std::int32_t nb = layout.num_blocks();
-    derive_block_keys(hash_, layout, extras, keys_, scratch_);
+    derive_block_keys(hash_, layout, extras, keys_);
     request_state& rs = new_state();
     rs.extras = extras;
     rs.tokens.assign(layout.tokens.begin(), layout.tokens.end());
@@ -608,7 +608,6 @@ class relocatable_cache {
   std::unordered_map<request_id, std::size_t> live_;
   request_id next_id_ = 1;
   block_keys<HashScheme> keys_;
-  key_scratch scratch_;
   std::vector<block_status> status_;
   std::vector<std::uint8_t> counted_;
   cache_stats stats_;

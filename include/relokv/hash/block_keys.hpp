@@ -48,11 +48,6 @@ struct block_keys {
   key_type root{};
 };
 
-/// Reusable buffers for derive_block_keys (kept for API stability; currently unused).
-struct key_scratch {
-  std::vector<std::uint32_t> words;
-};
-
 /// A block's segment structure as one integer: kind, whether it starts its segment, window.
 [[nodiscard]] constexpr std::uint32_t block_tag(const segment& s, bool first) noexcept {
   return static_cast<std::uint32_t>(s.kind) | (first ? 0x100u : 0u) |
@@ -69,14 +64,13 @@ template <hash_scheme H>
 /// Derives both keys of every block of `layout` into `out` (resized; capacity reused).
 template <hash_scheme H>
 void derive_block_keys(const H& h, const request_layout& layout, const extra_keys& extras,
-                       block_keys<H>& out, key_scratch& scratch) {
+                       block_keys<H>& out) {
   using key = typename H::key_type;
   const auto nb = static_cast<std::size_t>(layout.num_blocks());
   out.context.resize(nb);
   out.content.resize(nb);
   out.segment_context.assign(layout.segments.size(), key{});
   out.root = root_key(h, extras);
-  (void)scratch;
 
   // Pass 1: block digests are independent of each other, so they pipeline. The tokens are
   // hashed where they lie; the segment structure enters as the digest's tweak.
@@ -132,13 +126,12 @@ void derive_block_keys(const H& h, const request_layout& layout, const extra_key
   }
 }
 
-/// Convenience overload that allocates its scratch.
+/// Convenience overload returning fresh keys (the other reuses `out`'s capacity).
 template <hash_scheme H>
 [[nodiscard]] block_keys<H> derive_block_keys(const H& h, const request_layout& layout,
                                               const extra_keys& extras = {}) {
   block_keys<H> out;
-  key_scratch scratch;
-  derive_block_keys(h, layout, extras, out, scratch);
+  derive_block_keys(h, layout, extras, out);
   return out;
 }
 

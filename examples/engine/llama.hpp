@@ -93,10 +93,6 @@ class llama_engine {
 
  private:
   struct live_request;
-  void forward(std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
-               std::vector<std::uint8_t>* mask, const std::vector<std::uint8_t>* reused,
-               const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden);
-  std::vector<float> logits(const std::vector<float>& hidden) const;
 
   std::shared_ptr<const llama_model> model_;
   relokv::rope_table rope_;

@@ -274,7 +274,7 @@ class relocatable_cache {
       const auto b = static_cast<std::int32_t>(bi);
       block_meta& m = meta_[static_cast<std::size_t>(pb.physical)];
       m.len = e.len;
-      m.tag = tag_of(seg, b == seg.first_block);
+      m.tag = block_tag(seg, b == seg.first_block);
       m.stored_pos0 = e.pos0;
       m.extras = rs.extras;
       std::copy_n(rs.tokens.begin() + e.pos0, e.len, block_tokens(pb.physical));
@@ -425,7 +425,6 @@ class relocatable_cache {
     return s.kind == segment_kind::kSpan ||
            (s.kind == segment_kind::kDependent && s.dep_window > 0);
   }
-  static std::uint32_t tag_of(const segment& s, bool first) noexcept { return block_tag(s, first); }
   static constexpr bool needs_rotation_v = RopePlacement::relocation_rotates_keys;
   bool needs_rotation(const planned_block& pb) const noexcept {
     if constexpr (needs_rotation_v) {
@@ -453,7 +452,7 @@ class relocatable_cache {
     const block_extent& e = rs.blocks[static_cast<std::size_t>(b)];
     const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
     const block_meta& m = meta_of(q);
-    if (m.len != e.len || m.tag != tag_of(seg, b == seg.first_block)) return false;
+    if (m.len != e.len || m.tag != block_tag(seg, b == seg.first_block)) return false;
     return std::equal(rs.tokens.begin() + e.pos0, rs.tokens.begin() + e.pos0 + e.len,
                       tokens_.begin() + static_cast<std::ptrdiff_t>(q) * block_size_);
   }

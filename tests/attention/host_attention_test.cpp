@@ -6,6 +6,7 @@
 #include <relokv/rope/pre_rotated.hpp>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -22,12 +23,14 @@ using relokv_test::randn;
 // Tolerances (max abs error relative to the largest |output|), derived in the test notes:
 // fp32: table rotations and float accumulation, ~1e-6; bf16: rounding each stored element by at
 // most 2^-9 relative moves a score q.k/sqrt(d) by at most 2^-9 sum|q_i k_i|/sqrt(d), about
-// 2^-9 * 0.8 sqrt(d) (= 0.013 for d = 64) and the output by about that relative; fp16 (2^-12):
-// 8x less. We allow 2x margin.
+// 2^-9 * 0.8 sqrt(d) (= 0.013 for d = 64) and the output by about that relative; on AVX512_BF16
+// hosts the query and the softmax weights are rounded to bf16 as well (bf16 products, fp32
+// sums), which doubles the score bound and adds 2^-9 to the output: 0.03; fp16 (2^-12): 8x
+// less than the storage-only bf16 bound. We allow 2x margin. (Observed: bf16 0.005, fp16 5e-4.)
 template <class T>
 double tolerance() {
   if constexpr (std::is_same_v<T, float>) return 1e-5;
-  if constexpr (std::is_same_v<T, relokv::bf16>) return 3e-2;
+  if constexpr (std::is_same_v<T, relokv::bf16>) return 6e-2;
   return 4e-3;
 }
 
@@ -201,6 +204,46 @@ TEMPLATE_TEST_CASE("attention: scattered prefill queries agree with brute force"
     INFO("query at " << qpos[t]);
     CHECK(max_err<float>(got, oracle::attend(cfg, keys, qs, qpos[t], 2, 1, 0.2)) < 1e-5);
   }
+}
+
+TEMPLATE_TEST_CASE("attention: garbage in unused slots never reaches the output", "[attention]",
+                   relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
+  // Slots past a block's len hold whatever was there (here NaN); head_dim 128 and odd lens
+  // exercise the paired-slot value loads of the bf16 kernel.
+  const auto run = [](auto zero) {
+    using T = decltype(zero);
+    std::mt19937 rng(13);
+    const auto cfg = config(relokv::rope_layout::kNeoX, 128);
+    const relokv::rope_table rope(cfg, 256);
+    relokv::host_kv_storage<T> st(relokv::kv_shape{1, 4, 2, 16, 128});
+    for (std::size_t i = 0; i < st.shape().total_elems(); ++i)
+      st.data()[i] = relokv::from_f32<T>(std::numeric_limits<float>::quiet_NaN());
+    std::vector<oracle::key_token> keys;
+    std::vector<block_entry> entries;
+    int pos = 0;
+    for (int b = 0; b < 3; ++b) {
+      const int len = b == 0 ? 9 : b == 1 ? 15 : 6;
+      auto d = write_block<TestType>(rope, st, b, pos, len, rng);
+      for (int j = 0; j < len; ++j) {
+        d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
+        keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
+      }
+      entries.push_back({b, pos, len});
+      pos += len;
+    }
+    const std::int32_t indptr[2] = {0, 3};
+    const relokv::pos_t m = pos - 1;
+    const auto q = randn(8 * 128, rng);
+    std::vector<float> out(q.size());
+    relokv::decode_attention<TestType>(rope, relokv::paged_kv_view<const T>(st.layer(0)),
+                                       {entries.data(), indptr, 1}, q.data(), &m, 8, 0.09f,
+                                       out.data());
+    for (float x : out) REQUIRE(std::isfinite(x));
+    CHECK(max_err<T>(out, oracle::attend(cfg, keys, q, m, 8, 2, 0.09)) < tolerance<T>());
+  };
+  SECTION("fp32") { run(float{}); }
+  SECTION("bf16") { run(relokv::bf16{}); }
+  SECTION("fp16") { run(relokv::fp16{}); }
 }
 
 TEST_CASE("attention: YaRN magnitude and partial rotary through the kernels", "[attention]") {

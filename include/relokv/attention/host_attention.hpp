@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -67,6 +68,7 @@ inline void to_float_row(const T* RELOKV_RESTRICT src, float* RELOKV_RESTRICT ds
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
       qcos, qsin, jcos, jsin;
+  std::vector<std::uint16_t> kb16, vi16;  ///< bf16 rows: rotated keys, slot-interleaved values
 };
 inline attention_scratch& scratch() {
   thread_local attention_scratch s;
@@ -161,6 +163,34 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
 }
 
 #if RELOKV_HOST_SIMD
+/// One query head's chunks, scaled and (block_relative fast path) rotated by the block's delta.
+template <int DC, class T>
+RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const float* qg,
+                                            simd::vf16 (&qv)[DC]) {
+  using simd::vf16;
+  if (bh.qcos != nullptr && bh.layout == rope_layout::kNeoX) {
+    // NeoX over the whole head: qcos/qsin are the per-pair rows; chunk c pairs with c+DC/2.
+    for (int c = 0; c < DC / 2; ++c) {
+      const vf16 x1 = RELOKV_VLOAD(qg + 16 * c), x2 = RELOKV_VLOAD(qg + 16 * (c + DC / 2));
+      const vf16 C = RELOKV_VLOAD(bh.qcos + 16 * c) * bh.scale;
+      const vf16 S = RELOKV_VLOAD(bh.qsin + 16 * c) * bh.scale;
+      qv[c] = x1 * C - x2 * S;
+      qv[c + DC / 2] = x1 * S + x2 * C;
+    }
+  } else if (bh.qcos != nullptr) {
+    // GPT-J: per-element rows (expand_rotation); the partner is the neighbouring lane.
+    for (int c = 0; c < DC; ++c) {
+      const vf16 x = RELOKV_VLOAD(qg + 16 * c);
+      const vf16 partner =
+          __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+      qv[c] = (x * RELOKV_VLOAD(bh.qcos + 16 * c) + partner * RELOKV_VLOAD(bh.qsin + 16 * c)) *
+              bh.scale;
+    }
+  } else {
+    for (int c = 0; c < DC; ++c) qv[c] = RELOKV_VLOAD(qg + 16 * c) * bh.scale;
+  }
+}
+
 /// The same as portable_block_head for head_dim = 16 * DC and block sizes that are multiples
 /// of 16: keys in chunks of 16, query heads' chunks held in registers, scores reduced with a
 /// transpose-sum, one vector exp per chunk, and V accumulated chunk-wise in registers.
@@ -241,55 +271,24 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
       const float* qg = bh.qsrc + qh * D;
       vf16 qv[DC];
-      if (bh.qcos != nullptr && bh.layout == rope_layout::kNeoX) {
-        // NeoX over the whole head: qcos/qsin are the per-pair rows; chunk c pairs with c+DC/2.
-        for (int c = 0; c < DC / 2; ++c) {
-          const vf16 x1 = RELOKV_VLOAD(qg + 16 * c), x2 = RELOKV_VLOAD(qg + 16 * (c + DC / 2));
-          const vf16 C = RELOKV_VLOAD(bh.qcos + 16 * c) * bh.scale;
-          const vf16 S = RELOKV_VLOAD(bh.qsin + 16 * c) * bh.scale;
-          qv[c] = x1 * C - x2 * S;
-          qv[c + DC / 2] = x1 * S + x2 * C;
-        }
-      } else if (bh.qcos != nullptr) {
-        // GPT-J: per-element rows (expand_rotation); the partner is the neighbouring lane.
-        for (int c = 0; c < DC; ++c) {
-          const vf16 x = RELOKV_VLOAD(qg + 16 * c);
-          const vf16 partner =
-              __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-          qv[c] = (x * RELOKV_VLOAD(bh.qcos + 16 * c) + partner * RELOKV_VLOAD(bh.qsin + 16 * c)) *
-                  bh.scale;
-        }
-      } else {
-        for (int c = 0; c < DC; ++c) qv[c] = RELOKV_VLOAD(qg + 16 * c) * bh.scale;
-      }
+      load_query<DC>(bh, qg, qv);
       // Chunk-outer, key-inner: sixteen independent accumulators keep the FMA units busy.
       vf16 part[16];
       for (int j = 0; j < 16; ++j) part[j] = RELOKV_VLOAD(kf + j * D) * qv[0];
       for (int c = 1; c < DC; ++c)
         for (int j = 0; j < 16; ++j) part[j] += RELOKV_VLOAD(kf + j * D + 16 * c) * qv[c];
-      alignas(64) float sc[16];
-      {
-        vf16 sums;
-        transpose_sum(part, sums);
-        RELOKV_VSTORE(sc, sums);
-      }
-      for (int j = vc; j < 16; ++j) sc[j] = -std::numeric_limits<float>::infinity();
-      float bmax = sc[0];
-      for (int j = 1; j < vc; ++j) bmax = sc[j] > bmax ? sc[j] : bmax;
+      vf16 x;
+      transpose_sum(part, x);
+      const float bmax = live_max(x, vc);
       const float m_old = bh.mx[qh];
       const float m_new = m_old > bmax ? m_old : bmax;
       const float corr = exp_nonpositive(m_old - m_new);
+      x -= m_new;
+      simd::exp_nonpositive(x);
+      live_only(x, vc);
       alignas(64) float pr[16];
-      {
-        vf16 x = RELOKV_VLOAD(sc) - m_new;
-        simd::exp_nonpositive(x);
-        RELOKV_VSTORE(pr, x);
-      }
-      float bsum = 0.0f;
-      for (int j = 0; j < 16; ++j) {
-        pr[j] = j < vc ? pr[j] : 0.0f;
-        bsum += pr[j];
-      }
+      RELOKV_VSTORE(pr, x);
+      const float bsum = simd::sum(x);
       bh.mx[qh] = m_new;
       bh.sum[qh] = bh.sum[qh] * corr + bsum;
       float* acc = bh.acc + qh * D;
@@ -309,6 +308,133 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
     }
   }
 }
+#if RELOKV_HOST_BF16_DOT
+/// Accumulator layout of bf16_block_head. P.V pairs two slots per fp32 lane: VDPBF16PS adds
+/// a[2i] b[2i] + a[2i+1] b[2i+1] into lane i, so the two slots' values of one dimension must be
+/// adjacent, which the 128-bit-lane unpacks give in this order: within each 32-dimension chunk,
+/// lane 4L + k of the first half holds dimension 8L + k and of the second half 8L + 4 + k.
+/// Returns the accumulator index of dimension d.
+constexpr int bf16_acc_index(int d) {
+  const int chunk = d / 32, r = d % 32, L = r / 8, k = r % 8;
+  return 32 * chunk + (k < 4 ? 4 * L + k : 16 + 4 * L + (k - 4));
+}
+
+/// fast_block_head for bf16 storage with VDPBF16PS: keys and values are read as stored (no
+/// conversion), the query and the softmax weights are rounded to bf16, accumulation is fp32.
+/// bh.acc holds the online-softmax accumulators in bf16_acc_index order.
+template <int DC, class P>
+void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
+  using namespace simd;
+  constexpr int D = 16 * DC, DB = DC / 2;  // DB chunks of 32 bf16
+  static_assert(DC % 4 == 0, "the fused key rotation packs pairs of chunks from each half");
+  constexpr bool rotate_keys = P::kind == placement_kind::kAtAttention;
+  const auto* kraw = reinterpret_cast<const std::uint16_t*>(bh.kt);
+  const auto* vraw = reinterpret_cast<const std::uint16_t*>(bh.vt);
+  const auto bh512 = [](const std::uint16_t* p) {
+    return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(p));
+  };
+  const auto store_pair = [](std::uint16_t* dst, const vf16& lo, const vf16& hi) {
+    _mm512_storeu_si512(dst, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
+  };
+  for (int j0 = 0; j0 < bh.valid; j0 += 16) {
+    const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
+    const std::uint16_t* kb = kraw + j0 * D;
+    if constexpr (rotate_keys) {
+      // Rotate the visible keys in fp32 and round them back to bf16.
+      std::uint16_t* dst0 = w.kb16.data();
+      const bool fused = bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
+      for (int j = 0; j < vc; ++j) {
+        const std::uint16_t* src = kraw + (j0 + j) * D;
+        std::uint16_t* dst = dst0 + j * D;
+        const float* cs = w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
+        const float* sn = w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
+        if (fused) {
+          for (int c = 0; c < DC / 2; c += 2) {  // chunks c, c+1 and their partners
+            vf16 x1a, x1b, x2a, x2b;
+            load_bf16(x1a, src + 16 * c);
+            load_bf16(x1b, src + 16 * (c + 1));
+            load_bf16(x2a, src + 16 * (c + DC / 2));
+            load_bf16(x2b, src + 16 * (c + 1 + DC / 2));
+            const vf16 Ca = RELOKV_VLOAD(cs + 16 * c), Sa = RELOKV_VLOAD(sn + 16 * c);
+            const vf16 Cb = RELOKV_VLOAD(cs + 16 * (c + 1)), Sb = RELOKV_VLOAD(sn + 16 * (c + 1));
+            store_pair(dst + 16 * c, x1a * Ca - x2a * Sa, x1b * Cb - x2b * Sb);
+            store_pair(dst + 16 * (c + DC / 2), x1a * Sa + x2a * Ca, x1b * Sb + x2b * Cb);
+          }
+        } else {
+          float* row = w.kbuf.data();
+          for (int c = 0; c < DC; ++c) {
+            vf16 x;
+            load_bf16(x, src + 16 * c);
+            RELOKV_VSTORE(row + 16 * c, x);
+          }
+          rotate_inplace(row, bh.layout, bh.pairs, cs, sn);
+          for (int c = 0; c < DC; c += 2) {
+            const vf16 lo = RELOKV_VLOAD(row + 16 * c), hi = RELOKV_VLOAD(row + 16 * (c + 1));
+            store_pair(dst + 16 * c, lo, hi);
+          }
+        }
+      }
+      kb = dst0;  // rows >= vc hold stale data; their scores are masked below
+    }
+    // Values of slots t and t+1 interleaved per dimension (bf16_acc_index order); a missing
+    // partner slot is zero so that garbage in unused slots never meets a zero weight.
+    std::uint16_t* vi = w.vi16.data();
+    for (int t = 0; t < vc; t += 2)
+      for (int cb = 0; cb < DB; ++cb) {
+        const __m512i lo = _mm512_loadu_si512(vraw + (j0 + t) * D + 32 * cb);
+        const __m512i hi = t + 1 < vc ? _mm512_loadu_si512(vraw + (j0 + t + 1) * D + 32 * cb)
+                                      : _mm512_setzero_si512();
+        std::uint16_t* dst = vi + ((t / 2) * DB + cb) * 64;
+        _mm512_storeu_si512(dst, _mm512_unpacklo_epi16(lo, hi));
+        _mm512_storeu_si512(dst + 32, _mm512_unpackhi_epi16(lo, hi));
+      }
+    const int npairs = (vc + 1) / 2;
+    for (int g = 0; g < bh.G; ++g) {
+      const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
+      __m512bh qb[DB];
+      {
+        vf16 qv[DC];
+        load_query<DC>(bh, bh.qsrc + qh * D, qv);
+        for (int cb = 0; cb < DB; ++cb) qb[cb] = _mm512_cvtne2ps_pbh(qv[2 * cb + 1], qv[2 * cb]);
+      }
+      vf16 part[16];
+      for (int j = 0; j < 16; ++j) part[j] = _mm512_dpbf16_ps(vf16{}, bh512(kb + j * D), qb[0]);
+      for (int cb = 1; cb < DB; ++cb)
+        for (int j = 0; j < 16; ++j)
+          part[j] = _mm512_dpbf16_ps(part[j], bh512(kb + j * D + 32 * cb), qb[cb]);
+      vf16 x;
+      transpose_sum(part, x);
+      const float bmax = live_max(x, vc);
+      const float m_old = bh.mx[qh];
+      const float m_new = m_old > bmax ? m_old : bmax;
+      const float corr = exp_nonpositive(m_old - m_new);
+      x -= m_new;
+      simd::exp_nonpositive(x);
+      live_only(x, vc);
+      alignas(32) std::uint16_t pb[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pb),
+                         __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));
+      // The sum of the weights as rounded, so that the normalized weights sum to one.
+      load_bf16(x, pb);
+      const float bsum = simd::sum(x);
+      bh.mx[qh] = m_new;
+      bh.sum[qh] = bh.sum[qh] * corr + bsum;
+      float* acc = bh.acc + qh * D;
+      vf16 a[DC];
+      for (int c = 0; c < DC; ++c) a[c] = RELOKV_VLOAD(acc + 16 * c) * corr;
+      for (int tp = 0; tp < npairs; ++tp) {
+        std::uint32_t pair;
+        std::memcpy(&pair, pb + 2 * tp, sizeof pair);
+        const __m512bh pp =
+            __builtin_bit_cast(__m512bh, _mm512_set1_epi32(static_cast<std::int32_t>(pair)));
+        const std::uint16_t* vr = vi + tp * DB * 64;
+        for (int c = 0; c < DC; ++c) a[c] = _mm512_dpbf16_ps(a[c], bh512(vr + 32 * c), pp);
+      }
+      for (int c = 0; c < DC; ++c) RELOKV_VSTORE(acc + 16 * c, a[c]);
+    }
+  }
+}
+#endif
 #endif
 
 /// Software prefetch (into L2) of slice h of the num_kv_heads slices of a block's K and V.
@@ -377,6 +503,13 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   const bool fused_q = fast && (layout == rope_layout::kGPTJ || rope.config().rotary_dim == D);
   w.qcos.resize(hd);
   w.qsin.resize(hd);
+  // bf16 with VDPBF16PS: accumulators in bf16_acc_index order, restored at the end.
+  constexpr bool is_bf16 = std::is_same_v<std::remove_const_t<T>, bf16>;
+  const bool bf16_dot = RELOKV_HOST_BF16_DOT && is_bf16 && fast;
+  if (bf16_dot) {
+    w.kb16.resize(16 * hd);
+    w.vi16.resize(16 * hd);
+  }
 
   // Unit rotations R(j) of the slots of a block, for composing R(pos0 + j) = R(pos0) R(j).
   if constexpr (P::kind == placement_kind::kAtAttention) {
@@ -472,6 +605,20 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
         bh.acc = w.acc.data() + qoff * hd;
         bh.mx = w.mx.data() + qoff;
         bh.sum = w.sum.data() + qoff;
+#if RELOKV_HOST_BF16_DOT
+        if constexpr (is_bf16) {
+          if (bf16_dot) {
+            if (D == 64) {
+              bf16_block_head<4, P>(bh, w);
+            } else if (D == 128) {
+              bf16_block_head<8, P>(bh, w);
+            } else {
+              bf16_block_head<16, P>(bh, w);
+            }
+            continue;
+          }
+        }
+#endif
 #if RELOKV_HOST_SIMD
         if (fast) {
           if (D == 64) {
@@ -490,7 +637,15 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   }
   for (std::size_t i = 0; i < nqs * hq; ++i) {
     const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
-    for (std::size_t d = 0; d < hd; ++d) out[i * hd + d] = w.acc[i * hd + d] * inv;
+    const float* acc = w.acc.data() + i * hd;
+    if (bf16_dot) {
+#if RELOKV_HOST_BF16_DOT
+      for (int d = 0; d < D; ++d)
+        out[i * hd + static_cast<std::size_t>(d)] = acc[bf16_acc_index(d)] * inv;
+#endif
+    } else {
+      for (std::size_t d = 0; d < hd; ++d) out[i * hd + d] = acc[d] * inv;
+    }
   }
 }
 

@@ -16,7 +16,19 @@
 #define RELOKV_HOST_SIMD 0
 #endif
 
+/// bf16 storage on AVX512_BF16 targets: Q.K and P.V as bf16 products with fp32 accumulation
+/// (VDPBF16PS, two products per lane per instruction), the way GPU tensor-core kernels compute
+/// them: the query and the softmax weights are rounded to bf16 (relative error <= 2^-9 each).
+/// Define RELOKV_NO_BF16_DOT to keep fp32 queries and weights (half the throughput).
+#if RELOKV_HOST_SIMD && defined(__AVX512BF16__) && !defined(RELOKV_NO_BF16_DOT)
+#define RELOKV_HOST_BF16_DOT 1
+#else
+#define RELOKV_HOST_BF16_DOT 0
+#endif
+
 #if RELOKV_HOST_SIMD
+#include <immintrin.h>
+
 RELOKV_NAMESPACE_BEGIN
 namespace detail::simd {
 
@@ -61,6 +73,46 @@ RELOKV_ALWAYS_INLINE inline void transpose_sum(const vf16* a, vf16& out) {
                                 23) +
         __builtin_shufflevector(l3[0], l3[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
                                 30, 31);
+}
+
+/// Lane 0 of the result = op over all lanes (log-step reduction; GCC 12's AVX-512 reduce and
+/// max intrinsics draw -Wmaybe-uninitialized through _mm512_undefined_ps).
+#define RELOKV_REDUCE16(x, op)                                                                   \
+  do {                                                                                           \
+    x = op(x,                                                                                    \
+           __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)); \
+    x = op(x,                                                                                    \
+           __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11)); \
+    x = op(x,                                                                                    \
+           __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)); \
+    x = op(x,                                                                                    \
+           __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)); \
+  } while (0)
+
+/// The largest of the first `live` lanes (1 <= live <= 16).
+RELOKV_ALWAYS_INLINE inline float live_max(const vf16& x, int live) {
+  const auto m = static_cast<__mmask16>((1u << live) - 1u);
+  vf16 y = _mm512_mask_blend_ps(m, _mm512_set1_ps(-__builtin_inff()), x);
+  const auto max = [](const vf16& a, const vf16& b) {
+    const vi16 a_wins = a > b;  // -1 / 0 per lane
+    return __builtin_bit_cast(
+        vf16, (a_wins & __builtin_bit_cast(vi16, a)) | (~a_wins & __builtin_bit_cast(vi16, b)));
+  };
+  RELOKV_REDUCE16(y, max);
+  return y[0];
+}
+
+/// The sum of all lanes.
+RELOKV_ALWAYS_INLINE inline float sum(const vf16& x) {
+  vf16 y = x;
+  const auto add = [](const vf16& a, const vf16& b) { return a + b; };
+  RELOKV_REDUCE16(y, add);
+  return y[0];
+}
+
+/// Zeroes the lanes from `live` on.
+RELOKV_ALWAYS_INLINE inline void live_only(vf16& x, int live) {
+  x = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << live) - 1u), x);
 }
 
 /// x = e^x lane-wise for x <= 0; see detail::exp_nonpositive for the method and accuracy.

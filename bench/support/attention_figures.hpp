@@ -1,7 +1,8 @@
 #pragma once
 // Decode-attention figures: bandwidth against a plain streaming read, rotation overheads, and
 // the cost of pre_rotated relocation. Shape: 32k-token context, 32 query heads over 8 KV heads,
-// head_dim 128, block size 16, one layer, one thread.
+// head_dim 128, block size 16, one layer; one thread, and the KV heads split over the machine's
+// threads (kv_head_range) for the bandwidth lines.
 #include <relokv/attention/host_attention.hpp>
 #include <relokv/attention/kv_append.hpp>
 #include <relokv/memory/host_kv_storage.hpp>
@@ -9,10 +10,12 @@
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/rope/pre_rotated.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -72,19 +75,51 @@ inline std::uint64_t stream_read(const void* data, std::size_t bytes) {
 }
 
 template <class P, class T>
-void run_decode(decode_setup& s, const relokv::host_kv_storage<T>& st) {
+void run_decode(decode_setup& s, const relokv::host_kv_storage<T>& st,
+                relokv::kv_head_range heads = {}) {
   relokv::decode_attention<P>(s.rope, st.layer(0), s.view(), s.q.data(), &s.m, decode_setup::kHq,
-                              0.0884f, s.out.data());
+                              0.0884f, s.out.data(), heads);
   keep(s.out[0]);
+}
+
+/// Threads for the split decode: the machine's, at most one per KV head.
+inline int decode_threads() {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(hw, 1, decode_setup::kHkv);
+}
+
+/// One decode call split over KV heads, one share per thread (threads started per call, so
+/// their cost is in the figure).
+template <class P, class T>
+void run_decode_threads(decode_setup& s, const relokv::host_kv_storage<T>& st, int threads) {
+  std::vector<std::thread> pool;
+  const int H = decode_setup::kHkv;
+  for (int t = 1; t < threads; ++t)
+    pool.emplace_back([&, t] { run_decode<P>(s, st, {H * t / threads, H * (t + 1) / threads}); });
+  run_decode<P>(s, st, {0, H / threads});
+  for (auto& th : pool) th.join();
 }
 
 using figure_lines = std::vector<std::pair<std::string, double>>;
 
 template <class T>
-double bw_fraction(decode_setup& s, int reps) {
+double bw_fraction(decode_setup& s, int reps, int threads) {
   const auto st = random_pool<T>(s);
-  auto kernel = [&] { run_decode<relokv::block_relative>(s, st); };
-  auto stream = [&] { keep(stream_read(st.data(), st.bytes())); };
+  auto kernel = [&] { run_decode_threads<relokv::block_relative>(s, st, threads); };
+  auto stream = [&] {  // the same bytes, split over the same number of threads
+    std::vector<std::thread> pool;
+    const auto* base = reinterpret_cast<const char*>(st.data());
+    const std::size_t total = st.bytes();
+    const std::size_t share = total / static_cast<std::size_t>(threads) / 64 * 64;
+    for (int t = 1; t < threads; ++t)
+      pool.emplace_back([=] {
+        const std::size_t begin = share * static_cast<std::size_t>(t);
+        const std::size_t end = t + 1 == threads ? total : begin + share;
+        keep(stream_read(base + begin, end - begin));
+      });
+    keep(stream_read(base, threads == 1 ? total : share));
+    for (auto& th : pool) th.join();
+  };
   kernel();  // warm up (first touch, tables)
   // time(stream) / time(kernel) = (bytes/time(kernel)) / (bytes/time(stream))
   return 1.0 / median_ratio(kernel, stream, reps, 1);
@@ -93,8 +128,12 @@ double bw_fraction(decode_setup& s, int reps) {
 inline figure_lines attention_figures(int reps) {
   figure_lines out;
   decode_setup s;
-  out.emplace_back("decode_bw_fraction_fp32", bw_fraction<float>(s, reps));
-  out.emplace_back("decode_bw_fraction_bf16", bw_fraction<relokv::bf16>(s, reps));
+  // Kernel and stream reference run on the same number of threads.
+  const int threads = decode_threads();
+  out.emplace_back("decode_bw_fraction_fp32", bw_fraction<float>(s, reps, threads));
+  out.emplace_back("decode_bw_fraction_bf16", bw_fraction<relokv::bf16>(s, reps, threads));
+  out.emplace_back("decode_bw_fraction_bf16_one_thread", bw_fraction<relokv::bf16>(s, reps, 1));
+  out.emplace_back("decode_threads", threads);
   {
     const auto st = random_pool<relokv::bf16>(s);
     auto base = [&] { run_decode<relokv::pre_rotated>(s, st); };

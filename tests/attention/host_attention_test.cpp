@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "support/attention_oracle.hpp"
@@ -267,6 +268,53 @@ TEST_CASE("attention: YaRN magnitude and partial rotary through the kernels", "[
       rope, relokv::paged_kv_view<const float>(st.layer(0)), {e.data(), indptr, 1}, q.data(), &m, 1,
       0.125f, out.data());
   CHECK(max_err<float>(out, oracle::attend(cfg, keys, q, m, 1, 1, 0.125)) < 1e-5);
+}
+
+TEMPLATE_TEST_CASE("attention: calls split over KV heads on threads equal one call", "[attention]",
+                   float, relokv::bf16) {
+  using T = TestType;
+  std::mt19937 rng(17);
+  const auto cfg = config(relokv::rope_layout::kNeoX, 128);
+  const relokv::rope_table rope(cfg, 512);
+  relokv::host_kv_storage<T> st(relokv::kv_shape{1, 6, 4, 16, 128});
+  std::vector<block_entry> entries;
+  for (int b = 0; b < 6; ++b) {
+    write_block<relokv::block_relative>(rope, st, b, 16 * b, b == 5 ? 7 : 16, rng);
+    entries.push_back({b, 16 * b, b == 5 ? 7 : 16});
+  }
+  const std::int32_t indptr[2] = {0, 6};
+  const relokv::block_table_view view{entries.data(), indptr, 1};
+  const relokv::paged_kv_view<const T> kv(st.layer(0));
+  const std::vector<relokv::pos_t> qpos = {3, 40, 86};
+  const std::int32_t qind[2] = {0, 3};
+  const auto q = randn(3 * 16 * 128, rng);
+  for (bool decode : {true, false}) {
+    INFO((decode ? "decode" : "prefill"));
+    const auto call = [&](std::vector<float>& out, relokv::kv_head_range r) {
+      if (decode) {
+        relokv::decode_attention<relokv::block_relative>(rope, kv, view, q.data(), &qpos[2], 16,
+                                                         0.09f, out.data(), r);
+      } else {
+        relokv::prefill_attention<relokv::block_relative>(rope, kv, view, q.data(), qpos.data(),
+                                                          qind, 16, 0.09f, out.data(), r);
+      }
+    };
+    const std::size_t n = decode ? 16 * 128 : 3 * 16 * 128;
+    std::vector<float> whole(n), split(n, -1.0f);
+    call(whole, {});
+    std::thread t0([&] { call(split, {0, 1}); });
+    std::thread t1([&] { call(split, {1, 4}); });
+    t0.join();
+    t1.join();
+    CHECK(split == whole);  // same arithmetic per head: bitwise equal
+  }
+  std::vector<float> out(16 * 128);
+  CHECK_THROWS_AS(relokv::decode_attention<relokv::block_relative>(
+                      rope, kv, view, q.data(), &qpos[2], 16, 0.09f, out.data(), {3, 2}),
+                  relokv::error);
+  CHECK_THROWS_AS(relokv::decode_attention<relokv::block_relative>(
+                      rope, kv, view, q.data(), &qpos[2], 16, 0.09f, out.data(), {-1, 2}),
+                  relokv::error);
 }
 
 TEST_CASE("attention: shape errors are reported", "[attention]") {

@@ -25,6 +25,16 @@
 #include "relokv/rope/rotate.hpp"
 
 RELOKV_NAMESPACE_BEGIN
+
+/// The KV heads an attention call computes, with the query heads of their groups; the default
+/// is every head. Splitting one call into calls over disjoint ranges, one per thread, gives
+/// the same output (each range writes only its query heads' rows of `out`): the kernels own no
+/// threads, the engine's scheduler decides how many to spend.
+struct kv_head_range {
+  std::int32_t begin = 0;
+  std::int32_t end = std::numeric_limits<std::int32_t>::max();  ///< clamped to num_kv_heads
+};
+
 namespace detail {
 
 inline constexpr int kLanes = 16;
@@ -83,10 +93,10 @@ struct block_head_t {
   const T* vt;  ///< [block_size][head_dim]
   int valid;    ///< visible slots (causal limit and padding applied)
   int h, G, D;
-  float scale;
   rope_layout layout;
   int pairs;
-  const float* qsrc;  ///< [num_q_heads][head_dim], rotated as the placement needs
+  /// [num_q_heads][head_dim], multiplied by the softmax scale and rotated as the placement needs
+  const float* qsrc;
   /// When set (fast path, block_relative), qsrc is unrotated and each query chunk is rotated as
   /// it is loaded. NeoX (whole head rotated): qcos/qsin are per pair ([head_dim / 2]). GPT-J:
   /// per element ([head_dim], see expand_rotation): q' = q * qcos + neighbour(q) * qsin.
@@ -104,7 +114,6 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   const T* kt = bh.kt;
   const T* vt = bh.vt;
   const int valid = bh.valid, h = bh.h, G = bh.G, D = bh.D, pairs = bh.pairs;
-  const float scale = bh.scale;
   const rope_layout layout = bh.layout;
   const float* qsrc = bh.qsrc;
   const auto hd = static_cast<std::size_t>(D);
@@ -138,7 +147,7 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       float* s = w.scores.data();
       float bmax = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < valid; ++j) {
-        s[j] = dot(qg, kf + static_cast<std::ptrdiff_t>(j) * D, D) * scale;
+        s[j] = dot(qg, kf + static_cast<std::ptrdiff_t>(j) * D, D);
         bmax = std::max(bmax, s[j]);
       }
       const float m_old = bh.mx[qh];
@@ -163,7 +172,7 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
 }
 
 #if RELOKV_HOST_SIMD
-/// One query head's chunks, scaled and (block_relative fast path) rotated by the block's delta.
+/// One query head's chunks, rotated by the block's delta on the block_relative fast path.
 template <int DC, class T>
 RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const float* qg,
                                             simd::vf16 (&qv)[DC]) {
@@ -172,8 +181,7 @@ RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const flo
     // NeoX over the whole head: qcos/qsin are the per-pair rows; chunk c pairs with c+DC/2.
     for (int c = 0; c < DC / 2; ++c) {
       const vf16 x1 = RELOKV_VLOAD(qg + 16 * c), x2 = RELOKV_VLOAD(qg + 16 * (c + DC / 2));
-      const vf16 C = RELOKV_VLOAD(bh.qcos + 16 * c) * bh.scale;
-      const vf16 S = RELOKV_VLOAD(bh.qsin + 16 * c) * bh.scale;
+      const vf16 C = RELOKV_VLOAD(bh.qcos + 16 * c), S = RELOKV_VLOAD(bh.qsin + 16 * c);
       qv[c] = x1 * C - x2 * S;
       qv[c + DC / 2] = x1 * S + x2 * C;
     }
@@ -183,11 +191,10 @@ RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const flo
       const vf16 x = RELOKV_VLOAD(qg + 16 * c);
       const vf16 partner =
           __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-      qv[c] = (x * RELOKV_VLOAD(bh.qcos + 16 * c) + partner * RELOKV_VLOAD(bh.qsin + 16 * c)) *
-              bh.scale;
+      qv[c] = x * RELOKV_VLOAD(bh.qcos + 16 * c) + partner * RELOKV_VLOAD(bh.qsin + 16 * c);
     }
   } else {
-    for (int c = 0; c < DC; ++c) qv[c] = RELOKV_VLOAD(qg + 16 * c) * bh.scale;
+    for (int c = 0; c < DC; ++c) qv[c] = RELOKV_VLOAD(qg + 16 * c);
   }
 }
 
@@ -474,7 +481,8 @@ inline void expand_rotation(rope_layout layout, int pairs, int D, const float* c
 template <class P, class T>
 void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
                   std::int32_t num_blocks, const float* q, const pos_t* m, int nq,
-                  std::int32_t num_q_heads, float scale, float* out, bool prefetch) {
+                  std::int32_t num_q_heads, float scale, float* out, bool prefetch, int h_begin,
+                  int h_end) {
   const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
   const int pairs = rope.pairs();
   const rope_layout layout = rope.config().layout;
@@ -521,8 +529,9 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
                   /*unit=*/true);
   }
 
-  // Queries rotated at their positions, for the placements whose keys carry absolute rotations.
-  std::copy(q, q + nqs * hq * hd, w.qrot.begin());
+  // Queries times the softmax scale (once, not per block), rotated at their positions for the
+  // placements whose keys carry absolute rotations.
+  for (std::size_t i = 0; i < nqs * hq * hd; ++i) w.qrot[i] = q[i] * scale;
   if constexpr (P::kind != placement_kind::kBlockRelative) {
     for (std::size_t i = 0; i < nqs; ++i) {
       rope.angles(m[i], w.cs.data(), w.sn.data());
@@ -561,7 +570,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       const int valid =
           static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{mq} - e.pos0 + 1));
       const auto qoff = static_cast<std::size_t>(qi) * hq;
-      const float* qraw = q + qoff * hd;
+      const float* qraw = w.qrot.data() + qoff * hd;  // scaled, unrotated for block_relative
       const float* qsrc = w.qrot.data() + qoff * hd;
       const float* qcos = nullptr;
       const float* qsin = nullptr;
@@ -586,22 +595,12 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
           qsrc = w.qblock.data();
         }
       }
-      for (int h = 0; h < H; ++h) {
+      for (int h = h_begin; h < h_end; ++h) {
         // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles
         // are separate runs that the hardware prefetcher would pick up late.
         if (prefetch && qi == 0 && bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
-        block_head_t<T> bh{kv.k(e.block, h),
-                           kv.v(e.block, h),
-                           valid,
-                           h,
-                           G,
-                           D,
-                           scale,
-                           layout,
-                           pairs,
-                           qsrc,
-                           qcos,
-                           qsin};
+        block_head_t<T> bh{
+            kv.k(e.block, h), kv.v(e.block, h), valid, h, G, D, layout, pairs, qsrc, qcos, qsin};
         bh.acc = w.acc.data() + qoff * hd;
         bh.mx = w.mx.data() + qoff;
         bh.sum = w.sum.data() + qoff;
@@ -636,6 +635,8 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     }
   }
   for (std::size_t i = 0; i < nqs * hq; ++i) {
+    const auto head = static_cast<int>(i % hq);
+    if (head < h_begin * G || head >= h_end * G) continue;       // another call's share
     const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
     const float* acc = w.acc.data() + i * hd;
     if (bf16_dot) {
@@ -651,7 +652,12 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
 
 template <class T>
 void check_shapes(const rope_table& rope, const paged_kv_view<const T>& kv,
-                  std::int32_t num_q_heads) {
+                  std::int32_t num_q_heads, kv_head_range& heads) {
+  heads.end = std::min(heads.end, kv.num_kv_heads);
+  if (heads.begin < 0 || heads.begin > heads.end)
+    throw error("attention: kv_head_range [" + std::to_string(heads.begin) + ", " +
+                std::to_string(heads.end) + ") is not a range of the " +
+                std::to_string(kv.num_kv_heads) + " KV heads");
   if (kv.num_kv_heads <= 0 || num_q_heads % kv.num_kv_heads != 0)
     throw error("attention: num_q_heads (" + std::to_string(num_q_heads) +
                 ") must be a positive multiple of num_kv_heads (" +
@@ -668,17 +674,19 @@ void check_shapes(const rope_table& rope, const paged_kv_view<const T>& kv,
 /// @param q      [num_seqs][num_q_heads][head_dim], unrotated
 /// @param q_pos  [num_seqs] logical position of each query
 /// @param out    [num_seqs][num_q_heads][head_dim]
+/// @param heads  the share of the KV heads this call computes (see kv_head_range)
 template <class P, class T>
 void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_table_view table,
                       const float* q, const pos_t* q_pos, std::int32_t num_q_heads, float scale,
-                      float* out) {
+                      float* out, kv_head_range heads = {}) {
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
-  detail::check_shapes(rope, kv, num_q_heads);
+  detail::check_shapes(rope, kv, num_q_heads, heads);
   const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
   for (std::int32_t s = 0; s < table.num_seqs; ++s)
     detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
                             table.indptr[s + 1] - table.indptr[s], q + s * stride, q_pos + s, 1,
-                            num_q_heads, scale, out + s * stride, /*prefetch=*/true);
+                            num_q_heads, scale, out + s * stride, /*prefetch=*/true, heads.begin,
+                            heads.end);
 }
 
 /// Prefill attention: sequence s has queries q_indptr[s] .. q_indptr[s+1], each at its own
@@ -687,12 +695,14 @@ void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_t
 /// @param q      [num_tokens][num_q_heads][head_dim], unrotated
 /// @param q_pos  [num_tokens]
 /// @param out    [num_tokens][num_q_heads][head_dim]
+/// @param heads  the share of the KV heads this call computes (see kv_head_range)
 template <class P, class T>
 void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_table_view table,
                        const float* q, const pos_t* q_pos, const std::int32_t* q_indptr,
-                       std::int32_t num_q_heads, float scale, float* out) {
+                       std::int32_t num_q_heads, float scale, float* out,
+                       kv_head_range heads = {}) {
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
-  detail::check_shapes(rope, kv, num_q_heads);
+  detail::check_shapes(rope, kv, num_q_heads, heads);
   const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
   // Queries of a sequence in groups that share each block while it is in cache.
   constexpr std::int32_t kGroup = 16;
@@ -701,7 +711,8 @@ void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_
       const int n = static_cast<int>(std::min(kGroup, q_indptr[s + 1] - t));
       detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
                               table.indptr[s + 1] - table.indptr[s], q + t * stride, q_pos + t, n,
-                              num_q_heads, scale, out + t * stride, /*prefetch=*/false);
+                              num_q_heads, scale, out + t * stride, /*prefetch=*/false, heads.begin,
+                              heads.end);
     }
 }
 

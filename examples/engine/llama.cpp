@@ -280,7 +280,7 @@ template <class P>
 struct llama_engine<P>::live_request {
   relokv::reuse_plan plan;
   kv_map map;
-  std::vector<bool> writable;  // per table entry: the request may append into it
+  std::vector<bool> writable;  // per table entry: decode may append into it
   std::vector<relokv::token_t> tokens;
   bool committed = false;
 };
@@ -310,7 +310,12 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
   relokv::apply_copies<P>(rope_, kv_, r->plan.copies);
   r->map.table = r->plan.block_table();
   r->map.index();
-  for (const auto& pb : r->plan.blocks) r->writable.push_back(pb.fresh || pb.copy_on_write);
+  // Decode may append only into a private block left open; a sealed one (a span's end) is
+  // cached as it is, so the next token starts a new block.
+  for (std::size_t b = 0; b < r->plan.blocks.size(); ++b) {
+    const auto& pb = r->plan.blocks[b];
+    r->writable.push_back((pb.fresh || pb.copy_on_write) && !layout.blocks[b].sealed);
+  }
   r->tokens = layout.tokens;
   auto mask = r->plan.compute;
   const auto reused = r->plan.reused_mask();

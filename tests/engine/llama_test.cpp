@@ -92,3 +92,25 @@ TEST_CASE("engine: decode continues the prefill exactly", "[engine]") {
   CHECK(gen.size() == 20);
   eng2.end();
 }
+
+TEST_CASE("engine: a document cached on its own is reused whole, its last block included",
+          "[engine]") {
+  llama_engine<relokv::block_relative> eng(model(), 64);
+  // Cache kA (37 tokens: its third block holds 5) after the system prompt, as a RAG server
+  // warms its passages; then decode after it, which must start a block of its own.
+  const auto alone = relokv::layout_builder(16).prefix(kSys).span(kA).build();
+  REQUIRE(alone.blocks.back().sealed);
+  const auto first = eng.prefill(alone, relokv::recompute::none{});
+  const token_t t = relokv_engine::argmax(first);
+  const auto next = eng.decode(t);
+  eng.end(true);
+  auto extended = alone.tokens;
+  extended.push_back(t);
+  CHECK(max_diff(next, relokv_engine::plain_prefill(*model(), extended)) < 1e-3);
+  // Read after another document: every block of kA is a relocated hit, none computed.
+  relokv_engine::prefill_stats st;
+  (void)eng.prefill(rag(kB, kA), relokv::recompute::none{}, &st);
+  CHECK(st.relocated_hits == 3);
+  CHECK(st.computed == static_cast<int>(kB.size() + kQ.size()));
+  eng.end(false);
+}

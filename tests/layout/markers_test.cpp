@@ -97,6 +97,26 @@ TEST_CASE("markers: explicit padding seals a block inside a segment", "[layout]"
   CHECK(l.segments.size() == 1);
 }
 
+TEST_CASE("layout: a request that ends with a span seals its last block", "[layout]") {
+  // A document cached on its own must be reusable whole; a request ending in any other
+  // segment leaves its last block open for decode.
+  const std::vector<token_t> s = {1, 2, SEP, 3, 4, 5, 6, 7};
+  const auto m = relokv::parse_markers(s, config());
+  const auto b = relokv::layout_builder(4, 1000, 64)
+                     .prefix(std::vector<token_t>{1, 2})
+                     .span(std::vector<token_t>{3, 4, 5, 6, 7})
+                     .build();
+  CHECK(m == b);
+  REQUIRE(b.blocks.size() == 3);
+  CHECK(b.blocks[2].len == 1);
+  CHECK(b.blocks[2].sealed);
+  const auto q = relokv::layout_builder(4, 1000, 64)
+                     .prefix(std::vector<token_t>{1, 2})
+                     .question(std::vector<token_t>{3, 4, 5})
+                     .build();
+  CHECK_FALSE(q.blocks.back().sealed);
+}
+
 TEST_CASE("markers: malformed streams name the offset and the rule", "[layout]") {
   std::int64_t off = -1;
   CHECK(rule_of({1, 2, SEP}, &off) == layout_rule::kSeparatorAtEnd);

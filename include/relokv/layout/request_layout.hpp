@@ -35,8 +35,9 @@ struct block_extent {
   pos_t pos0 = 0;
   std::int32_t len = 0;
   std::int32_t segment = 0;  ///< index into request_layout::segments
-  /// Sealed blocks are complete (full, or closed by padding before the next segment) and may be
-  /// cached; only the request's last block can be unsealed (decode appends to it).
+  /// Sealed blocks are complete (full, closed by padding before the next segment, or the end
+  /// of a span) and may be cached; only the request's last block can be unsealed (decode
+  /// appends to it). Decode never appends to a sealed block: its next token starts a new one.
   bool sealed = false;
   friend bool operator==(const block_extent&, const block_extent&) = default;
 };

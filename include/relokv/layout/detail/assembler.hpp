@@ -74,10 +74,12 @@ class layout_assembler {
   }
   [[nodiscard]] std::int64_t segment_offset() const noexcept { return segment_offset_; }
 
-  /// Finishes the layout. A last block left open is unsealed: decode appends to it.
+  /// Finishes the layout. A last block left open is unsealed (decode appends to it) unless it
+  /// ends a span: spans are padded on both sides, so a span is cached whole even when it ends
+  /// the request (a document cached on its own), and decode starts a new block after it.
   request_layout finish(std::int64_t end_offset) && {
     if (out_.tokens.empty()) throw layout_error(end_offset, layout_rule::kEmptyRequest);
-    if (block_open_) out_.blocks.back().sealed = false;
+    if (block_open_) out_.blocks.back().sealed = out_.segments.back().kind == segment_kind::kSpan;
     return std::move(out_);
   }
 

@@ -1,6 +1,11 @@
 #pragma once
 // Main-job figures: TTFT speedup and answer agreement of EPIC-style first_k against full
 // recompute, on the synthetic model unless a model is present (rag_on_real_model says which).
+// With a model, the questions come from the 2WikiMultihopQA sample when it is found
+// ($RELOKV_RAG_DATA, or the sample next to the source tree at configure time; rag_on_real_data
+// says which), else from the generator (random passages, which a real model cannot answer).
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,7 +23,14 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
   const auto loaded = relokv_engine::load_model(path);
   const auto& model = loaded.model;
   const relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
-  const auto w = relokv_rag::generate(6, 30, 10, 1.0, 7, model->cfg.vocab);
+  std::string data;
+  if (const char* env = std::getenv("RELOKV_RAG_DATA"); env != nullptr && *env != '\0') data = env;
+#ifdef RELOKV_RAG_SAMPLE
+  if (data.empty()) data = RELOKV_RAG_SAMPLE;
+#endif
+  const bool real_data = !path.empty() && !data.empty() && std::ifstream(data).good();
+  const auto w = real_data ? relokv_rag::load_jsonl(data, 6, 1, codec)
+                           : relokv_rag::generate(6, 30, 10, 1.0, 7, model->cfg.vocab);
   namespace rc = relokv::recompute;
   const std::vector<relokv_rag::variant> variants = {{"full", rc::full{}, true, ""},
                                                      {"first_k", rc::first_k(16), true, ""}};
@@ -30,7 +42,8 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
   return {{"rag_ttft_speedup_first_k",
            relokv_rag::percentile(res[0].ttft_ms, 50) / relokv_rag::percentile(res[1].ttft_ms, 50)},
           {"rag_agreement_first_k", agree / double(res[1].agreement.size())},
-          {"rag_on_real_model", path.empty() ? 0.0 : 1.0}};
+          {"rag_on_real_model", path.empty() ? 0.0 : 1.0},
+          {"rag_on_real_data", real_data ? 1.0 : 0.0}};
 }
 
 }  // namespace relokv_bench

@@ -36,6 +36,8 @@ Model
                     cache (default: the built-in synthetic model, which runs offline)
   --placement P     pre_rotated, at_attention or block_relative (default)
   --max-answer N    greedy answer tokens (default 16)
+  --variants LIST   comma-separated subset of full, prefix, naive, block, epic, kvboost,
+                    cacheblend (default: all); full always runs first, as the reference
 Output
   --json FILE       results as JSON     --csv FILE   results as CSV
   --svg FILE        plot: TTFT against agreement per variant, tokens computed per request
@@ -128,6 +130,7 @@ int main(int argc, char** argv) {
   double zipf = 1.0;
   std::uint32_t seed = 1;
   bool quiet = false;
+  std::string variant_list;
   relokv_rag::run_options opt;
   auto need = [&](int& i) -> std::string {
     if (i + 1 >= argc) {
@@ -177,6 +180,8 @@ int main(int argc, char** argv) {
         svg_out = need(i);
       else if (a == "--quiet")
         quiet = true;
+      else if (a == "--variants")
+        variant_list = need(i);
       else {
         std::fprintf(stderr, "relokv_rag: unknown option '%s' (see --help)\n", a.c_str());
         return 2;
@@ -205,7 +210,29 @@ int main(int argc, char** argv) {
                      std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), d, t);
         if (d == t) std::fprintf(stderr, "\n");
       };
-    const auto variants = relokv_rag::default_variants();
+    auto variants = relokv_rag::default_variants();
+    if (!variant_list.empty()) {
+      // Short names in default_variants() order; "full" (index 0) is always kept.
+      static const char* const kKeys[] = {"full", "prefix",  "naive",     "block",
+                                          "epic", "kvboost", "cacheblend"};
+      std::vector<bool> keep(variants.size(), false);
+      keep[0] = true;
+      std::stringstream list(variant_list);
+      for (std::string item; std::getline(list, item, ',');) {
+        std::size_t k = 0;
+        while (k < variants.size() && item != kKeys[k]) ++k;
+        if (k == variants.size()) {
+          std::fprintf(stderr, "relokv_rag: --variants: unknown variant '%s' (see --help)\n",
+                       item.c_str());
+          return 2;
+        }
+        keep[k] = true;
+      }
+      std::vector<relokv_rag::variant> chosen;
+      for (std::size_t k = 0; k < variants.size(); ++k)
+        if (keep[k]) chosen.push_back(variants[k]);
+      variants = std::move(chosen);
+    }
     const auto res = relokv_rag::run(model, w, codec, variants, opt);
     const auto rows = rows_of(res);
     std::printf("\n%-28s %9s %9s %9s %7s %7s %7s %8s %8s %7s %6s\n", "variant", "TTFT p50",

@@ -36,6 +36,9 @@ Model
                     cache (default: the built-in synthetic model, which runs offline)
   --placement P     pre_rotated, at_attention or block_relative (default)
   --max-answer N    greedy answer tokens (default 16)
+  --first-k N       EPIC's recomputed tokens per span, and KVBoost's seam window (default 16,
+                    at most 32)
+  --topk R          CacheBlend's recompute ratio in [0, 1] (default 0.15)
   --variants LIST   comma-separated subset of full, prefix, naive, block, epic, kvboost,
                     cacheblend (default: all); full always runs first, as the reference
 Output
@@ -131,6 +134,8 @@ int main(int argc, char** argv) {
   std::uint32_t seed = 1;
   bool quiet = false;
   std::string variant_list;
+  std::int32_t first_k = 16;
+  float topk = 0.15f;
   relokv_rag::run_options opt;
   auto need = [&](int& i) -> std::string {
     if (i + 1 >= argc) {
@@ -182,6 +187,10 @@ int main(int argc, char** argv) {
         quiet = true;
       else if (a == "--variants")
         variant_list = need(i);
+      else if (a == "--first-k")
+        first_k = std::stoi(need(i));
+      else if (a == "--topk")
+        topk = std::stof(need(i));
       else {
         std::fprintf(stderr, "relokv_rag: unknown option '%s' (see --help)\n", a.c_str());
         return 2;
@@ -210,7 +219,7 @@ int main(int argc, char** argv) {
                      std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), d, t);
         if (d == t) std::fprintf(stderr, "\n");
       };
-    auto variants = relokv_rag::default_variants();
+    auto variants = relokv_rag::default_variants(first_k, topk);
     if (!variant_list.empty()) {
       // Short names in default_variants() order; "full" (index 0) is always kept.
       static const char* const kKeys[] = {"full", "prefix",  "naive",     "block",

@@ -115,16 +115,18 @@ workload generate(std::size_t requests, std::size_t corpus, std::size_t k, doubl
   return w;
 }
 
-std::vector<variant> default_variants() {
+std::vector<variant> default_variants(std::int32_t first_k, float topk) {
   namespace rc = relokv::recompute;
+  const std::string k = std::to_string(first_k);
+  const std::string r = std::to_string(static_cast<int>(std::lround(100.0 * topk)));
   return {
       {"full prefill (no cache)", rc::full{}, true, "reference"},
       {"prefix caching (exact keys)", rc::none{}, false, "vLLM-style"},
       {"naive PIC", rc::none{}, true, ""},
       {"Block-Attention", rc::none{}, true, "question only; same compute as naive PIC here"},
-      {"EPIC first_k=16", rc::first_k(16), true, ""},
-      {"KVBoost seam_window=16", rc::seam_window(16), true, ""},
-      {"CacheBlend topk=15%", rc::deviation_topk(0.15f), true, ""},
+      {"EPIC first_k=" + k, rc::first_k(first_k), true, ""},
+      {"KVBoost seam_window=" + k, rc::seam_window(first_k), true, ""},
+      {"CacheBlend topk=" + r + "%", rc::deviation_topk(topk), true, ""},
   };
 }
 

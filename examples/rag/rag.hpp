@@ -55,7 +55,9 @@ struct variant {
   bool spans = true;  // false: the whole prompt is one prefix (exact keys only)
   std::string note;
 };
-std::vector<variant> default_variants();
+/// The seven variants, reference first. first_k sets EPIC's k and KVBoost's window; topk is
+/// CacheBlend's recompute ratio. @throws relokv::error for values the strategies reject.
+std::vector<variant> default_variants(std::int32_t first_k = 16, float topk = 0.15f);
 
 struct variant_result {
   std::string name, note;

@@ -550,6 +550,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       const int rows =
           static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m_max} - e.pos0 + 1));
       rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
+      if (nq == 1 && bi + 1 < num_blocks) rope.prefetch(blocks[bi + 1].pos0);
       const float* c0 = w.c0.data();
       const float* s0 = w.s0.data();
       for (int j = 0; j < rows; ++j) {

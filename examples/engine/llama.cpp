@@ -264,7 +264,6 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
     // another context) visibly changes the output.
     for (auto& x : L.wq) x *= 3.0f;
     for (auto& x : L.wk) x *= 3.0f;
-    for (auto& x : L.wv) x *= 3.0f;
     L.wv = mat(c.n_kv_heads * c.head_dim, c.dim);
     L.wo = mat(c.dim, c.n_heads * c.head_dim);
     L.ffn_norm = ones(c.dim);

@@ -308,6 +308,17 @@ TEMPLATE_TEST_CASE("attention: calls split over KV heads on threads equal one ca
     t1.join();
     CHECK(split == whole);  // same arithmetic per head: bitwise equal
   }
+  // Queries are independent too: an engine may cut a prefill's queries between threads.
+  std::vector<float> whole(3 * 16 * 128), parts(whole.size());
+  relokv::prefill_attention<relokv::block_relative>(rope, kv, view, q.data(), qpos.data(), qind, 16,
+                                                    0.09f, whole.data());
+  const std::int32_t first[2] = {0, 1}, rest[2] = {0, 2};
+  relokv::prefill_attention<relokv::block_relative>(rope, kv, view, q.data(), qpos.data(), first,
+                                                    16, 0.09f, parts.data());
+  relokv::prefill_attention<relokv::block_relative>(rope, kv, view, q.data() + 16 * 128,
+                                                    qpos.data() + 1, rest, 16, 0.09f,
+                                                    parts.data() + 16 * 128);
+  CHECK(parts == whole);
   std::vector<float> out(16 * 128);
   CHECK_THROWS_AS(relokv::decode_attention<relokv::block_relative>(
                       rope, kv, view, q.data(), &qpos[2], 16, 0.09f, out.data(), {3, 2}),

@@ -1,6 +1,7 @@
 #include <relokv/memory/host_kv_storage.hpp>
 #include <relokv/memory/lru_block_pool.hpp>
 
+#include <cstdint>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -69,4 +70,18 @@ TEST_CASE("host_kv_storage: layout and copy on write", "[memory]") {
   CHECK(st.tile(1, 2, 1, 1)[31] == -2.f);
   CHECK(st.tile(0, 1, 0, 0)[5] == 1.5f);
   CHECK_THROWS_AS(relokv::host_kv_storage<float>(relokv::kv_shape{0, 1, 1, 1, 1}), relokv::error);
+}
+
+TEST_CASE("host_kv_storage: large pools are 2 MiB aligned (huge pages), small ones work alike",
+          "[memory]") {
+  // 8 MiB of bf16: the huge-page path; it must be zeroed and usable end to end.
+  relokv::host_kv_storage<relokv::bf16> big(relokv::kv_shape{1, 128, 8, 16, 128});
+  CHECK(big.bytes() == std::size_t{8} << 20);
+  CHECK(reinterpret_cast<std::uintptr_t>(big.data()) % (std::uintptr_t{2} << 20) == 0);
+  CHECK(big.data()[0].bits == 0);
+  big.tile(0, 127, 1, 7)[16 * 128 - 1] = relokv::bf16::from_float(3.0f);
+  big.copy_block(127, 0);
+  CHECK(big.tile(0, 0, 1, 7)[16 * 128 - 1].to_float() == 3.0f);
+  relokv::host_kv_storage<relokv::bf16> small(relokv::kv_shape{1, 1, 1, 16, 64});
+  CHECK(small.data()[16 * 64 * 2 - 1].bits == 0);
 }

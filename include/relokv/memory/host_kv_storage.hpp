@@ -4,59 +4,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <new>
 #include <string>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "relokv/attention/paged_view.hpp"
+#include "relokv/detail/huge_page_allocator.hpp"
 #include "relokv/dtype.hpp"
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN
-namespace detail {
-
-/// Allocator for large KV pools: 2 MiB aligned and, on Linux, advised onto transparent huge
-/// pages, so that attention streaming a long context is not throttled by 4 KiB TLB misses
-/// (MADV_HUGEPAGE matters where THP is in "madvise" mode, the common default). Small
-/// allocations come from operator new.
-template <class T>
-struct kv_allocator {
-  using value_type = T;
-  static constexpr std::size_t kHuge = std::size_t{2} << 20;
-  kv_allocator() noexcept = default;
-  template <class U>
-  kv_allocator(const kv_allocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
-
-  [[nodiscard]] T* allocate(std::size_t n) {
-    const std::size_t bytes = n * sizeof(T);
-    if (bytes < kHuge) return static_cast<T*>(::operator new(bytes));
-    const std::size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-    void* p = std::aligned_alloc(kHuge, rounded);
-    if (p == nullptr) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    (void)::madvise(p, rounded, MADV_HUGEPAGE);  // advice only: 4 KiB pages work as well
-#endif
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, std::size_t n) noexcept {
-    if (n * sizeof(T) < kHuge) {
-      ::operator delete(p);
-    } else {
-      std::free(p);
-    }
-  }
-  template <class U>
-  bool operator==(const kv_allocator<U>&) const noexcept {
-    return true;
-  }
-};
-
-}  // namespace detail
 
 /// Shape of a paged KV pool.
 struct kv_shape {
@@ -144,7 +100,7 @@ class host_kv_storage {
   }
 
   kv_shape shape_;
-  std::vector<T, detail::kv_allocator<T>> data_;
+  std::vector<T, detail::huge_page_allocator<T>> data_;
 };
 
 RELOKV_NAMESPACE_END

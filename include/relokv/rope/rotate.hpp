@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "relokv/detail/huge_page_allocator.hpp"
 #include "relokv/rope/rope_config.hpp"
 
 RELOKV_NAMESPACE_BEGIN
@@ -133,7 +134,8 @@ class rope_table {
   std::int32_t max_position_;
   double mag_ = 1.0;
   std::vector<double> freq_;
-  std::vector<float> cos_, sin_, ucos_, usin_;  // [position][pair]
+  // [position][pair]; long tables are streamed a row per block by block_relative decode
+  std::vector<float, detail::huge_page_allocator<float>> cos_, sin_, ucos_, usin_;
 };
 
 RELOKV_NAMESPACE_END

@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
     const auto w = data.empty() ? relokv_rag::generate(requests, corpus, passages, zipf, seed,
                                                        model->cfg.vocab)
                                 : relokv_rag::load_jsonl(data, requests, seed, codec);
-    std::printf("relokv_rag: %zu requests from %s, %zu passages cached, model %s, placement %s\n",
+    std::printf("relokv_rag: %zu requests from %s, %zu passages, model %s, placement %s\n",
                 w.requests.size(), w.source.c_str(), w.corpus.size(),
                 model_path.empty() ? "synthetic (offline)" : model_path.c_str(),
                 opt.placement.c_str());

@@ -166,15 +166,20 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
                                      const std::vector<variant>& variants, const run_options& opt) {
   relokv_engine::llama_engine<P> eng(model, opt.num_blocks);
   const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
-  const std::size_t total = w.corpus.size() + w.requests.size() * variants.size();
+  const std::size_t total = w.requests.size() * (variants.size() + 1);
   std::size_t done = 0;
-  // Passages are cached as spans computed after the system prompt, before the questions.
-  for (const passage& p : w.corpus) {
-    (void)eng.prefill(relokv::layout_builder(16).prefix(w.prefix).span(p.tokens).build(),
-                      relokv::recompute::none{});
-    eng.end(true);
+  // A question's passages are cached as spans computed after the system prompt, just before
+  // the question (as a RAG server warms what its retriever returns): whatever the corpus size,
+  // the pool needs only the recently used passages. A passage still cached costs one token.
+  const auto warm = [&](const qa_request& r) {
+    for (std::size_t p : r.passages) {
+      (void)eng.prefill(
+          relokv::layout_builder(16).prefix(w.prefix).span(w.corpus[p].tokens).build(),
+          relokv::recompute::none{});
+      eng.end(true);
+    }
     if (opt.progress) opt.progress(++done, total);
-  }
+  };
   std::vector<variant_result> res(variants.size());
   for (std::size_t v = 0; v < variants.size(); ++v) {
     res[v].name = variants[v].name;
@@ -183,6 +188,7 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
   const auto block_bytes = static_cast<std::int64_t>(model->cfg.n_layers) * 2 *
                            model->cfg.n_kv_heads * 16 * model->cfg.head_dim * 4;
   for (const qa_request& r : w.requests) {
+    warm(r);
     relokv::layout_builder spans(16), flat(16);
     spans.prefix(w.prefix);
     std::vector<relokv::token_t> all(w.prefix);

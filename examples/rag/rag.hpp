@@ -73,8 +73,9 @@ struct run_options {
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
 
-/// Caches every passage (computed on its own after the system prompt), then runs each request
-/// under every variant, interleaved, in one engine and one cache.
+/// Runs each request under every variant, interleaved, in one engine and one cache; before a
+/// request, its passages are cached (each computed on its own after the system prompt) unless
+/// the cache still holds them.
 std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model> model,
                                 const workload& w, const text_codec& codec,
                                 const std::vector<variant>& variants, const run_options& opt);

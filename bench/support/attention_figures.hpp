@@ -88,16 +88,23 @@ inline int decode_threads() {
   return std::clamp(hw, 1, decode_setup::kHkv);
 }
 
-/// One decode call split over KV heads, one share per thread (threads started per call, so
-/// their cost is in the figure).
+/// Runs f(t) for t in [0, threads): t = 0 on the calling thread, the others on threads started
+/// per call (so their cost is in the figures).
+template <class F>
+void on_threads(int threads, F f) {
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(f, t);
+  f(0);
+  for (auto& th : pool) th.join();
+}
+
+/// One decode call split over KV heads, one share per thread.
 template <class P, class T>
 void run_decode_threads(decode_setup& s, const relokv::host_kv_storage<T>& st, int threads) {
-  std::vector<std::thread> pool;
   const int H = decode_setup::kHkv;
-  for (int t = 1; t < threads; ++t)
-    pool.emplace_back([&, t] { run_decode<P>(s, st, {H * t / threads, H * (t + 1) / threads}); });
-  run_decode<P>(s, st, {0, H / threads});
-  for (auto& th : pool) th.join();
+  on_threads(threads, [&](int t) {
+    run_decode<P>(s, st, {H * t / threads, H * (t + 1) / threads});
+  });
 }
 
 using figure_lines = std::vector<std::pair<std::string, double>>;
@@ -106,19 +113,15 @@ template <class T>
 double bw_fraction(decode_setup& s, int reps, int threads) {
   const auto st = random_pool<T>(s);
   auto kernel = [&] { run_decode_threads<relokv::block_relative>(s, st, threads); };
+  const auto* base = reinterpret_cast<const char*>(st.data());
+  const std::size_t total = st.bytes();
+  const std::size_t share = total / static_cast<std::size_t>(threads) / 64 * 64;
   auto stream = [&] {  // the same bytes, split over the same number of threads
-    std::vector<std::thread> pool;
-    const auto* base = reinterpret_cast<const char*>(st.data());
-    const std::size_t total = st.bytes();
-    const std::size_t share = total / static_cast<std::size_t>(threads) / 64 * 64;
-    for (int t = 1; t < threads; ++t)
-      pool.emplace_back([=] {
-        const std::size_t begin = share * static_cast<std::size_t>(t);
-        const std::size_t end = t + 1 == threads ? total : begin + share;
-        keep(stream_read(base + begin, end - begin));
-      });
-    keep(stream_read(base, threads == 1 ? total : share));
-    for (auto& th : pool) th.join();
+    on_threads(threads, [&](int t) {
+      const std::size_t begin = share * static_cast<std::size_t>(t);
+      const std::size_t end = t + 1 == threads ? total : begin + share;
+      keep(stream_read(base + begin, end - begin));
+    });
   };
   kernel();  // warm up (first touch, tables)
   // time(stream) / time(kernel) = (bytes/time(kernel)) / (bytes/time(stream))

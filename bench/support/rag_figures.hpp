@@ -32,8 +32,8 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
   const auto w = real_data ? relokv_rag::load_jsonl(data, 6, 1, codec)
                            : relokv_rag::generate(6, 30, 10, 1.0, 7, model->cfg.vocab);
   namespace rc = relokv::recompute;
-  const std::vector<relokv_rag::variant> variants = {{"full", rc::full{}, true, ""},
-                                                     {"first_k", rc::first_k(16), true, ""}};
+  const std::vector<relokv_rag::variant> variants = {
+      {"full", rc::full{}, true, "", "full"}, {"first_k", rc::first_k(16), true, "", "epic"}};
   relokv_rag::run_options opt;
   opt.max_answer = 8;
   const auto res = relokv_rag::run(model, w, codec, variants, opt);

@@ -127,11 +127,10 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
   auto n = static_cast<int>(positions.size());
-  // Activations live in a per-thread workspace that keeps its capacity across calls: fresh
-  // multi-MiB vectors per prefill come from mmap and cost a page fault (and a page clear) per
-  // 4 KiB, which showed up as a tenth of a short prefill's time.
+  // Activations live in a per-thread workspace that keeps its capacity across calls, so a
+  // prefill does not allocate (and fault in) fresh multi-MiB buffers.
   thread_local layer_workspace ws;
-  std::vector<float>& x = ws.x;
+  auto& [x, h, q, k, v, att, o, g, u, fk] = ws;
   x.resize(static_cast<std::size_t>(n) * D);
   for (int i = 0; i < n; ++i) {
     const auto t = static_cast<std::size_t>(
@@ -140,8 +139,6 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   }
   const bool dynamic = strategy != nullptr && strategy->dynamic() && mask && reused;
   int step = 0;
-  std::vector<float>&h = ws.h, &q = ws.q, &k = ws.k, &v = ws.v, &att = ws.att, &o = ws.o, &g = ws.g,
-  &u = ws.u, &fk = ws.fk;
   fk.resize(static_cast<std::size_t>(Hk) * hd);
   const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(map.table.size())};
   const relokv::block_table_view view{map.table.data(), indptr, 1};

@@ -221,15 +221,13 @@ int main(int argc, char** argv) {
       };
     auto variants = relokv_rag::default_variants(first_k, topk);
     if (!variant_list.empty()) {
-      // Short names in default_variants() order; "full" (index 0) is always kept.
-      static const char* const kKeys[] = {"full", "prefix",  "naive",     "block",
-                                          "epic", "kvboost", "cacheblend"};
+      // variants[0] ("full") is the reference and always kept.
       std::vector<bool> keep(variants.size(), false);
       keep[0] = true;
       std::stringstream list(variant_list);
       for (std::string item; std::getline(list, item, ',');) {
         std::size_t k = 0;
-        while (k < variants.size() && item != kKeys[k]) ++k;
+        while (k < variants.size() && item != variants[k].key) ++k;
         if (k == variants.size()) {
           std::fprintf(stderr, "relokv_rag: --variants: unknown variant '%s' (see --help)\n",
                        item.c_str());

@@ -120,13 +120,14 @@ std::vector<variant> default_variants(std::int32_t first_k, float topk) {
   const std::string k = std::to_string(first_k);
   const std::string r = std::to_string(static_cast<int>(std::lround(100.0 * topk)));
   return {
-      {"full prefill (no cache)", rc::full{}, true, "reference"},
-      {"prefix caching (exact keys)", rc::none{}, false, "vLLM-style"},
-      {"naive PIC", rc::none{}, true, ""},
-      {"Block-Attention", rc::none{}, true, "question only; same compute as naive PIC here"},
-      {"EPIC first_k=" + k, rc::first_k(first_k), true, ""},
-      {"KVBoost seam_window=" + k, rc::seam_window(first_k), true, ""},
-      {"CacheBlend topk=" + r + "%", rc::deviation_topk(topk), true, ""},
+      {"full prefill (no cache)", rc::full{}, true, "reference", "full"},
+      {"prefix caching (exact keys)", rc::none{}, false, "vLLM-style", "prefix"},
+      {"naive PIC", rc::none{}, true, "", "naive"},
+      {"Block-Attention", rc::none{}, true, "question only; same compute as naive PIC here",
+       "block"},
+      {"EPIC first_k=" + k, rc::first_k(first_k), true, "", "epic"},
+      {"KVBoost seam_window=" + k, rc::seam_window(first_k), true, "", "kvboost"},
+      {"CacheBlend topk=" + r + "%", rc::deviation_topk(topk), true, "", "cacheblend"},
   };
 }
 

@@ -54,6 +54,7 @@ struct variant {
   relokv::recompute::any_strategy strategy;
   bool spans = true;  // false: the whole prompt is one prefix (exact keys only)
   std::string note;
+  std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
 };
 /// The seven variants, reference first. first_k sets EPIC's k and KVBoost's window; topk is
 /// CacheBlend's recompute ratio. @throws relokv::error for values the strategies reject.

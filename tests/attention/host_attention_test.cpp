@@ -6,6 +6,7 @@
 #include <relokv/rope/pre_rotated.hpp>
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <thread>
@@ -57,6 +58,25 @@ doc_block write_block(const relokv::rope_table& rope, relokv::host_kv_storage<T>
     d.tokens.push_back(std::move(t));
   }
   return d;
+}
+
+/// Blocks 0, 1, ... with the given lens, written back to back from position 0: appends their
+/// tokens (at their positions) to keys and their table entries to entries; returns the end.
+template <class P, class T>
+int back_to_back(const relokv::rope_table& rope, relokv::host_kv_storage<T>& st,
+                 std::initializer_list<int> lens, std::mt19937& rng,
+                 std::vector<oracle::key_token>& keys, std::vector<block_entry>& entries) {
+  int pos = 0, b = 0;
+  for (const int len : lens) {
+    auto d = write_block<P>(rope, st, b, pos, len, rng);
+    for (int j = 0; j < len; ++j) {
+      d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
+      keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
+    }
+    entries.push_back({b++, pos, len});
+    pos += len;
+  }
+  return pos;
 }
 
 template <class T>
@@ -178,17 +198,7 @@ TEMPLATE_TEST_CASE("attention: scattered prefill queries agree with brute force"
   relokv::host_kv_storage<float> st(relokv::kv_shape{1, 4, 1, 8, 32});
   std::vector<oracle::key_token> keys;
   std::vector<block_entry> entries;
-  int pos = 0;
-  for (int b = 0; b < 3; ++b) {  // block lens 8, 5 (padding), 8
-    const int len = b == 1 ? 5 : 8;
-    auto d = write_block<TestType>(rope, st, b, pos, len, rng);
-    for (int j = 0; j < len; ++j) {
-      d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
-      keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
-    }
-    entries.push_back({b, pos, len});
-    pos += len;
-  }
+  back_to_back<TestType>(rope, st, {8, 5, 8}, rng, keys, entries);  // 5: padding
   const std::int32_t indptr[2] = {0, 3};
   const relokv::block_table_view view{entries.data(), indptr, 1};
   const std::vector<relokv::pos_t> qpos = {0, 7, 8, 12, 13, 20};  // scattered, seams included
@@ -221,19 +231,9 @@ TEMPLATE_TEST_CASE("attention: garbage in unused slots never reaches the output"
       st.data()[i] = relokv::from_f32<T>(std::numeric_limits<float>::quiet_NaN());
     std::vector<oracle::key_token> keys;
     std::vector<block_entry> entries;
-    int pos = 0;
-    for (int b = 0; b < 3; ++b) {
-      const int len = b == 0 ? 9 : b == 1 ? 15 : 6;
-      auto d = write_block<TestType>(rope, st, b, pos, len, rng);
-      for (int j = 0; j < len; ++j) {
-        d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
-        keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
-      }
-      entries.push_back({b, pos, len});
-      pos += len;
-    }
+    const int end = back_to_back<TestType>(rope, st, {9, 15, 6}, rng, keys, entries);
     const std::int32_t indptr[2] = {0, 3};
-    const relokv::pos_t m = pos - 1;
+    const relokv::pos_t m = end - 1;
     const auto q = randn(8 * 128, rng);
     std::vector<float> out(q.size());
     relokv::decode_attention<TestType>(rope, relokv::paged_kv_view<const T>(st.layer(0)),

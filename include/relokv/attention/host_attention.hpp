@@ -172,6 +172,32 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
 }
 
 #if RELOKV_HOST_SIMD
+/// Calls f(std::integral_constant<int, D / 16>{}) for the fast paths' head dims (64, 128, 256).
+template <class F>
+RELOKV_ALWAYS_INLINE inline void with_chunks(int D, F&& f) {
+  if (D == 64) {
+    f(std::integral_constant<int, 4>{});
+  } else if (D == 128) {
+    f(std::integral_constant<int, 8>{});
+  } else {
+    f(std::integral_constant<int, 16>{});
+  }
+}
+
+/// One online-softmax step over 16 scores of which the first vc are live: x becomes the
+/// weights e^(x - m_new) (0 in dead lanes), mx the new running max; returns the correction
+/// e^(m_old - m_new) for the accumulators (0 on the first block).
+RELOKV_ALWAYS_INLINE inline float softmax_step(simd::vf16& x, int vc, float& mx) {
+  const float bmax = simd::live_max(x, vc);
+  const float m_old = mx;
+  const float m_new = m_old > bmax ? m_old : bmax;
+  x -= m_new;
+  simd::exp_nonpositive(x);
+  simd::live_only(x, vc);
+  mx = m_new;
+  return exp_nonpositive(m_old - m_new);
+}
+
 /// One query head's chunks, rotated by the block's delta on the block_relative fast path.
 template <int DC, class T>
 RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const float* qg,
@@ -286,17 +312,10 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         for (int j = 0; j < 16; ++j) part[j] += RELOKV_VLOAD(kf + j * D + 16 * c) * qv[c];
       vf16 x;
       transpose_sum(part, x);
-      const float bmax = live_max(x, vc);
-      const float m_old = bh.mx[qh];
-      const float m_new = m_old > bmax ? m_old : bmax;
-      const float corr = exp_nonpositive(m_old - m_new);
-      x -= m_new;
-      simd::exp_nonpositive(x);
-      live_only(x, vc);
+      const float corr = softmax_step(x, vc, bh.mx[qh]);
       alignas(64) float pr[16];
       RELOKV_VSTORE(pr, x);
       const float bsum = simd::sum(x);
-      bh.mx[qh] = m_new;
       bh.sum[qh] = bh.sum[qh] * corr + bsum;
       float* acc = bh.acc + qh * D;
       vf16 a[DC];
@@ -411,20 +430,13 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
           part[j] = _mm512_dpbf16_ps(part[j], bh512(kb + j * D + 32 * cb), qb[cb]);
       vf16 x;
       transpose_sum(part, x);
-      const float bmax = live_max(x, vc);
-      const float m_old = bh.mx[qh];
-      const float m_new = m_old > bmax ? m_old : bmax;
-      const float corr = exp_nonpositive(m_old - m_new);
-      x -= m_new;
-      simd::exp_nonpositive(x);
-      live_only(x, vc);
+      const float corr = softmax_step(x, vc, bh.mx[qh]);
       alignas(32) std::uint16_t pb[16];
       _mm256_store_si256(reinterpret_cast<__m256i*>(pb),
                          __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));
       // The sum of the weights as rounded, so that the normalized weights sum to one.
       load_bf16(x, pb);
       const float bsum = simd::sum(x);
-      bh.mx[qh] = m_new;
       bh.sum[qh] = bh.sum[qh] * corr + bsum;
       float* acc = bh.acc + qh * D;
       vf16 a[DC];
@@ -571,7 +583,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       const int valid =
           static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{mq} - e.pos0 + 1));
       const auto qoff = static_cast<std::size_t>(qi) * hq;
-      const float* qraw = w.qrot.data() + qoff * hd;  // scaled, unrotated for block_relative
+      // Scaled query rows; unrotated for block_relative, which rotates them per block below.
       const float* qsrc = w.qrot.data() + qoff * hd;
       const float* qcos = nullptr;
       const float* qsin = nullptr;
@@ -581,16 +593,14 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
         rope.angles(std::int64_t{mq} - e.pos0, w.cs.data(), w.sn.data());
         if (nq == 1 && bi + 1 < num_blocks) rope.prefetch(std::int64_t{mq} - blocks[bi + 1].pos0);
         if (fused_q && layout == rope_layout::kNeoX) {  // the pair rows as they are
-          qsrc = qraw;
           qcos = w.cs.data();
           qsin = w.sn.data();
         } else if (fused_q) {
           expand_rotation(layout, pairs, D, w.cs.data(), w.sn.data(), w.qcos.data(), w.qsin.data());
-          qsrc = qraw;
           qcos = w.qcos.data();
           qsin = w.qsin.data();
         } else {
-          std::copy(qraw, qraw + hq * hd, w.qblock.begin());
+          std::copy(qsrc, qsrc + hq * hd, w.qblock.begin());
           for (std::size_t h = 0; h < hq; ++h)
             rotate_inplace(w.qblock.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
           qsrc = w.qblock.data();
@@ -608,26 +618,14 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
 #if RELOKV_HOST_BF16_DOT
         if constexpr (is_bf16) {
           if (bf16_dot) {
-            if (D == 64) {
-              bf16_block_head<4, P>(bh, w);
-            } else if (D == 128) {
-              bf16_block_head<8, P>(bh, w);
-            } else {
-              bf16_block_head<16, P>(bh, w);
-            }
+            with_chunks(D, [&](auto dc) { bf16_block_head<decltype(dc)::value, P>(bh, w); });
             continue;
           }
         }
 #endif
 #if RELOKV_HOST_SIMD
         if (fast) {
-          if (D == 64) {
-            fast_block_head<4, P>(bh, w);
-          } else if (D == 128) {
-            fast_block_head<8, P>(bh, w);
-          } else {
-            fast_block_head<16, P>(bh, w);
-          }
+          with_chunks(D, [&](auto dc) { fast_block_head<decltype(dc)::value, P>(bh, w); });
           continue;
         }
 #endif

@@ -75,39 +75,31 @@ RELOKV_ALWAYS_INLINE inline void transpose_sum(const vf16* a, vf16& out) {
                                 30, 31);
 }
 
-/// Lane 0 of the result = op over all lanes (log-step reduction; GCC 12's AVX-512 reduce and
-/// max intrinsics draw -Wmaybe-uninitialized through _mm512_undefined_ps).
-#define RELOKV_REDUCE16(x, op)                                                                   \
-  do {                                                                                           \
-    x = op(x,                                                                                    \
-           __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)); \
-    x = op(x,                                                                                    \
-           __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11)); \
-    x = op(x,                                                                                    \
-           __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)); \
-    x = op(x,                                                                                    \
-           __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)); \
-  } while (0)
+/// op over all 16 lanes (log-step reduction, the result in every lane; GCC 12's AVX-512 reduce
+/// and max intrinsics draw -Wmaybe-uninitialized through _mm512_undefined_ps).
+template <class Op>
+RELOKV_ALWAYS_INLINE inline float reduce16(vf16 x, Op op) {
+  x = op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+  return x[0];
+}
 
 /// The largest of the first `live` lanes (1 <= live <= 16).
 RELOKV_ALWAYS_INLINE inline float live_max(const vf16& x, int live) {
   const auto m = static_cast<__mmask16>((1u << live) - 1u);
-  vf16 y = _mm512_mask_blend_ps(m, _mm512_set1_ps(-__builtin_inff()), x);
-  const auto max = [](const vf16& a, const vf16& b) {
+  const vf16 y = _mm512_mask_blend_ps(m, _mm512_set1_ps(-__builtin_inff()), x);
+  return reduce16(y, [](const vf16& a, const vf16& b) {
     const vi16 a_wins = a > b;  // -1 / 0 per lane
     return __builtin_bit_cast(
         vf16, (a_wins & __builtin_bit_cast(vi16, a)) | (~a_wins & __builtin_bit_cast(vi16, b)));
-  };
-  RELOKV_REDUCE16(y, max);
-  return y[0];
+  });
 }
 
 /// The sum of all lanes.
 RELOKV_ALWAYS_INLINE inline float sum(const vf16& x) {
-  vf16 y = x;
-  const auto add = [](const vf16& a, const vf16& b) { return a + b; };
-  RELOKV_REDUCE16(y, add);
-  return y[0];
+  return reduce16(x, [](const vf16& a, const vf16& b) { return a + b; });
 }
 
 /// Zeroes the lanes from `live` on.

@@ -27,8 +27,12 @@ using relokv_test::randn;
 // most 2^-9 relative moves a score q.k/sqrt(d) by at most 2^-9 sum|q_i k_i|/sqrt(d), about
 // 2^-9 * 0.8 sqrt(d) (= 0.013 for d = 64) and the output by about that relative; on AVX512_BF16
 // hosts the query and the softmax weights are rounded to bf16 as well (bf16 products, fp32
-// sums), which doubles the score bound and adds 2^-9 to the output: 0.03; fp16 (2^-12): 8x
-// less than the storage-only bf16 bound. We allow 2x margin. (Observed: bf16 0.005, fp16 5e-4.)
+// sums), which doubles the score bound and adds 2^-9 to the output: 0.03; at_attention there
+// also rounds each slot's (cos, sin) to bf16 before rotating the key (a relative key error of
+// at most 2^-9 sqrt(2) more, +0.018 on the score bound): 0.05 at worst, which 6e-2 still covers
+// (these worst cases add every error with one sign); fp16 (2^-12): 8x less than the
+// storage-only bf16 bound, with 2x margin. (Observed: bf16 0.005 for every placement, fp16
+// 5e-4.)
 template <class T>
 double tolerance() {
   if constexpr (std::is_same_v<T, float>) return 1e-5;
@@ -245,6 +249,54 @@ TEMPLATE_TEST_CASE("attention: garbage in unused slots never reaches the output"
   SECTION("fp32") { run(float{}); }
   SECTION("bf16") { run(relokv::bf16{}); }
   SECTION("fp16") { run(relokv::fp16{}); }
+}
+
+TEMPLATE_TEST_CASE("attention: long decode over consecutive blocks matches the oracle",
+                   "[attention]", relokv::pre_rotated, relokv::at_attention,
+                   relokv::block_relative) {
+  // Decode composes the per-block query rotation from the previous block's when blocks follow
+  // each other (re-reading the table every few blocks): 40 blocks across the table's end, with
+  // a gap and a short block among them, NeoX and GPT-J, with and without a YaRN magnitude.
+  const auto run = [](auto zero, relokv::rope_layout layout, bool yarn) {
+    using T = decltype(zero);
+    std::mt19937 rng(17);
+    auto cfg = config(layout, 128);
+    if (yarn) {
+      cfg.scaling = relokv::rope_scaling::kYaRN;
+      cfg.factor = 4;
+      cfg.original_max_position = 512;
+    }
+    const relokv::rope_table rope(cfg, 4300);
+    relokv::host_kv_storage<T> st(relokv::kv_shape{1, 40, 2, 16, 128});
+    std::vector<oracle::key_token> keys;
+    std::vector<block_entry> entries;
+    int pos = 4000;
+    for (int b = 0; b < 40; ++b) {
+      const int len = b == 25 ? 7 : 16;
+      if (b == 17) pos += 100;
+      auto d = write_block<TestType>(rope, st, b, pos, len, rng);
+      for (int j = 0; j < len; ++j) {
+        d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
+        keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
+      }
+      entries.push_back({b, pos, len});
+      pos += len;
+    }
+    const std::int32_t indptr[2] = {0, 40};
+    const relokv::pos_t m = pos + 2;
+    const auto q = randn(8 * 128, rng);
+    std::vector<float> out(q.size());
+    relokv::decode_attention<TestType>(rope, relokv::paged_kv_view<const T>(st.layer(0)),
+                                       {entries.data(), indptr, 1}, q.data(), &m, 8, 0.09f,
+                                       out.data());
+    CHECK(max_err<T>(out, oracle::attend(cfg, keys, q, m, 8, 2, 0.09)) < tolerance<T>());
+  };
+  for (auto layout : {relokv::rope_layout::kNeoX, relokv::rope_layout::kGPTJ})
+    for (bool yarn : {false, true}) {
+      INFO("layout " << int(layout) << " yarn " << yarn);
+      run(float{}, layout, yarn);
+      run(relokv::bf16{}, layout, yarn);
+    }
 }
 
 TEST_CASE("attention: YaRN magnitude and partial rotary through the kernels", "[attention]") {

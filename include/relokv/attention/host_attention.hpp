@@ -9,6 +9,11 @@
 /// innermost, so every key and value is read once per query position and group, not once per
 /// query head. The inner loops (conversion, rotation, dot products, exp, V accumulation) are
 /// written with fixed-width lane arrays so that they vectorize without -ffast-math.
+///
+/// Numerics on AVX512_BF16 hosts with bf16 storage (opt out with RELOKV_NO_BF16_DOT): products
+/// of bf16 values with fp32 sums; the query and the softmax weights are rounded to bf16, and
+/// at_attention (NeoX over the whole head) rotates each key by its offset in the block with
+/// bf16 (cos, sin) pairs and the query by R(m - pos0) once per block, in fp32.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -77,8 +82,9 @@ inline void to_float_row(const T* RELOKV_RESTRICT src, float* RELOKV_RESTRICT ds
 /// Per-thread scratch, grown on demand and reused.
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
-      qcos, qsin, jcos, jsin;
+      qcos, qsin, jcos, jsin, stepc, steps;
   std::vector<std::uint16_t> kb16, vi16;  ///< bf16 rows: rotated keys, slot-interleaved values
+  std::vector<std::uint32_t> krot;        ///< bf16 slot rotations R(j) (build_slot_rotations_bf16)
 };
 inline attention_scratch& scratch() {
   thread_local attention_scratch s;
@@ -107,6 +113,10 @@ struct block_head_t {
   float* acc = nullptr;
   float* mx = nullptr;
   float* sum = nullptr;
+  /// When set (bf16 fast path, at_attention, NeoX over the whole head): each key is rotated by
+  /// its slot's R(j) from these bf16 pairs (build_slot_rotations_bf16), the query by
+  /// R(m - pos0) through qcos/qsin, and qsrc, qcos and qsin are in bf16_acc_index order.
+  const std::uint32_t* krot = nullptr;
 };
 
 template <class P, class T>
@@ -366,41 +376,71 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
     const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
     const std::uint16_t* kb = kraw + j0 * D;
     if constexpr (rotate_keys) {
-      // Rotate the visible keys in fp32 and round them back to bf16.
       std::uint16_t* dst0 = w.kb16.data();
-      const bool fused = bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
-      for (int j = 0; j < vc; ++j) {
-        const std::uint16_t* src = kraw + (j0 + j) * D;
-        std::uint16_t* dst = dst0 + j * D;
-        const float* cs = w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
-        const float* sn = w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
-        if (fused) {
-          for (int c = 0; c < DC / 2; c += 2) {  // chunks c, c+1 and their partners
-            vf16 x1a, x1b, x2a, x2b;
-            load_bf16(x1a, src + 16 * c);
-            load_bf16(x1b, src + 16 * (c + 1));
-            load_bf16(x2a, src + 16 * (c + DC / 2));
-            load_bf16(x2b, src + 16 * (c + 1 + DC / 2));
-            const vf16 Ca = RELOKV_VLOAD(cs + 16 * c), Sa = RELOKV_VLOAD(sn + 16 * c);
-            const vf16 Cb = RELOKV_VLOAD(cs + 16 * (c + 1)), Sb = RELOKV_VLOAD(sn + 16 * (c + 1));
-            store_pair(dst + 16 * c, x1a * Ca - x2a * Sa, x1b * Cb - x2b * Sb);
-            store_pair(dst + 16 * (c + DC / 2), x1a * Sa + x2a * Ca, x1b * Sb + x2b * Cb);
-          }
-        } else {
-          float* row = w.kbuf.data();
-          for (int c = 0; c < DC; ++c) {
-            vf16 x;
-            load_bf16(x, src + 16 * c);
-            RELOKV_VSTORE(row + 16 * c, x);
-          }
-          rotate_inplace(row, bh.layout, bh.pairs, cs, sn);
-          for (int c = 0; c < DC; c += 2) {
-            const vf16 lo = RELOKV_VLOAD(row + 16 * c), hi = RELOKV_VLOAD(row + 16 * (c + 1));
-            store_pair(dst + 16 * c, lo, hi);
+      if (bh.krot != nullptr) {
+        // NeoX over the whole head, as bf16 products: dimension i and its partner i + D/2 are
+        // paired in one fp32 lane by a 16-bit unpack, so that VDPBF16PS with the pair
+        // (cos, -sin) gives rotated dimension i and with (sin, cos) dimension i + D/2. The
+        // unpacks leave the rotated row in bf16_acc_index order, in which the query rows are
+        // too (a dot product does not mind the order as long as both agree).
+        constexpr int HB = DB / 2;  // 32-element chunks per half
+        for (int j = 0; j < vc; ++j) {
+          const std::uint16_t* src = kraw + (j0 + j) * D;
+          std::uint16_t* dst = dst0 + j * D;
+          const std::uint32_t* tab = bh.krot + static_cast<std::size_t>(j0 + j) * DB * 32;
+          for (int cb = 0; cb < HB; ++cb) {
+            const __m512i a = _mm512_loadu_si512(src + 32 * cb);
+            const __m512i b = _mm512_loadu_si512(src + 32 * (cb + HB));
+            const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(a, b));
+            const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(a, b));
+            const auto t = [&](int u, int which) {
+              return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(tab + (2 * u + which) * 16));
+            };
+            const vf16 r1lo = _mm512_dpbf16_ps(vf16{}, lo, t(2 * cb, 0));
+            const vf16 r1hi = _mm512_dpbf16_ps(vf16{}, hi, t(2 * cb + 1, 0));
+            const vf16 r2lo = _mm512_dpbf16_ps(vf16{}, lo, t(2 * cb, 1));
+            const vf16 r2hi = _mm512_dpbf16_ps(vf16{}, hi, t(2 * cb + 1, 1));
+            store_pair(dst + 32 * cb, r1lo, r1hi);
+            store_pair(dst + 32 * (cb + HB), r2lo, r2hi);
           }
         }
+        kb = dst0;  // rows >= vc hold stale data; their scores are masked below
+      } else {
+        // Rotate the visible keys in fp32 and round them back to bf16.
+        const bool fused = bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
+        for (int j = 0; j < vc; ++j) {
+          const std::uint16_t* src = kraw + (j0 + j) * D;
+          std::uint16_t* dst = dst0 + j * D;
+          const float* cs = w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
+          const float* sn = w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
+          if (fused) {
+            for (int c = 0; c < DC / 2; c += 2) {  // chunks c, c+1 and their partners
+              vf16 x1a, x1b, x2a, x2b;
+              load_bf16(x1a, src + 16 * c);
+              load_bf16(x1b, src + 16 * (c + 1));
+              load_bf16(x2a, src + 16 * (c + DC / 2));
+              load_bf16(x2b, src + 16 * (c + 1 + DC / 2));
+              const vf16 Ca = RELOKV_VLOAD(cs + 16 * c), Sa = RELOKV_VLOAD(sn + 16 * c);
+              const vf16 Cb = RELOKV_VLOAD(cs + 16 * (c + 1)), Sb = RELOKV_VLOAD(sn + 16 * (c + 1));
+              store_pair(dst + 16 * c, x1a * Ca - x2a * Sa, x1b * Cb - x2b * Sb);
+              store_pair(dst + 16 * (c + DC / 2), x1a * Sa + x2a * Ca, x1b * Sb + x2b * Cb);
+            }
+          } else {
+            float* row = w.kbuf.data();
+            for (int c = 0; c < DC; ++c) {
+              vf16 x;
+              load_bf16(x, src + 16 * c);
+              RELOKV_VSTORE(row + 16 * c, x);
+            }
+            rotate_inplace(row, bh.layout, bh.pairs, cs, sn);
+            for (int c = 0; c < DC; c += 2) {
+              const vf16 lo = RELOKV_VLOAD(row + 16 * c), hi = RELOKV_VLOAD(row + 16 * (c + 1));
+              store_pair(dst + 16 * c, lo, hi);
+            }
+          }
+        }
+        kb = dst0;
       }
-      kb = dst0;  // rows >= vc hold stale data; their scores are masked below
     }
     // Values of slots t and t+1 interleaved per dimension (bf16_acc_index order); a missing
     // partner slot is zero so that garbage in unused slots never meets a zero weight.
@@ -452,6 +492,70 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
       for (int c = 0; c < DC; ++c) RELOKV_VSTORE(acc + 16 * c, a[c]);
     }
   }
+}
+
+/// Pair index held by lane l of pair vector u in the bf16 key rotation: vector 2 cb + h comes
+/// from the low (h = 0) or high (h = 1) 16-bit unpack of chunk cb of the head's first half
+/// with its partner chunk of the second half.
+constexpr int rot_pair_index(int u, int l) {
+  return 32 * (u / 2) + 8 * (l / 4) + 4 * (u % 2) + l % 4;
+}
+
+/// dst[bf16_acc_index(i)] = src[i] for i < n (a multiple of 32), with two lane permutes per
+/// 32 elements.
+RELOKV_ALWAYS_INLINE inline void to_acc_order(int n, const float* src, float* dst) {
+  alignas(64) static constexpr std::int32_t lo[16] = {0,  1,  2,  3,  8,  9,  10, 11,
+                                                      16, 17, 18, 19, 24, 25, 26, 27};
+  alignas(64) static constexpr std::int32_t hi[16] = {4,  5,  6,  7,  12, 13, 14, 15,
+                                                      20, 21, 22, 23, 28, 29, 30, 31};
+  const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+  for (int c = 0; c < n; c += 32) {
+    const __m512 x0 = _mm512_loadu_ps(src + c), x1 = _mm512_loadu_ps(src + c + 16);
+    _mm512_storeu_ps(dst + c, _mm512_permutex2var_ps(x0, ilo, x1));
+    _mm512_storeu_ps(dst + c + 16, _mm512_permutex2var_ps(x0, ihi, x1));
+  }
+}
+
+/// The rotations R(j) of a block's slots j < bs (times the magnitude factor) as bf16_block_head
+/// reads them: for slot j and pair vector u, 16 lanes of (cos, -sin) then 16 lanes of (sin,
+/// cos), the first of each pair in the low half. jcos/jsin: [bs][pairs] unit rotations. Built
+/// once per call: at_attention's keys are rotated by their offset in the block, the query by
+/// the block's position (R(m) q . R(pos0 + j) k = R(m - pos0) q . R(j) k).
+inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float* jcos,
+                                      const float* jsin, std::uint32_t* out) {
+  using simd::vf16;
+  // Word l of C next to word l of S: (C_l, S_l) in dword l.
+  alignas(64) std::uint16_t idx[32];
+  for (int l = 0; l < 16; ++l) {
+    idx[2 * l] = static_cast<std::uint16_t>(l);
+    idx[2 * l + 1] = static_cast<std::uint16_t>(16 + l);
+  }
+  const __m512i interleave = _mm512_load_si512(idx);
+  const __m512i neg_hi = _mm512_set1_epi32(static_cast<std::int32_t>(0x80000000u));
+  const __m512i neg_lo = _mm512_set1_epi32(0x8000);
+  using u32x16 = std::uint32_t __attribute__((vector_size(64)));
+  for (int j = 0; j < bs; ++j)
+    for (int u = 0; u < pairs / 16; ++u) {
+      alignas(64) float c[16], sn[16];
+      for (int l = 0; l < 16; ++l) {
+        const std::size_t i = static_cast<std::size_t>(j * pairs + rot_pair_index(u, l));
+        c[l] = mag * jcos[i];
+        sn[l] = mag * jsin[i];
+      }
+      const __m512i cs = _mm512_permutexvar_epi16(
+          interleave,
+          __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(RELOKV_VLOAD(sn), RELOKV_VLOAD(c))));
+      const __m512i t1 = _mm512_xor_si512(cs, neg_hi);  // (C, -S)
+      // The two halves swapped, then the low one negated: (S, C). Vector shifts, as GCC 12
+      // warns on _mm512_rol_epi32.
+      const auto v1 = __builtin_bit_cast(u32x16, t1);
+      const __m512i t2 =
+          _mm512_xor_si512(__builtin_bit_cast(__m512i, (v1 << 16) | (v1 >> 16)), neg_lo);
+      std::uint32_t* dst = out + static_cast<std::size_t>(j) * 2 * static_cast<std::size_t>(pairs) +
+                           32 * static_cast<std::size_t>(u);
+      _mm512_storeu_si512(dst, t1);
+      _mm512_storeu_si512(dst + 16, t2);
+    }
 }
 #endif
 #endif
@@ -531,6 +635,10 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     w.vi16.resize(16 * hd);
   }
 
+  // at_attention on the bf16 path, NeoX over the whole head: keys rotated with VDPBF16PS from
+  // bf16 (cos, sin) pairs, query rows in bf16_acc_index order (see bf16_block_head).
+  const bool rot_bf16 = P::kind == placement_kind::kAtAttention && bf16_dot &&
+                        layout == rope_layout::kNeoX && 2 * pairs == D;
   // Unit rotations R(j) of the slots of a block, for composing R(pos0 + j) = R(pos0) R(j).
   if constexpr (P::kind == placement_kind::kAtAttention) {
     w.jcos.resize(w.kcos.size());
@@ -539,24 +647,73 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       rope.angles(j, w.jcos.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
                   w.jsin.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
                   /*unit=*/true);
+#if RELOKV_HOST_BF16_DOT
+    if (rot_bf16) {
+      w.krot.resize(2 * w.kcos.size());
+      build_slot_rotations_bf16(bs, pairs, mag, w.jcos.data(), w.jsin.data(), w.krot.data());
+    }
+#endif
   }
 
   // Queries times the softmax scale (once, not per block), rotated at their positions for the
   // placements whose keys carry absolute rotations.
   for (std::size_t i = 0; i < nqs * hq * hd; ++i) w.qrot[i] = q[i] * scale;
-  if constexpr (P::kind != placement_kind::kBlockRelative) {
+  if (P::kind != placement_kind::kBlockRelative && !rot_bf16) {
     for (std::size_t i = 0; i < nqs; ++i) {
       rope.angles(m[i], w.cs.data(), w.sn.data());
       for (std::size_t h = 0; h < hq; ++h)
         rotate_inplace(w.qrot.data() + (i * hq + h) * hd, layout, pairs, w.cs.data(), w.sn.data());
     }
   }
+#if RELOKV_HOST_BF16_DOT
+  if (rot_bf16) {
+    for (std::size_t r = 0; r < nqs * hq; ++r) {
+      float* row = w.qrot.data() + r * hd;
+      std::copy(row, row + hd, w.kbuf.begin());
+      to_acc_order(D, w.kbuf.data(), row);
+    }
+  }
+#endif
   const pos_t m_max = *std::max_element(m, m + nq);
+
+  // R(m - pos0) for the placements that rotate the query per block, into w.cs/w.sn. Decode
+  // walks blocks that usually follow each other: then R(m - pos0 - bs) = R(m - pos0) R(-bs) is
+  // composed in fp32 instead of read from the table (a cache miss per block), re-read every
+  // kChain blocks so that the error stays within a few ulp.
+  constexpr int kChain = 8;
+  int chain = kChain;
+  pos_t chain_pos0 = 0;
+  if (P::kind == placement_kind::kBlockRelative || rot_bf16) {
+    w.stepc.resize(static_cast<std::size_t>(pairs));
+    w.steps.resize(static_cast<std::size_t>(pairs));
+    rope.angles(bs, w.stepc.data(), w.steps.data(), /*unit=*/true);
+  }
+  const auto query_angles = [&](std::int32_t bi, pos_t pos0, pos_t mq) {
+    if (nq == 1 && chain < kChain && std::int64_t{pos0} - chain_pos0 == bs) {
+      float* RELOKV_RESTRICT c = w.cs.data();
+      float* RELOKV_RESTRICT sn = w.sn.data();
+      const float* RELOKV_RESTRICT cb = w.stepc.data();
+      const float* RELOKV_RESTRICT sb = w.steps.data();
+      for (int i = 0; i < pairs; ++i) {
+        const float ci = c[i], si = sn[i];
+        c[i] = ci * cb[i] + si * sb[i];
+        sn[i] = si * cb[i] - ci * sb[i];
+      }
+      ++chain;
+    } else {
+      rope.angles(std::int64_t{mq} - pos0, w.cs.data(), w.sn.data());
+      chain = 0;
+    }
+    chain_pos0 = pos0;
+    if (nq == 1 && bi + 1 < num_blocks &&
+        (chain + 1 >= kChain || std::int64_t{blocks[bi + 1].pos0} - pos0 != bs))
+      rope.prefetch(std::int64_t{mq} - blocks[bi + 1].pos0);
+  };
 
   for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
     const block_entry e = blocks[bi];
     if (e.pos0 > m_max || e.len <= 0) continue;
-    if constexpr (P::kind == placement_kind::kAtAttention) {
+    if (P::kind == placement_kind::kAtAttention && !rot_bf16) {
       // R(pos0 + j) = R(pos0) R(j): one table row per block, composed per slot, shared by all
       // KV heads and queries.
       const int rows =
@@ -590,8 +747,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       if constexpr (P::kind == placement_kind::kBlockRelative) {
         // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k): one rotation per block. The
         // fast path rotates each query chunk as it loads it; otherwise rotate a copy here.
-        rope.angles(std::int64_t{mq} - e.pos0, w.cs.data(), w.sn.data());
-        if (nq == 1 && bi + 1 < num_blocks) rope.prefetch(std::int64_t{mq} - blocks[bi + 1].pos0);
+        query_angles(bi, e.pos0, mq);
         if (fused_q && layout == rope_layout::kNeoX) {  // the pair rows as they are
           qcos = w.cs.data();
           qsin = w.sn.data();
@@ -605,6 +761,16 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
             rotate_inplace(w.qblock.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
           qsrc = w.qblock.data();
         }
+      } else if (rot_bf16) {
+#if RELOKV_HOST_BF16_DOT
+        // The same per-block query rotation, its pair rows in the query's bf16_acc_index order
+        // (which keeps pair (i, i + D/2) at positions (p, p + D/2), p < D/2).
+        query_angles(bi, e.pos0, mq);
+        to_acc_order(pairs, w.cs.data(), w.qcos.data());
+        to_acc_order(pairs, w.sn.data(), w.qsin.data());
+        qcos = w.qcos.data();
+        qsin = w.qsin.data();
+#endif
       }
       for (int h = h_begin; h < h_end; ++h) {
         // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles
@@ -615,6 +781,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
         bh.acc = w.acc.data() + qoff * hd;
         bh.mx = w.mx.data() + qoff;
         bh.sum = w.sum.data() + qoff;
+        if (rot_bf16) bh.krot = w.krot.data();
 #if RELOKV_HOST_BF16_DOT
         if constexpr (is_bf16) {
           if (bf16_dot) {

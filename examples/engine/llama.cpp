@@ -4,8 +4,12 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <exception>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -17,13 +21,107 @@
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/rope/pre_rotated.hpp>
 
+// OpenBLAS's thread control, when the BLAS is OpenBLAS (weak: other BLAS libraries link too).
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
 namespace relokv_engine {
 namespace {
 
-/// Y[n][out] = X[n][in] * W[out][in]^T
+/// The engine's two lanes of work: the calling thread and one persistent helper, which the
+/// GEMMs and the prefill attention split their work between. BLAS runs single-threaded inside
+/// each lane: with OpenBLAS's own pool, its idle worker spun in sched_yield whenever the engine
+/// ran anything else, and a quarter of a prefill's CPU time went to the scheduler.
+class lanes {
+ public:
+  /// The process-wide pair (engines run one forward pass at a time per thread that calls them;
+  /// concurrent callers take turns).
+  static lanes& get() {
+    static lanes* const l = new lanes;  // never destroyed: the helper may outlive main's statics
+    return *l;
+  }
+
+  /// f(0) on the calling thread and f(1) on the helper (both on the caller without a second
+  /// core); returns when both are done and rethrows the first exception.
+  void run(const std::function<void(int)>& f) {
+    if (!two_) {
+      f(0);
+      f(1);
+      return;
+    }
+    std::lock_guard<std::mutex> turn(turn_);
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      task_ = &f;
+      error_ = nullptr;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_one();
+    std::exception_ptr mine;
+    try {
+      f(0);
+    } catch (...) {
+      mine = std::current_exception();
+    }
+    const unsigned want = gen_.load(std::memory_order_relaxed);
+    for (int spin = 0; done_.load(std::memory_order_acquire) != want; ++spin)
+      spin < (1 << 16) ? relax() : std::this_thread::yield();
+    if (mine) std::rethrow_exception(mine);
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  bool two() const { return two_; }
+
+ private:
+  static void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+
+  lanes() : two_(std::thread::hardware_concurrency() >= 2) {
+    if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
+    if (two_) std::thread([this] { loop(); }).detach();
+  }
+
+  void loop() {
+    unsigned seen = 0;
+    for (;;) {
+      // Spin briefly (the next GEMM usually follows within microseconds), then sleep.
+      for (int spin = 0; spin < (1 << 16) && gen_.load(std::memory_order_acquire) == seen; ++spin)
+        relax();
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
+      }
+      seen = gen_.load(std::memory_order_acquire);
+      try {
+        (*task_)(1);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      done_.store(seen, std::memory_order_release);
+    }
+  }
+
+  const bool two_;
+  std::mutex turn_, m_;
+  std::condition_variable cv_;
+  std::atomic<unsigned> gen_{0}, done_{0};
+  const std::function<void(int)>* task_ = nullptr;
+  std::exception_ptr error_;
+};
+
+/// Y[n][out] = X[n][in] * W[out][in]^T, the output features split between the two lanes.
 void matmul(const float* x, int n, int in, const std::vector<float>& w, int out, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w.data(), in, 0.0f,
-              y, out);
+  const int mid = std::min(out, (out / 2 + 15) / 16 * 16);
+  lanes::get().run([&](int lane) {
+    const int o0 = lane == 0 ? 0 : mid, o1 = lane == 0 ? mid : out;
+    if (o1 > o0)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
+                  w.data() + static_cast<std::size_t>(o0) * in, in, 0.0f, y + o0, out);
+  });
 }
 
 void rmsnorm(const float* x, const std::vector<float>& w, int dim, float eps, float* out) {
@@ -67,23 +165,22 @@ struct kv_map {
   }
 };
 
-/// Prefill attention of n queries on two threads when there are enough of them: the queries
+/// Prefill attention of n queries on the two lanes when there are enough of them: the queries
 /// are independent, so the set is cut where the causal work (each query's visible positions)
-/// is halved and the second part runs on a helper thread. The GEMMs already use every core
-/// (OpenBLAS); without this, attention was the serial third of a short prefill's time.
+/// is halved.
 template <class P>
 void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const float> kv,
                relokv::block_table_view view, const float* q, const std::int32_t* pos, int n,
                int num_q_heads, float scale, float* out) {
   const auto call = [&](int begin, int end) {
+    if (end <= begin) return;
     const std::int32_t qind[2] = {0, end - begin};
     const std::size_t row = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
     relokv::prefill_attention<P>(rope, kv, view, q + static_cast<std::size_t>(begin) * row,
                                  pos + begin, qind, num_q_heads, scale,
                                  out + static_cast<std::size_t>(begin) * row);
   };
-  static const bool two_cores = std::thread::hardware_concurrency() >= 2;
-  if (n < 64 || !two_cores) {
+  if (n < 64 || !lanes::get().two()) {
     call(0, n);
     return;
   }
@@ -91,22 +188,7 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const float
   for (int i = 0; i < n; ++i) total += double(pos[i]) + 1;
   int cut = 0;
   for (double acc = 0; cut < n && acc < total / 2; ++cut) acc += double(pos[cut]) + 1;
-  std::exception_ptr failure;
-  std::thread helper([&] {
-    try {
-      call(cut, n);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  });
-  try {
-    call(0, cut);
-  } catch (...) {
-    helper.join();
-    throw;
-  }
-  helper.join();
-  if (failure) std::rethrow_exception(failure);
+  lanes::get().run([&](int lane) { lane == 0 ? call(0, cut) : call(cut, n); });
 }
 
 struct layer_workspace {

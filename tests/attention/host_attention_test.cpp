@@ -221,6 +221,50 @@ TEMPLATE_TEST_CASE("attention: scattered prefill queries agree with brute force"
   }
 }
 
+TEMPLATE_TEST_CASE("attention: prefill on the fast paths agrees with brute force", "[attention]",
+                   relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
+  // 20 queries (two groups of 16) at scattered positions over blocks with padding, GQA, head
+  // dims 64 and 128, block sizes 16 and 32, every dtype; unused slots hold NaN.
+  const auto run = [](auto zero, int head_dim, int block_size) {
+    using T = decltype(zero);
+    std::mt19937 rng(23);
+    const auto cfg = config(relokv::rope_layout::kNeoX, head_dim);
+    const relokv::rope_table rope(cfg, 512);
+    relokv::host_kv_storage<T> st(relokv::kv_shape{1, 6, 2, block_size, head_dim});
+    for (std::size_t i = 0; i < st.shape().total_elems(); ++i)
+      st.data()[i] = relokv::from_f32<T>(std::numeric_limits<float>::quiet_NaN());
+    std::vector<oracle::key_token> keys;
+    std::vector<block_entry> entries;
+    const int end = block_size == 16
+                        ? back_to_back<TestType>(rope, st, {16, 9, 16, 13, 16}, rng, keys, entries)
+                        : back_to_back<TestType>(rope, st, {32, 21, 32}, rng, keys, entries);
+    std::vector<relokv::pos_t> qpos;
+    for (int t = 0; t < 20; ++t) qpos.push_back((t * 37 + 5) % end);
+    const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(entries.size())};
+    const std::int32_t qind[2] = {0, 20};
+    const auto q = randn(20 * 6 * static_cast<std::size_t>(head_dim), rng);
+    std::vector<float> out(q.size());
+    relokv::prefill_attention<TestType>(rope, relokv::paged_kv_view<const T>(st.layer(0)),
+                                        {entries.data(), indptr, 1}, q.data(), qpos.data(), qind, 6,
+                                        0.1f, out.data());
+    const auto row = static_cast<std::size_t>(6 * head_dim);
+    for (std::size_t t = 0; t < qpos.size(); ++t) {
+      const std::vector<float> qs(q.begin() + static_cast<std::ptrdiff_t>(t * row),
+                                  q.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
+      const std::vector<float> got(out.begin() + static_cast<std::ptrdiff_t>(t * row),
+                                   out.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
+      INFO("head_dim " << head_dim << " block " << block_size << " query at " << qpos[t]);
+      CHECK(max_err<T>(got, oracle::attend(cfg, keys, qs, qpos[t], 6, 2, 0.1)) < tolerance<T>());
+    }
+  };
+  for (int head_dim : {64, 128})
+    for (int block_size : {16, 32}) {
+      run(float{}, head_dim, block_size);
+      run(relokv::bf16{}, head_dim, block_size);
+      run(relokv::fp16{}, head_dim, block_size);
+    }
+}
+
 TEMPLATE_TEST_CASE("attention: garbage in unused slots never reaches the output", "[attention]",
                    relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
   // Slots past a block's len hold whatever was there (here NaN); head_dim 128 and odd lens

@@ -79,12 +79,23 @@ inline void to_float_row(const T* RELOKV_RESTRICT src, float* RELOKV_RESTRICT ds
   for (int d = 0; d < n; ++d) dst[d] = to_f32(src[d]);
 }
 
+/// One prefill row: a query head of one query, with its online-softmax state.
+struct group_row {
+  const float* q;  ///< [head_dim], scaled and rotated as the placement needs
+  float* acc;      ///< [head_dim]
+  float* mx;
+  float* sum;
+  int valid;  ///< visible slots of the block (>= 1)
+};
+
 /// Per-thread scratch, grown on demand and reused.
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
       qcos, qsin, jcos, jsin, stepc, steps;
-  std::vector<std::uint16_t> kb16, vi16;  ///< bf16 rows: rotated keys, slot-interleaved values
-  std::vector<std::uint32_t> krot;        ///< bf16 slot rotations R(j) (build_slot_rotations_bf16)
+  std::vector<std::uint16_t> kb16, vi16;   ///< bf16 rows: rotated keys, slot-interleaved values
+  std::vector<std::uint32_t> krot;         ///< bf16 slot rotations R(j) (build_slot_rotations_bf16)
+  std::vector<float> ktile;                ///< 16 keys transposed ([head_dim][16])
+  std::vector<group_row> rows, live_rows;  ///< prefill rows of a block-head
 };
 inline attention_scratch& scratch() {
   thread_local attention_scratch s;
@@ -234,6 +245,97 @@ RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const flo
   }
 }
 
+/// Keys j0 .. j0 + 15 of a block-head as fp32 rows of 16 * DC (in place for fp32 storage
+/// that needs no rotation, else converted and/or rotated into w.kbuf). Rows from vc on may hold
+/// anything: the kernels mask their scores.
+template <int DC, class P, class T>
+RELOKV_ALWAYS_INLINE inline const float* key_rows(const block_head_t<T>& bh, int j0, int vc,
+                                                  attention_scratch& w) {
+  using namespace simd;
+  constexpr int D = 16 * DC;
+  using U = std::remove_const_t<T>;
+  constexpr bool is_f32 = std::is_same_v<U, float>;
+  constexpr bool is_bf16 = std::is_same_v<U, bf16>;
+  constexpr bool rotate_keys = P::kind == placement_kind::kAtAttention;
+  const float* kf;
+  if constexpr (is_f32 && !rotate_keys) {
+    kf = reinterpret_cast<const float*>(bh.kt) + j0 * D;
+  } else {
+    float* kb = w.kbuf.data();
+    // NeoX over the whole head (the common case): convert and rotate in one pass, pair
+    // chunks c and c + DC/2 straight from the per-slot cos/sin rows.
+    const bool fused_rotate = rotate_keys && !std::is_same_v<U, fp16> &&
+                              bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
+    for (int j = 0; j < 16 && fused_rotate; ++j) {
+      if (j >= vc) break;  // masked slots: never read past the transpose-sum's lane mask
+      const U* src = bh.kt + (j0 + j) * D;
+      float* dst = kb + j * D;
+      const float* cs = w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
+      const float* sn = w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
+      for (int c = 0; c < DC / 2; ++c) {
+        vf16 x1, x2;
+        if constexpr (is_bf16) {
+          load_bf16(x1, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
+          load_bf16(x2, reinterpret_cast<const std::uint16_t*>(src) + 16 * (c + DC / 2));
+        } else {
+          x1 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * c);
+          x2 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * (c + DC / 2));
+        }
+        const vf16 C = RELOKV_VLOAD(cs + 16 * c), S = RELOKV_VLOAD(sn + 16 * c);
+        RELOKV_VSTORE(dst + 16 * c, x1 * C - x2 * S);
+        RELOKV_VSTORE(dst + 16 * (c + DC / 2), x1 * S + x2 * C);
+      }
+    }
+    for (int j = 0; j < 16 && !fused_rotate; ++j) {
+      const U* src = bh.kt + (j0 + j) * D;
+      float* dst = kb + j * D;
+      if constexpr (is_bf16) {
+        for (int c = 0; c < DC; ++c) {
+          vf16 x;
+          load_bf16(x, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
+          RELOKV_VSTORE(dst + 16 * c, x);
+        }
+      } else {
+        to_float_row(src, dst, D);
+      }
+      if (rotate_keys && j < vc)
+        rotate_inplace(dst, bh.layout, bh.pairs,
+                       w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs,
+                       w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs);
+    }
+    kf = kb;
+  }
+  return kf;
+}
+
+/// Values j0 .. j0 + vc - 1 of a block-head as fp32 rows (in place for fp32 storage).
+template <int DC, class T>
+RELOKV_ALWAYS_INLINE inline const float* value_rows(const block_head_t<T>& bh, int j0, int vc,
+                                                    attention_scratch& w) {
+  using namespace simd;
+  constexpr int D = 16 * DC;
+  using U = std::remove_const_t<T>;
+  constexpr bool is_f32 = std::is_same_v<U, float>;
+  constexpr bool is_bf16 = std::is_same_v<U, bf16>;
+  const float* vfp = nullptr;
+  if constexpr (is_f32) {
+    vfp = bh.vt + j0 * D;
+  } else if constexpr (is_bf16) {  // convert V once per block and head, not once per query head
+    const auto* vs = reinterpret_cast<const std::uint16_t*>(bh.vt) + j0 * D;
+    for (int j = 0; j < vc; ++j)
+      for (int c = 0; c < DC; ++c) {
+        vf16 x;
+        load_bf16(x, vs + j * D + 16 * c);
+        RELOKV_VSTORE(w.vbuf.data() + j * D + 16 * c, x);
+      }
+    vfp = w.vbuf.data();
+  } else if constexpr (!is_f32) {
+    for (int j = 0; j < vc; ++j) to_float_row(bh.vt + (j0 + j) * D, w.vbuf.data() + j * D, D);
+    vfp = w.vbuf.data();
+  }
+  return vfp;
+}
+
 /// The same as portable_block_head for head_dim = 16 * DC and block sizes that are multiples
 /// of 16: keys in chunks of 16, query heads' chunks held in registers, scores reduced with a
 /// transpose-sum, one vector exp per chunk, and V accumulated chunk-wise in registers.
@@ -241,75 +343,11 @@ template <int DC, class P, class T>
 void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   using namespace simd;
   constexpr int D = 16 * DC;
-  using U = std::remove_const_t<T>;
-  constexpr bool is_f32 = std::is_same_v<U, float>;
-  constexpr bool is_bf16 = std::is_same_v<U, bf16>;
-  constexpr bool rotate_keys = P::kind == placement_kind::kAtAttention;
+  constexpr bool is_f32 = std::is_same_v<std::remove_const_t<T>, float>;
   for (int j0 = 0; j0 < bh.valid; j0 += 16) {
     const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
-    // Keys of this chunk as fp32 rows (converted and/or rotated in scratch when needed).
-    const float* kf;
-    if constexpr (is_f32 && !rotate_keys) {
-      kf = reinterpret_cast<const float*>(bh.kt) + j0 * D;
-    } else {
-      float* kb = w.kbuf.data();
-      // NeoX over the whole head (the common case): convert and rotate in one pass, pair
-      // chunks c and c + DC/2 straight from the per-slot cos/sin rows.
-      const bool fused_rotate = rotate_keys && !std::is_same_v<U, fp16> &&
-                                bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
-      for (int j = 0; j < 16 && fused_rotate; ++j) {
-        if (j >= vc) break;  // masked slots: never read past the transpose-sum's lane mask
-        const U* src = bh.kt + (j0 + j) * D;
-        float* dst = kb + j * D;
-        const float* cs = w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
-        const float* sn = w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
-        for (int c = 0; c < DC / 2; ++c) {
-          vf16 x1, x2;
-          if constexpr (is_bf16) {
-            load_bf16(x1, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
-            load_bf16(x2, reinterpret_cast<const std::uint16_t*>(src) + 16 * (c + DC / 2));
-          } else {
-            x1 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * c);
-            x2 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * (c + DC / 2));
-          }
-          const vf16 C = RELOKV_VLOAD(cs + 16 * c), S = RELOKV_VLOAD(sn + 16 * c);
-          RELOKV_VSTORE(dst + 16 * c, x1 * C - x2 * S);
-          RELOKV_VSTORE(dst + 16 * (c + DC / 2), x1 * S + x2 * C);
-        }
-      }
-      for (int j = 0; j < 16 && !fused_rotate; ++j) {
-        const U* src = bh.kt + (j0 + j) * D;
-        float* dst = kb + j * D;
-        if constexpr (is_bf16) {
-          for (int c = 0; c < DC; ++c) {
-            vf16 x;
-            load_bf16(x, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
-            RELOKV_VSTORE(dst + 16 * c, x);
-          }
-        } else {
-          to_float_row(src, dst, D);
-        }
-        if (rotate_keys && j < vc)
-          rotate_inplace(dst, bh.layout, bh.pairs,
-                         w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs,
-                         w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs);
-      }
-      kf = kb;
-    }
-    const float* vfp = nullptr;
-    if constexpr (is_bf16) {  // convert V once per block and head, not once per query head
-      const auto* vs = reinterpret_cast<const std::uint16_t*>(bh.vt) + j0 * D;
-      for (int j = 0; j < vc; ++j)
-        for (int c = 0; c < DC; ++c) {
-          vf16 x;
-          load_bf16(x, vs + j * D + 16 * c);
-          RELOKV_VSTORE(w.vbuf.data() + j * D + 16 * c, x);
-        }
-      vfp = w.vbuf.data();
-    } else if constexpr (!is_f32) {
-      for (int j = 0; j < vc; ++j) to_float_row(bh.vt + (j0 + j) * D, w.vbuf.data() + j * D, D);
-      vfp = w.vbuf.data();
-    }
+    const float* kf = key_rows<DC, P>(bh, j0, vc, w);
+    const float* vfp = value_rows<DC>(bh, j0, vc, w);
     for (int g = 0; g < bh.G; ++g) {
       const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
       const float* qg = bh.qsrc + qh * D;
@@ -344,6 +382,110 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
     }
   }
 }
+/// In-place transpose of 16 rows of 16 lanes: four levels that each swap one bit of the row
+/// index with the same bit of the lane index (the shuffles of transpose_sum).
+RELOKV_ALWAYS_INLINE inline void transpose16(simd::vf16 (&r)[16]) {
+  using simd::vf16;
+  for (int i = 0; i < 16; i += 2) {
+    const vf16 a = r[i], b = r[i + 1];
+    r[i] = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    r[i + 1] =
+        __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  }
+  for (int i = 0; i < 16; ++i) {
+    if (i & 2) continue;
+    const vf16 a = r[i], b = r[i + 2];
+    r[i] = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    r[i + 2] =
+        __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  }
+  for (int i = 0; i < 16; ++i) {
+    if (i & 4) continue;
+    const vf16 a = r[i], b = r[i + 4];
+    r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    r[i + 4] =
+        __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 8; ++i) {
+    const vf16 a = r[i], b = r[i + 8];
+    r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    r[i + 8] =
+        __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+}
+
+/// R rows against one chunk of 16 keys: kt holds the keys transposed ([head_dim][16], so that
+/// a row's 16 scores are one vector of FMAs without a horizontal sum), vf the values' rows.
+/// Each row's arithmetic is the same whatever R and its neighbours are, so results do not
+/// depend on how queries are grouped.
+template <int DC, int R>
+RELOKV_ALWAYS_INLINE inline void group_rows(const float* kt, const float* vf, const group_row* rows,
+                                            int j0) {
+  using namespace simd;
+  constexpr int D = 16 * DC;
+  vf16 s0[R], s1[R];  // even and odd dimensions: two FMA chains per row
+  for (int r = 0; r < R; ++r) s0[r] = s1[r] = vf16{};
+  for (int d = 0; d < D; d += 2) {
+    const vf16 k0 = RELOKV_VLOAD(kt + 16 * d), k1 = RELOKV_VLOAD(kt + 16 * (d + 1));
+    for (int r = 0; r < R; ++r) {
+      s0[r] += k0 * rows[r].q[d];
+      s1[r] += k1 * rows[r].q[d + 1];
+    }
+  }
+  alignas(64) float p[R][16];
+  float corr[R];
+  int vmax = 0;
+  for (int r = 0; r < R; ++r) {
+    const int vc = rows[r].valid - j0 < 16 ? rows[r].valid - j0 : 16;
+    vmax = vc > vmax ? vc : vmax;
+    vf16 x = s0[r] + s1[r];
+    corr[r] = softmax_step(x, vc, *rows[r].mx);
+    RELOKV_VSTORE(p[r], x);
+    *rows[r].sum = *rows[r].sum * corr[r] + simd::sum(x);
+  }
+  vf16 a[R][DC];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < DC; ++c) a[r][c] = RELOKV_VLOAD(rows[r].acc + 16 * c) * corr[r];
+  // Slots up to the longest row's limit hold real values; a shorter row's weight there is 0.
+  for (int j = 0; j < vmax; ++j)
+    for (int c = 0; c < DC; ++c) {
+      const vf16 v = RELOKV_VLOAD(vf + j * D + 16 * c);
+      for (int r = 0; r < R; ++r) a[r][c] += v * p[r][j];
+    }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < DC; ++c) RELOKV_VSTORE(rows[r].acc + 16 * c, a[r][c]);
+}
+
+/// Prefill over one block-head: every row of `rows` (all query heads of the head's group for
+/// the queries that see the block) against each chunk of 16 keys, the keys transposed once per
+/// chunk and shared by all rows. bh gives the block-head (its valid is the longest row's).
+template <int DC, class P, class T>
+void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, attention_scratch& w) {
+  using namespace simd;
+  constexpr int D = 16 * DC;
+  constexpr int R = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;  // R * DC accumulators in registers
+  float* kt = w.ktile.data();
+  for (int j0 = 0; j0 < bh.valid; j0 += 16) {
+    const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
+    const float* kf = key_rows<DC, P>(bh, j0, vc, w);
+    const float* vf = value_rows<DC>(bh, j0, vc, w);
+    for (int c = 0; c < DC; ++c) {
+      vf16 t[16];
+      for (int j = 0; j < 16; ++j) t[j] = RELOKV_VLOAD(kf + j * D + 16 * c);
+      transpose16(t);
+      for (int d = 0; d < 16; ++d) RELOKV_VSTORE(kt + 16 * (16 * c + d), t[d]);
+    }
+    // Rows that see this chunk (they are ordered by nothing; compact them first).
+    int n = 0;
+    for (int i = 0; i < nrows; ++i)
+      if (rows[i].valid > j0) w.live_rows[static_cast<std::size_t>(n++)] = rows[i];
+    const group_row* live = w.live_rows.data();
+    int i = 0;
+    for (; i + R <= n; i += R) group_rows<DC, R>(kt, vf, live + i, j0);
+    for (; i < n; ++i) group_rows<DC, 1>(kt, vf, live + i, j0);
+  }
+}
+
 #if RELOKV_HOST_BF16_DOT
 /// Accumulator layout of bf16_block_head. P.V pairs two slots per fp32 lane: VDPBF16PS adds
 /// a[2i] b[2i] + a[2i+1] b[2i+1] into lane i, so the two slots' values of one dimension must be
@@ -597,7 +739,7 @@ inline void expand_rotation(rope_layout layout, int pairs, int D, const float* c
 template <class P, class T>
 void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
                   std::int32_t num_blocks, const float* q, const pos_t* m, int nq,
-                  std::int32_t num_q_heads, float scale, float* out, bool prefetch, int h_begin,
+                  std::int32_t num_q_heads, float scale, float* out, bool decode, int h_begin,
                   int h_end) {
   const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
   const int pairs = rope.pairs();
@@ -630,6 +772,14 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   // bf16 with VDPBF16PS: accumulators in bf16_acc_index order, restored at the end.
   constexpr bool is_bf16 = std::is_same_v<std::remove_const_t<T>, bf16>;
   const bool bf16_dot = RELOKV_HOST_BF16_DOT && is_bf16 && fast;
+  // Prefill on the fast path: all rows that see a block-head at once (group_block_head).
+  const bool grouped = !decode && fast && !bf16_dot;
+  if (grouped) {
+    w.qblock.resize(nqs * hq * hd);
+    w.ktile.resize(16 * hd);
+    w.rows.resize(nqs * hq);
+    w.live_rows.resize(nqs * hq);
+  }
   if (bf16_dot) {
     w.kb16.resize(16 * hd);
     w.vi16.resize(16 * hd);
@@ -734,6 +884,48 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
         }
       }
     }
+#if RELOKV_HOST_SIMD
+    if (grouped) {
+      const float* qsrc = w.qrot.data();
+      if constexpr (P::kind == placement_kind::kBlockRelative) {
+        // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k), per query and block.
+        for (int qi = 0; qi < nq; ++qi) {
+          if (e.pos0 > m[qi]) continue;
+          rope.angles(std::int64_t{m[qi]} - e.pos0, w.cs.data(), w.sn.data());
+          for (int qh = h_begin * G; qh < h_end * G; ++qh) {
+            const std::size_t at =
+                (static_cast<std::size_t>(qi) * hq + static_cast<std::size_t>(qh)) * hd;
+            std::copy(w.qrot.begin() + static_cast<std::ptrdiff_t>(at),
+                      w.qrot.begin() + static_cast<std::ptrdiff_t>(at + hd),
+                      w.qblock.begin() + static_cast<std::ptrdiff_t>(at));
+            rotate_inplace(w.qblock.data() + at, layout, pairs, w.cs.data(), w.sn.data());
+          }
+        }
+        qsrc = w.qblock.data();
+      }
+      for (int h = h_begin; h < h_end; ++h) {
+        int n = 0, vmax = 0;
+        for (int qi = 0; qi < nq; ++qi) {
+          if (e.pos0 > m[qi]) continue;
+          const int valid =
+              static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m[qi]} - e.pos0 + 1));
+          vmax = std::max(vmax, valid);
+          for (int g = 0; g < G; ++g) {
+            const std::size_t r =
+                static_cast<std::size_t>(qi) * hq + static_cast<std::size_t>(h * G + g);
+            w.rows[static_cast<std::size_t>(n++)] = {qsrc + r * hd, w.acc.data() + r * hd,
+                                                     w.mx.data() + r, w.sum.data() + r, valid};
+          }
+        }
+        if (n == 0) continue;
+        const block_head_t<T> bh{kv.k(e.block, h), kv.v(e.block, h), vmax, h, G, D, layout, pairs,
+                                 nullptr};
+        with_chunks(
+            D, [&](auto dc) { group_block_head<decltype(dc)::value, P>(bh, w.rows.data(), n, w); });
+      }
+      continue;
+    }
+#endif
     for (int qi = 0; qi < nq; ++qi) {
       const pos_t mq = m[qi];
       if (e.pos0 > mq) continue;
@@ -775,7 +967,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       for (int h = h_begin; h < h_end; ++h) {
         // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles
         // are separate runs that the hardware prefetcher would pick up late.
-        if (prefetch && qi == 0 && bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
+        if (decode && qi == 0 && bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
         block_head_t<T> bh{
             kv.k(e.block, h), kv.v(e.block, h), valid, h, G, D, layout, pairs, qsrc, qcos, qsin};
         bh.acc = w.acc.data() + qoff * hd;
@@ -851,7 +1043,7 @@ void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_t
   for (std::int32_t s = 0; s < table.num_seqs; ++s)
     detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
                             table.indptr[s + 1] - table.indptr[s], q + s * stride, q_pos + s, 1,
-                            num_q_heads, scale, out + s * stride, /*prefetch=*/true, heads.begin,
+                            num_q_heads, scale, out + s * stride, /*decode=*/true, heads.begin,
                             heads.end);
 }
 
@@ -877,7 +1069,7 @@ void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_
       const int n = static_cast<int>(std::min(kGroup, q_indptr[s + 1] - t));
       detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
                               table.indptr[s + 1] - table.indptr[s], q + t * stride, q_pos + t, n,
-                              num_q_heads, scale, out + t * stride, /*prefetch=*/false, heads.begin,
+                              num_q_heads, scale, out + t * stride, /*decode=*/false, heads.begin,
                               heads.end);
     }
 }

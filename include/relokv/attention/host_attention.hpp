@@ -128,6 +128,10 @@ struct block_head_t {
   /// its slot's R(j) from these bf16 pairs (build_slot_rotations_bf16), the query by
   /// R(m - pos0) through qcos/qsin, and qsrc, qcos and qsin are in bf16_acc_index order.
   const std::uint32_t* krot = nullptr;
+  /// When set (block_relative prefill, group_block_head): every key is rotated by this one
+  /// pair row, R(pos0), and the queries were rotated at their own positions.
+  const float* kc0 = nullptr;
+  const float* ks0 = nullptr;
 };
 
 template <class P, class T>
@@ -257,54 +261,58 @@ RELOKV_ALWAYS_INLINE inline const float* key_rows(const block_head_t<T>& bh, int
   constexpr bool is_f32 = std::is_same_v<U, float>;
   constexpr bool is_bf16 = std::is_same_v<U, bf16>;
   constexpr bool rotate_keys = P::kind == placement_kind::kAtAttention;
-  const float* kf;
+  // Per-slot rotations (at_attention) or one for the whole block (block_relative prefill).
+  const bool block_rot = P::kind == placement_kind::kBlockRelative && bh.kc0 != nullptr;
   if constexpr (is_f32 && !rotate_keys) {
-    kf = reinterpret_cast<const float*>(bh.kt) + j0 * D;
-  } else {
-    float* kb = w.kbuf.data();
-    // NeoX over the whole head (the common case): convert and rotate in one pass, pair
-    // chunks c and c + DC/2 straight from the per-slot cos/sin rows.
-    const bool fused_rotate = rotate_keys && !std::is_same_v<U, fp16> &&
-                              bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
-    for (int j = 0; j < 16 && fused_rotate; ++j) {
-      if (j >= vc) break;  // masked slots: never read past the transpose-sum's lane mask
-      const U* src = bh.kt + (j0 + j) * D;
-      float* dst = kb + j * D;
-      const float* cs = w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
-      const float* sn = w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs;
-      for (int c = 0; c < DC / 2; ++c) {
-        vf16 x1, x2;
-        if constexpr (is_bf16) {
-          load_bf16(x1, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
-          load_bf16(x2, reinterpret_cast<const std::uint16_t*>(src) + 16 * (c + DC / 2));
-        } else {
-          x1 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * c);
-          x2 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * (c + DC / 2));
-        }
-        const vf16 C = RELOKV_VLOAD(cs + 16 * c), S = RELOKV_VLOAD(sn + 16 * c);
-        RELOKV_VSTORE(dst + 16 * c, x1 * C - x2 * S);
-        RELOKV_VSTORE(dst + 16 * (c + DC / 2), x1 * S + x2 * C);
-      }
-    }
-    for (int j = 0; j < 16 && !fused_rotate; ++j) {
-      const U* src = bh.kt + (j0 + j) * D;
-      float* dst = kb + j * D;
-      if constexpr (is_bf16) {
-        for (int c = 0; c < DC; ++c) {
-          vf16 x;
-          load_bf16(x, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
-          RELOKV_VSTORE(dst + 16 * c, x);
-        }
-      } else {
-        to_float_row(src, dst, D);
-      }
-      if (rotate_keys && j < vc)
-        rotate_inplace(dst, bh.layout, bh.pairs,
-                       w.kcos.data() + static_cast<std::size_t>(j0 + j) * bh.pairs,
-                       w.ksin.data() + static_cast<std::size_t>(j0 + j) * bh.pairs);
-    }
-    kf = kb;
+    if (!block_rot) return reinterpret_cast<const float*>(bh.kt) + j0 * D;
   }
+  const bool rotate = rotate_keys || block_rot;
+  const float* cbase = block_rot ? bh.kc0 : w.kcos.data();
+  const float* sbase = block_rot ? bh.ks0 : w.ksin.data();
+  const auto row_of = [&](int j) {
+    return block_rot ? std::size_t{0} : static_cast<std::size_t>(j0 + j) * bh.pairs;
+  };
+  float* kb = w.kbuf.data();
+  // NeoX over the whole head (the common case): convert and rotate in one pass, pair chunks c
+  // and c + DC/2 straight from the cos/sin rows.
+  const bool fused_rotate =
+      rotate && !std::is_same_v<U, fp16> && bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
+  for (int j = 0; j < 16 && fused_rotate; ++j) {
+    if (j >= vc) break;  // masked slots: their scores never count
+    const U* src = bh.kt + (j0 + j) * D;
+    float* dst = kb + j * D;
+    const float* cs = cbase + row_of(j);
+    const float* sn = sbase + row_of(j);
+    for (int c = 0; c < DC / 2; ++c) {
+      vf16 x1, x2;
+      if constexpr (is_bf16) {
+        load_bf16(x1, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
+        load_bf16(x2, reinterpret_cast<const std::uint16_t*>(src) + 16 * (c + DC / 2));
+      } else {
+        x1 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * c);
+        x2 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * (c + DC / 2));
+      }
+      const vf16 C = RELOKV_VLOAD(cs + 16 * c), S = RELOKV_VLOAD(sn + 16 * c);
+      RELOKV_VSTORE(dst + 16 * c, x1 * C - x2 * S);
+      RELOKV_VSTORE(dst + 16 * (c + DC / 2), x1 * S + x2 * C);
+    }
+  }
+  for (int j = 0; j < 16 && !fused_rotate; ++j) {
+    const U* src = bh.kt + (j0 + j) * D;
+    float* dst = kb + j * D;
+    if constexpr (is_bf16) {
+      for (int c = 0; c < DC; ++c) {
+        vf16 x;
+        load_bf16(x, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
+        RELOKV_VSTORE(dst + 16 * c, x);
+      }
+    } else {
+      to_float_row(src, dst, D);
+    }
+    if (rotate && j < vc)
+      rotate_inplace(dst, bh.layout, bh.pairs, cbase + row_of(j), sbase + row_of(j));
+  }
+  const float* kf = kb;
   return kf;
 }
 
@@ -775,7 +783,6 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   // Prefill on the fast path: all rows that see a block-head at once (group_block_head).
   const bool grouped = !decode && fast && !bf16_dot;
   if (grouped) {
-    w.qblock.resize(nqs * hq * hd);
     w.ktile.resize(16 * hd);
     w.rows.resize(nqs * hq);
     w.live_rows.resize(nqs * hq);
@@ -808,7 +815,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   // Queries times the softmax scale (once, not per block), rotated at their positions for the
   // placements whose keys carry absolute rotations.
   for (std::size_t i = 0; i < nqs * hq * hd; ++i) w.qrot[i] = q[i] * scale;
-  if (P::kind != placement_kind::kBlockRelative && !rot_bf16) {
+  if ((P::kind != placement_kind::kBlockRelative || grouped) && !rot_bf16) {
     for (std::size_t i = 0; i < nqs; ++i) {
       rope.angles(m[i], w.cs.data(), w.sn.data());
       for (std::size_t h = 0; h < hq; ++h)
@@ -886,23 +893,12 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     }
 #if RELOKV_HOST_SIMD
     if (grouped) {
+      // block_relative: (R(m) q) . (R(pos0) R(j) k), the queries rotated once per call and each
+      // block's keys by R(pos0) as they are loaded: a block has fewer keys than a prefill
+      // group has query rows.
       const float* qsrc = w.qrot.data();
-      if constexpr (P::kind == placement_kind::kBlockRelative) {
-        // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k), per query and block.
-        for (int qi = 0; qi < nq; ++qi) {
-          if (e.pos0 > m[qi]) continue;
-          rope.angles(std::int64_t{m[qi]} - e.pos0, w.cs.data(), w.sn.data());
-          for (int qh = h_begin * G; qh < h_end * G; ++qh) {
-            const std::size_t at =
-                (static_cast<std::size_t>(qi) * hq + static_cast<std::size_t>(qh)) * hd;
-            std::copy(w.qrot.begin() + static_cast<std::ptrdiff_t>(at),
-                      w.qrot.begin() + static_cast<std::ptrdiff_t>(at + hd),
-                      w.qblock.begin() + static_cast<std::ptrdiff_t>(at));
-            rotate_inplace(w.qblock.data() + at, layout, pairs, w.cs.data(), w.sn.data());
-          }
-        }
-        qsrc = w.qblock.data();
-      }
+      if constexpr (P::kind == placement_kind::kBlockRelative)
+        rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
       for (int h = h_begin; h < h_end; ++h) {
         int n = 0, vmax = 0;
         for (int qi = 0; qi < nq; ++qi) {
@@ -918,8 +914,12 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
           }
         }
         if (n == 0) continue;
-        const block_head_t<T> bh{kv.k(e.block, h), kv.v(e.block, h), vmax, h, G, D, layout, pairs,
-                                 nullptr};
+        block_head_t<T> bh{kv.k(e.block, h), kv.v(e.block, h), vmax, h, G, D, layout, pairs,
+                           nullptr};
+        if constexpr (P::kind == placement_kind::kBlockRelative) {
+          bh.kc0 = w.c0.data();
+          bh.ks0 = w.s0.data();
+        }
         with_chunks(
             D, [&](auto dc) { group_block_head<decltype(dc)::value, P>(bh, w.rows.data(), n, w); });
       }

@@ -132,10 +132,41 @@ struct block_head_t {
   /// pair row, R(pos0), and the queries were rotated at their own positions.
   const float* kc0 = nullptr;
   const float* ks0 = nullptr;
+  /// Decode: a range to prefetch into L2 while this block-head computes (the next block's
+  /// share for this head), spread over the kernel's loop (prefetch_cursor).
+  const char* pf = nullptr;
+  std::int32_t pf_bytes = 0;
+};
+
+/// Issues the prefetches of a range a few lines at a time, one share per call of advance():
+/// a burst of 128 prefetches at the start of a block-head stalls on the fill buffers while the
+/// block's own loads wait behind it; spread over the kernel's loop, the next block streams in
+/// while this one computes (bf16 decode from DRAM: ~1000 -> ~460 ns per block and KV head).
+struct prefetch_cursor {
+  const char* p = nullptr;
+  const char* end = nullptr;
+  std::ptrdiff_t step = 0;
+  /// `shares` calls of advance() cover [pf, pf + bytes).
+  prefetch_cursor(const char* pf, std::int32_t bytes, int shares)
+      : p(pf),
+        end(pf == nullptr ? pf : pf + bytes),
+        step((bytes / (shares > 0 ? shares : 1) + 63) / 64 * 64) {}
+  RELOKV_ALWAYS_INLINE void advance() {
+#if defined(__GNUC__) || defined(__clang__)
+    const char* e = end - p < step ? end : p + step;
+    for (; p < e; p += 64) __builtin_prefetch(p, 0, 1);
+#endif
+  }
+  RELOKV_ALWAYS_INLINE void finish() {
+#if defined(__GNUC__) || defined(__clang__)
+    for (; p < end; p += 64) __builtin_prefetch(p, 0, 1);
+#endif
+  }
 };
 
 template <class P, class T>
 void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
+  prefetch_cursor(bh.pf, bh.pf_bytes, 1).finish();
   const T* kt = bh.kt;
   const T* vt = bh.vt;
   const int valid = bh.valid, h = bh.h, G = bh.G, D = bh.D, pairs = bh.pairs;
@@ -352,11 +383,13 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   using namespace simd;
   constexpr int D = 16 * DC;
   constexpr bool is_f32 = std::is_same_v<std::remove_const_t<T>, float>;
+  prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G);
   for (int j0 = 0; j0 < bh.valid; j0 += 16) {
     const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
     const float* kf = key_rows<DC, P>(bh, j0, vc, w);
     const float* vfp = value_rows<DC>(bh, j0, vc, w);
     for (int g = 0; g < bh.G; ++g) {
+      pf.advance();
       const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
       const float* qg = bh.qsrc + qh * D;
       vf16 qv[DC];
@@ -389,6 +422,7 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       for (int c = 0; c < DC; ++c) RELOKV_VSTORE(acc + 16 * c, a[c]);
     }
   }
+  pf.finish();
 }
 /// In-place transpose of 16 rows of 16 lanes: four levels that each swap one bit of the row
 /// index with the same bit of the lane index (the shuffles of transpose_sum).
@@ -522,6 +556,7 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
   const auto store_pair = [](std::uint16_t* dst, const vf16& lo, const vf16& hi) {
     _mm512_storeu_si512(dst, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
   };
+  prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G * 8);  // eight slot pairs per query head
   for (int j0 = 0; j0 < bh.valid; j0 += 16) {
     const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
     const std::uint16_t* kb = kraw + j0 * D;
@@ -632,6 +667,7 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
       vf16 a[DC];
       for (int c = 0; c < DC; ++c) a[c] = RELOKV_VLOAD(acc + 16 * c) * corr;
       for (int tp = 0; tp < npairs; ++tp) {
+        pf.advance();
         std::uint32_t pair;
         std::memcpy(&pair, pb + 2 * tp, sizeof pair);
         const __m512bh pp =
@@ -642,6 +678,7 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
       for (int c = 0; c < DC; ++c) RELOKV_VSTORE(acc + 16 * c, a[c]);
     }
   }
+  pf.finish();
 }
 
 /// Pair index held by lane l of pair vector u in the bf16 key rotation: vector 2 cb + h comes
@@ -709,20 +746,6 @@ inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float*
 }
 #endif
 #endif
-
-/// Software prefetch (into L2) of slice h of the num_kv_heads slices of a block's K and V.
-template <class T>
-inline void prefetch_slice(const paged_kv_view<const T>& kv, block_id block, int h) {
-#if defined(__GNUC__) || defined(__clang__)
-  const auto* base = reinterpret_cast<const char*>(kv.k(block, 0));
-  const std::size_t slice = 2 * static_cast<std::size_t>(kv.tile_elems()) * sizeof(T);
-  for (std::size_t off = slice * static_cast<std::size_t>(h);
-       off < slice * static_cast<std::size_t>(h + 1); off += 64)
-    __builtin_prefetch(base + off, 0, 1);
-#else
-  (void)kv, (void)block, (void)h;
-#endif
-}
 
 /// Per-element form of a rotation: x' = x * cosE + partner(x) * sinE (see block_head_t).
 inline void expand_rotation(rope_layout layout, int pairs, int D, const float* cs, const float* sn,
@@ -967,13 +990,19 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       for (int h = h_begin; h < h_end; ++h) {
         // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles
         // are separate runs that the hardware prefetcher would pick up late.
-        if (decode && qi == 0 && bi + 1 < num_blocks) prefetch_slice(kv, blocks[bi + 1].block, h);
         block_head_t<T> bh{
             kv.k(e.block, h), kv.v(e.block, h), valid, h, G, D, layout, pairs, qsrc, qcos, qsin};
         bh.acc = w.acc.data() + qoff * hd;
         bh.mx = w.mx.data() + qoff;
         bh.sum = w.sum.data() + qoff;
         if (rot_bf16) bh.krot = w.krot.data();
+        // Decode: the next block's share for this head streams in while this one computes.
+        if (decode && qi == 0 && bi + 1 < num_blocks) {
+          const std::size_t slice = 2 * static_cast<std::size_t>(kv.tile_elems()) * sizeof(T);
+          bh.pf = reinterpret_cast<const char*>(kv.k(blocks[bi + 1].block, 0)) +
+                  slice * static_cast<std::size_t>(h);
+          bh.pf_bytes = static_cast<std::int32_t>(slice);
+        }
 #if RELOKV_HOST_BF16_DOT
         if constexpr (is_bf16) {
           if (bf16_dot) {

@@ -565,26 +565,41 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
       if (bh.krot != nullptr) {
         // NeoX over the whole head, as bf16 products: dimension i and its partner i + D/2 are
         // paired in one fp32 lane by a 16-bit unpack, so that VDPBF16PS with the pair
-        // (cos, -sin) gives rotated dimension i and with (sin, cos) dimension i + D/2. The
+        // (cos, -sin) gives rotated dimension i, and with the key's pair swapped and one half
+        // negated, (y, -x), dimension i + D/2 (one table load serves both halves). The
         // unpacks leave the rotated row in bf16_acc_index order, in which the query rows are
         // too (a dot product does not mind the order as long as both agree).
         constexpr int HB = DB / 2;  // 32-element chunks per half
+        using u16x32 = std::uint16_t __attribute__((vector_size(64)));
+        const __m512i neg_hi = _mm512_set1_epi32(static_cast<std::int32_t>(0x80000000u));
         for (int j = 0; j < vc; ++j) {
           const std::uint16_t* src = kraw + (j0 + j) * D;
           std::uint16_t* dst = dst0 + j * D;
-          const std::uint32_t* tab = bh.krot + static_cast<std::size_t>(j0 + j) * DB * 32;
+          const std::uint32_t* tab = bh.krot + static_cast<std::size_t>(j0 + j) * DB * 16;
           for (int cb = 0; cb < HB; ++cb) {
             const __m512i a = _mm512_loadu_si512(src + 32 * cb);
             const __m512i b = _mm512_loadu_si512(src + 32 * (cb + HB));
-            const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(a, b));
-            const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(a, b));
-            const auto t = [&](int u, int which) {
-              return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(tab + (2 * u + which) * 16));
+            const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+            // (x, y) -> (y, -x) in each lane: with (cos, -sin) that gives y cos + x sin.
+            const auto swapneg = [&](__m512i x) {
+              const auto v = __builtin_bit_cast(u16x32, x);
+              return __builtin_bit_cast(
+                  __m512bh,
+                  _mm512_xor_si512(
+                      __builtin_bit_cast(__m512i, __builtin_shufflevector(
+                                                      v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10,
+                                                      13, 12, 15, 14, 17, 16, 19, 18, 21, 20, 23,
+                                                      22, 25, 24, 27, 26, 29, 28, 31, 30)),
+                      neg_hi));
             };
-            const vf16 r1lo = _mm512_dpbf16_ps(vf16{}, lo, t(2 * cb, 0));
-            const vf16 r1hi = _mm512_dpbf16_ps(vf16{}, hi, t(2 * cb + 1, 0));
-            const vf16 r2lo = _mm512_dpbf16_ps(vf16{}, lo, t(2 * cb, 1));
-            const vf16 r2hi = _mm512_dpbf16_ps(vf16{}, hi, t(2 * cb + 1, 1));
+            const auto t = [&](int u) {
+              return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(tab + u * 16));
+            };
+            const auto tlo = t(2 * cb), thi = t(2 * cb + 1);
+            const vf16 r1lo = _mm512_dpbf16_ps(vf16{}, __builtin_bit_cast(__m512bh, lo), tlo);
+            const vf16 r1hi = _mm512_dpbf16_ps(vf16{}, __builtin_bit_cast(__m512bh, hi), thi);
+            const vf16 r2lo = _mm512_dpbf16_ps(vf16{}, swapneg(lo), tlo);
+            const vf16 r2hi = _mm512_dpbf16_ps(vf16{}, swapneg(hi), thi);
             store_pair(dst + 32 * cb, r1lo, r1hi);
             store_pair(dst + 32 * (cb + HB), r2lo, r2hi);
           }
@@ -704,8 +719,9 @@ RELOKV_ALWAYS_INLINE inline void to_acc_order(int n, const float* src, float* ds
 }
 
 /// The rotations R(j) of a block's slots j < bs (times the magnitude factor) as bf16_block_head
-/// reads them: for slot j and pair vector u, 16 lanes of (cos, -sin) then 16 lanes of (sin,
-/// cos), the first of each pair in the low half. jcos/jsin: [bs][pairs] unit rotations. Built
+/// reads them: for slot j and pair vector u, 16 lanes of (cos, -sin), cos in the low half (the
+/// kernel gets the other half of the rotation from the same pairs by swapping the key's pair,
+/// (x, y) -> (y, -x)). jcos/jsin: [bs][pairs] unit rotations. Built
 /// once per call: at_attention's keys are rotated by their offset in the block, the query by
 /// the block's position (R(m) q . R(pos0 + j) k = R(m - pos0) q . R(j) k).
 inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float* jcos,
@@ -719,8 +735,6 @@ inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float*
   }
   const __m512i interleave = _mm512_load_si512(idx);
   const __m512i neg_hi = _mm512_set1_epi32(static_cast<std::int32_t>(0x80000000u));
-  const __m512i neg_lo = _mm512_set1_epi32(0x8000);
-  using u32x16 = std::uint32_t __attribute__((vector_size(64)));
   for (int j = 0; j < bs; ++j)
     for (int u = 0; u < pairs / 16; ++u) {
       alignas(64) float c[16], sn[16];
@@ -733,15 +747,7 @@ inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float*
           interleave,
           __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(RELOKV_VLOAD(sn), RELOKV_VLOAD(c))));
       const __m512i t1 = _mm512_xor_si512(cs, neg_hi);  // (C, -S)
-      // The two halves swapped, then the low one negated: (S, C). Vector shifts, as GCC 12
-      // warns on _mm512_rol_epi32.
-      const auto v1 = __builtin_bit_cast(u32x16, t1);
-      const __m512i t2 =
-          _mm512_xor_si512(__builtin_bit_cast(__m512i, (v1 << 16) | (v1 >> 16)), neg_lo);
-      std::uint32_t* dst = out + static_cast<std::size_t>(j) * 2 * static_cast<std::size_t>(pairs) +
-                           32 * static_cast<std::size_t>(u);
-      _mm512_storeu_si512(dst, t1);
-      _mm512_storeu_si512(dst + 16, t2);
+      _mm512_storeu_si512(out + static_cast<std::size_t>(j * pairs + 16 * u), t1);
     }
 }
 #endif
@@ -829,7 +835,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
                   /*unit=*/true);
 #if RELOKV_HOST_BF16_DOT
     if (rot_bf16) {
-      w.krot.resize(2 * w.kcos.size());
+      w.krot.resize(w.kcos.size());
       build_slot_rotations_bf16(bs, pairs, mag, w.jcos.data(), w.jsin.data(), w.krot.data());
     }
 #endif

@@ -424,38 +424,6 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   }
   pf.finish();
 }
-/// In-place transpose of 16 rows of 16 lanes: four levels that each swap one bit of the row
-/// index with the same bit of the lane index (the shuffles of transpose_sum).
-RELOKV_ALWAYS_INLINE inline void transpose16(simd::vf16 (&r)[16]) {
-  using simd::vf16;
-  for (int i = 0; i < 16; i += 2) {
-    const vf16 a = r[i], b = r[i + 1];
-    r[i] = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-    r[i + 1] =
-        __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-  }
-  for (int i = 0; i < 16; ++i) {
-    if (i & 2) continue;
-    const vf16 a = r[i], b = r[i + 2];
-    r[i] = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-    r[i + 2] =
-        __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-  }
-  for (int i = 0; i < 16; ++i) {
-    if (i & 4) continue;
-    const vf16 a = r[i], b = r[i + 4];
-    r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-    r[i + 4] =
-        __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-  }
-  for (int i = 0; i < 8; ++i) {
-    const vf16 a = r[i], b = r[i + 8];
-    r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-    r[i + 8] =
-        __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  }
-}
-
 /// R rows against one chunk of 16 keys: kt holds the keys transposed ([head_dim][16], so that
 /// a row's 16 scores are one vector of FMAs without a horizontal sum), vf the values' rows.
 /// Each row's arithmetic is the same whatever R and its neighbours are, so results do not

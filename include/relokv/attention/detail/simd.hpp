@@ -6,7 +6,9 @@
 /// Vectors never cross a function boundary by value (helpers take references), so the code is
 /// free of the calling-convention differences GCC warns about (-Wpsabi).
 #include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "relokv/config.hpp"
 
@@ -49,30 +51,53 @@ RELOKV_ALWAYS_INLINE inline void load_bf16(vf16& out, const std::uint16_t* p) {
   out = __builtin_bit_cast(vf16, w);
 }
 
-/// Sum of each of 16 vectors into one lane each: out[j] = sum(a[j]).
+/// One level of a 16 x 16 transpose, which exchanges bit S of the row index with bit S of the
+/// lane index between rows a (bit S clear) and b (bit S set): swap_lo is a's new row,
+/// swap_hi is b's.
+template <int S, std::size_t... I>
+RELOKV_ALWAYS_INLINE inline vf16 swap_lo(const vf16& a, const vf16& b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, ((I & S) != 0 ? 16 + int(I) - S : int(I))...);
+}
+template <int S, std::size_t... I>
+RELOKV_ALWAYS_INLINE inline vf16 swap_hi(const vf16& a, const vf16& b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, ((I & S) != 0 ? 16 + int(I) : int(I) + S)...);
+}
+
+/// Level S of the transpose over all 16 rows, in place.
+template <int S>
+RELOKV_ALWAYS_INLINE inline void transpose_level(vf16 (&r)[16]) {
+  constexpr auto lanes = std::make_index_sequence<16>{};
+  for (int i = 0; i < 16; ++i) {
+    if ((i & S) != 0) continue;
+    const vf16 a = r[i], b = r[i + S];
+    r[i] = swap_lo<S>(a, b, lanes);
+    r[i + S] = swap_hi<S>(a, b, lanes);
+  }
+}
+
+/// In-place transpose of 16 rows of 16 lanes.
+RELOKV_ALWAYS_INLINE inline void transpose16(vf16 (&r)[16]) {
+  transpose_level<1>(r);
+  transpose_level<2>(r);
+  transpose_level<4>(r);
+  transpose_level<8>(r);
+}
+
+/// Sum of each of 16 vectors into one lane each: out[j] = sum(a[j]). The transpose's levels,
+/// adding the two halves of each swap instead of keeping both: each level halves the number
+/// of vectors and doubles the number of rows a vector holds partial sums for.
 RELOKV_ALWAYS_INLINE inline void transpose_sum(const vf16* a, vf16& out) {
+  constexpr auto lanes = std::make_index_sequence<16>{};
   vf16 l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; ++i)
-    l1[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10,
-                                    26, 12, 28, 14, 30) +
-            __builtin_shufflevector(a[2 * i], a[2 * i + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11,
-                                    27, 13, 29, 15, 31);
+    l1[i] = swap_lo<1>(a[2 * i], a[2 * i + 1], lanes) + swap_hi<1>(a[2 * i], a[2 * i + 1], lanes);
   for (int i = 0; i < 4; ++i)
-    l2[i] = __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24,
-                                    25, 12, 13, 28, 29) +
-            __builtin_shufflevector(l1[2 * i], l1[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11,
-                                    26, 27, 14, 15, 30, 31);
+    l2[i] =
+        swap_lo<2>(l1[2 * i], l1[2 * i + 1], lanes) + swap_hi<2>(l1[2 * i], l1[2 * i + 1], lanes);
   for (int i = 0; i < 2; ++i)
-    l3[i] = __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10,
-                                    11, 24, 25, 26, 27) +
-            __builtin_shufflevector(l2[2 * i], l2[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13,
-                                    14, 15, 28, 29, 30, 31);
-  // Each level halves the number of vectors and doubles the number of keys a vector holds
-  // partial sums for; after the fourth, lane j holds the whole sum of a[j].
-  out = __builtin_shufflevector(l3[0], l3[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22,
-                                23) +
-        __builtin_shufflevector(l3[0], l3[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
-                                30, 31);
+    l3[i] =
+        swap_lo<4>(l2[2 * i], l2[2 * i + 1], lanes) + swap_hi<4>(l2[2 * i], l2[2 * i + 1], lanes);
+  out = swap_lo<8>(l3[0], l3[1], lanes) + swap_hi<8>(l3[0], l3[1], lanes);
 }
 
 /// op over all 16 lanes (log-step reduction, the result in every lane; GCC 12's AVX-512 reduce

@@ -343,8 +343,7 @@ RELOKV_ALWAYS_INLINE inline const float* key_rows(const block_head_t<T>& bh, int
     if (rotate && j < vc)
       rotate_inplace(dst, bh.layout, bh.pairs, cbase + row_of(j), sbase + row_of(j));
   }
-  const float* kf = kb;
-  return kf;
+  return kb;
 }
 
 /// Values j0 .. j0 + vc - 1 of a block-head as fp32 rows (in place for fp32 storage).
@@ -356,9 +355,8 @@ RELOKV_ALWAYS_INLINE inline const float* value_rows(const block_head_t<T>& bh, i
   using U = std::remove_const_t<T>;
   constexpr bool is_f32 = std::is_same_v<U, float>;
   constexpr bool is_bf16 = std::is_same_v<U, bf16>;
-  const float* vfp = nullptr;
   if constexpr (is_f32) {
-    vfp = bh.vt + j0 * D;
+    return bh.vt + j0 * D;
   } else if constexpr (is_bf16) {  // convert V once per block and head, not once per query head
     const auto* vs = reinterpret_cast<const std::uint16_t*>(bh.vt) + j0 * D;
     for (int j = 0; j < vc; ++j)
@@ -367,12 +365,11 @@ RELOKV_ALWAYS_INLINE inline const float* value_rows(const block_head_t<T>& bh, i
         load_bf16(x, vs + j * D + 16 * c);
         RELOKV_VSTORE(w.vbuf.data() + j * D + 16 * c, x);
       }
-    vfp = w.vbuf.data();
-  } else if constexpr (!is_f32) {
+    return w.vbuf.data();
+  } else {
     for (int j = 0; j < vc; ++j) to_float_row(bh.vt + (j0 + j) * D, w.vbuf.data() + j * D, D);
-    vfp = w.vbuf.data();
+    return w.vbuf.data();
   }
-  return vfp;
 }
 
 /// The same as portable_block_head for head_dim = 16 * DC and block sizes that are multiples
@@ -382,7 +379,6 @@ template <int DC, class P, class T>
 void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   using namespace simd;
   constexpr int D = 16 * DC;
-  constexpr bool is_f32 = std::is_same_v<std::remove_const_t<T>, float>;
   prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G);
   for (int j0 = 0; j0 < bh.valid; j0 += 16) {
     const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
@@ -411,13 +407,8 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       for (int c = 0; c < DC; ++c) a[c] = RELOKV_VLOAD(acc + 16 * c) * corr;
       for (int j = 0; j < vc; ++j) {
         const float p = pr[j];
-        if constexpr (is_f32) {
-          const float* vr = reinterpret_cast<const float*>(bh.vt) + (j0 + j) * D;
-          for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;
-        } else {
-          const float* vr = vfp + j * D;
-          for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;
-        }
+        const float* vr = vfp + j * D;
+        for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;
       }
       for (int c = 0; c < DC; ++c) RELOKV_VSTORE(acc + 16 * c, a[c]);
     }

@@ -415,6 +415,7 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   }
   pf.finish();
 }
+
 /// R rows against one chunk of 16 keys: kt holds the keys transposed ([head_dim][16], so that
 /// a row's 16 scores are one vector of FMAs without a horizontal sum), vf the values' rows.
 /// Each row's arithmetic is the same whatever R and its neighbours are, so results do not

@@ -1,18 +1,14 @@
 // Llama forward pass on relokv (see llama.hpp).
 #include "llama.hpp"
+#include "lanes.hpp"
 
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <exception>
-#include <functional>
-#include <mutex>
 #include <random>
 #include <stdexcept>
-#include <thread>
 
 #include <relokv/attention/host_attention.hpp>
 #include <relokv/attention/kv_append.hpp>
@@ -21,97 +17,8 @@
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/rope/pre_rotated.hpp>
 
-// OpenBLAS's thread control, when the BLAS is OpenBLAS (weak: other BLAS libraries link too).
-extern "C" void openblas_set_num_threads(int) __attribute__((weak));
-
 namespace relokv_engine {
 namespace {
-
-/// The engine's two lanes of work: the calling thread and one persistent helper, which the
-/// GEMMs and the prefill attention split their work between. BLAS runs single-threaded inside
-/// each lane: with OpenBLAS's own pool, its idle worker spun in sched_yield whenever the engine
-/// ran anything else, and a quarter of a prefill's CPU time went to the scheduler.
-class lanes {
- public:
-  /// The process-wide pair (engines run one forward pass at a time per thread that calls them;
-  /// concurrent callers take turns).
-  static lanes& get() {
-    static lanes* const l = new lanes;  // never destroyed: the helper may outlive main's statics
-    return *l;
-  }
-
-  /// f(0) on the calling thread and f(1) on the helper (both on the caller without a second
-  /// core); returns when both are done and rethrows the first exception.
-  void run(const std::function<void(int)>& f) {
-    if (!two_) {
-      f(0);
-      f(1);
-      return;
-    }
-    std::lock_guard<std::mutex> turn(turn_);
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      task_ = &f;
-      error_ = nullptr;
-      gen_.fetch_add(1, std::memory_order_release);
-    }
-    cv_.notify_one();
-    std::exception_ptr mine;
-    try {
-      f(0);
-    } catch (...) {
-      mine = std::current_exception();
-    }
-    const unsigned want = gen_.load(std::memory_order_relaxed);
-    for (int spin = 0; done_.load(std::memory_order_acquire) != want; ++spin)
-      spin < (1 << 16) ? relax() : std::this_thread::yield();
-    if (mine) std::rethrow_exception(mine);
-    if (error_) std::rethrow_exception(error_);
-  }
-
-  bool two() const { return two_; }
-
- private:
-  static void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    std::this_thread::yield();
-#endif
-  }
-
-  lanes() : two_(std::thread::hardware_concurrency() >= 2) {
-    if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
-    if (two_) std::thread([this] { loop(); }).detach();
-  }
-
-  void loop() {
-    unsigned seen = 0;
-    for (;;) {
-      // Spin briefly (the next GEMM usually follows within microseconds), then sleep.
-      for (int spin = 0; spin < (1 << 16) && gen_.load(std::memory_order_acquire) == seen; ++spin)
-        relax();
-      {
-        std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
-      }
-      seen = gen_.load(std::memory_order_acquire);
-      try {
-        (*task_)(1);
-      } catch (...) {
-        error_ = std::current_exception();
-      }
-      done_.store(seen, std::memory_order_release);
-    }
-  }
-
-  const bool two_;
-  std::mutex turn_, m_;
-  std::condition_variable cv_;
-  std::atomic<unsigned> gen_{0}, done_{0};
-  const std::function<void(int)>* task_ = nullptr;
-  std::exception_ptr error_;
-};
 
 /// Y[n][out] = X[n][in] * W[out][in]^T, the output features split between the two lanes.
 void matmul(const float* x, int n, int in, const std::vector<float>& w, int out, float* y) {

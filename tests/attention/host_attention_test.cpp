@@ -224,11 +224,14 @@ TEMPLATE_TEST_CASE("attention: scattered prefill queries agree with brute force"
 TEMPLATE_TEST_CASE("attention: prefill on the fast paths agrees with brute force", "[attention]",
                    relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
   // 20 queries (two groups of 16) at scattered positions over blocks with padding, GQA, head
-  // dims 64 and 128, block sizes 16 and 32, every dtype; unused slots hold NaN.
-  const auto run = [](auto zero, int head_dim, int block_size) {
+  // dims 64 and 128, block sizes 16 and 32, every dtype, NeoX, GPT-J and partial rotary;
+  // unused slots hold NaN.
+  const auto run = [](auto zero, int head_dim, int block_size, relokv::rope_layout layout,
+                      int rotary_dim) {
     using T = decltype(zero);
     std::mt19937 rng(23);
-    const auto cfg = config(relokv::rope_layout::kNeoX, head_dim);
+    auto cfg = config(layout, head_dim);
+    cfg.rotary_dim = rotary_dim;
     const relokv::rope_table rope(cfg, 512);
     relokv::host_kv_storage<T> st(relokv::kv_shape{1, 6, 2, block_size, head_dim});
     for (std::size_t i = 0; i < st.shape().total_elems(); ++i)
@@ -253,16 +256,23 @@ TEMPLATE_TEST_CASE("attention: prefill on the fast paths agrees with brute force
                                   q.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
       const std::vector<float> got(out.begin() + static_cast<std::ptrdiff_t>(t * row),
                                    out.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
-      INFO("head_dim " << head_dim << " block " << block_size << " query at " << qpos[t]);
+      INFO("head_dim " << head_dim << " block " << block_size << " layout " << int(layout)
+                       << " rotary " << rotary_dim << " query at " << qpos[t]);
       CHECK(max_err<T>(got, oracle::attend(cfg, keys, qs, qpos[t], 6, 2, 0.1)) < tolerance<T>());
     }
   };
   for (int head_dim : {64, 128})
     for (int block_size : {16, 32}) {
-      run(float{}, head_dim, block_size);
-      run(relokv::bf16{}, head_dim, block_size);
-      run(relokv::fp16{}, head_dim, block_size);
+      run(float{}, head_dim, block_size, relokv::rope_layout::kNeoX, head_dim);
+      run(relokv::bf16{}, head_dim, block_size, relokv::rope_layout::kNeoX, head_dim);
+      run(relokv::fp16{}, head_dim, block_size, relokv::rope_layout::kNeoX, head_dim);
     }
+  for (auto layout : {relokv::rope_layout::kNeoX, relokv::rope_layout::kGPTJ}) {
+    run(float{}, 64, 16, layout, 32);  // partial rotary
+    run(float{}, 128, 16, relokv::rope_layout::kGPTJ, 128);
+    run(relokv::bf16{}, 64, 16, layout, 32);
+    run(relokv::fp16{}, 128, 32, layout, 64);
+  }
 }
 
 TEMPLATE_TEST_CASE("attention: garbage in unused slots never reaches the output", "[attention]",

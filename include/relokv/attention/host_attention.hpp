@@ -404,13 +404,16 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       bh.sum[qh] = bh.sum[qh] * corr + bsum;
       float* acc = bh.acc + qh * D;
       vf16 a[DC];
-      for (int c = 0; c < DC; ++c) a[c] = RELOKV_VLOAD(acc + 16 * c) * corr;
+      // P.V from zero, folded into the rescaled accumulators at the end: the correction (a
+      // scalar exp after the max) stays off the chain of dependent P.V steps.
+      for (int c = 0; c < DC; ++c) a[c] = vf16{};
       for (int j = 0; j < vc; ++j) {
         const float p = pr[j];
         const float* vr = vfp + j * D;
         for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;
       }
-      for (int c = 0; c < DC; ++c) RELOKV_VSTORE(acc + 16 * c, a[c]);
+      for (int c = 0; c < DC; ++c)
+        RELOKV_VSTORE(acc + 16 * c, RELOKV_VLOAD(acc + 16 * c) * corr + a[c]);
     }
   }
   pf.finish();
@@ -447,7 +450,7 @@ RELOKV_ALWAYS_INLINE inline void group_rows(const float* kt, const float* vf, co
   }
   vf16 a[R][DC];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < DC; ++c) a[r][c] = RELOKV_VLOAD(rows[r].acc + 16 * c) * corr[r];
+    for (int c = 0; c < DC; ++c) a[r][c] = vf16{};  // folded in at the end, as above
   // Slots up to the longest row's limit hold real values; a shorter row's weight there is 0.
   for (int j = 0; j < vmax; ++j)
     for (int c = 0; c < DC; ++c) {
@@ -455,7 +458,8 @@ RELOKV_ALWAYS_INLINE inline void group_rows(const float* kt, const float* vf, co
       for (int r = 0; r < R; ++r) a[r][c] += v * p[r][j];
     }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < DC; ++c) RELOKV_VSTORE(rows[r].acc + 16 * c, a[r][c]);
+    for (int c = 0; c < DC; ++c)
+      RELOKV_VSTORE(rows[r].acc + 16 * c, RELOKV_VLOAD(rows[r].acc + 16 * c) * corr[r] + a[r][c]);
 }
 
 /// Prefill over one block-head: every row of `rows` (all query heads of the head's group for
@@ -640,7 +644,9 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
       bh.sum[qh] = bh.sum[qh] * corr + bsum;
       float* acc = bh.acc + qh * D;
       vf16 a[DC];
-      for (int c = 0; c < DC; ++c) a[c] = RELOKV_VLOAD(acc + 16 * c) * corr;
+      // P.V from zero, folded into the rescaled accumulators at the end: the correction (a
+      // scalar exp after the max) stays off the chain of dependent P.V steps.
+      for (int c = 0; c < DC; ++c) a[c] = vf16{};
       for (int tp = 0; tp < npairs; ++tp) {
         pf.advance();
         std::uint32_t pair;
@@ -650,7 +656,8 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
         const std::uint16_t* vr = vi + tp * DB * 64;
         for (int c = 0; c < DC; ++c) a[c] = _mm512_dpbf16_ps(a[c], bh512(vr + 32 * c), pp);
       }
-      for (int c = 0; c < DC; ++c) RELOKV_VSTORE(acc + 16 * c, a[c]);
+      for (int c = 0; c < DC; ++c)
+        RELOKV_VSTORE(acc + 16 * c, RELOKV_VLOAD(acc + 16 * c) * corr + a[c]);
     }
   }
   pf.finish();

@@ -115,11 +115,7 @@ RELOKV_ALWAYS_INLINE inline float reduce16(vf16 x, Op op) {
 RELOKV_ALWAYS_INLINE inline float live_max(const vf16& x, int live) {
   const auto m = static_cast<__mmask16>((1u << live) - 1u);
   const vf16 y = _mm512_mask_blend_ps(m, _mm512_set1_ps(-__builtin_inff()), x);
-  return reduce16(y, [](const vf16& a, const vf16& b) {
-    const vi16 a_wins = a > b;  // -1 / 0 per lane
-    return __builtin_bit_cast(
-        vf16, (a_wins & __builtin_bit_cast(vi16, a)) | (~a_wins & __builtin_bit_cast(vi16, b)));
-  });
+  return reduce16(y, [](const vf16& a, const vf16& b) { return a > b ? a : b; });  // vmaxps
 }
 
 /// The sum of all lanes.
@@ -134,8 +130,8 @@ RELOKV_ALWAYS_INLINE inline void live_only(vf16& x, int live) {
 
 /// x = e^x lane-wise for x <= 0; see detail::exp_nonpositive for the method and accuracy.
 RELOKV_ALWAYS_INLINE inline void exp_nonpositive(vf16& x) {
-  const vf16 clamp = __builtin_convertvector(x < -87.0f, vf16);  // -1 where x < -87, else 0
-  const vf16 xc = x + (x + 87.0f) * clamp;
+  const vf16 lo = vf16{} - 87.0f;
+  const vf16 xc = lo > x ? lo : x;  // vmaxps; NaN stays NaN
   const vf16 t = xc * 1.44269504088896341f - 0.5f;
   const vi16 n = __builtin_convertvector(t, vi16);  // truncation == round-to-nearest here
   const vf16 fn = __builtin_convertvector(n, vf16);

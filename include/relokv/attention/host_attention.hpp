@@ -92,7 +92,7 @@ struct group_row {
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
       qcos, qsin, jcos, jsin, stepc, steps;
-  std::vector<std::uint16_t> kb16, vi16;   ///< bf16 rows: rotated keys, slot-interleaved values
+  std::vector<std::uint16_t> kb16, vi16;   ///< bf16: rotated keys; softmax weights per head
   std::vector<std::uint32_t> krot;         ///< bf16 slot rotations R(j) (build_slot_rotations_bf16)
   std::vector<float> ktile;                ///< 16 keys transposed ([head_dim][16])
   std::vector<group_row> rows, live_rows;  ///< prefill rows of a block-head
@@ -520,7 +520,9 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
   const auto store_pair = [](std::uint16_t* dst, const vf16& lo, const vf16& hi) {
     _mm512_storeu_si512(dst, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
   };
-  prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G * 8);  // eight slot pairs per query head
+  constexpr int HP = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;  // heads per P.V set: HP * DC accumulators
+  // One share per query head's scores and per slot pair of each set of heads in the P.V loop.
+  prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G + 8 * ((bh.G + HP - 1) / HP));
   for (int j0 = 0; j0 < bh.valid; j0 += 16) {
     const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
     const std::uint16_t* kb = kraw + j0 * D;
@@ -606,20 +608,12 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
         kb = dst0;
       }
     }
-    // Values of slots t and t+1 interleaved per dimension (bf16_acc_index order); a missing
-    // partner slot is zero so that garbage in unused slots never meets a zero weight.
-    std::uint16_t* vi = w.vi16.data();
-    for (int t = 0; t < vc; t += 2)
-      for (int cb = 0; cb < DB; ++cb) {
-        const __m512i lo = _mm512_loadu_si512(vraw + (j0 + t) * D + 32 * cb);
-        const __m512i hi = t + 1 < vc ? _mm512_loadu_si512(vraw + (j0 + t + 1) * D + 32 * cb)
-                                      : _mm512_setzero_si512();
-        std::uint16_t* dst = vi + ((t / 2) * DB + cb) * 64;
-        _mm512_storeu_si512(dst, _mm512_unpacklo_epi16(lo, hi));
-        _mm512_storeu_si512(dst + 32, _mm512_unpackhi_epi16(lo, hi));
-      }
     const int npairs = (vc + 1) / 2;
+    // Scores and softmax steps of every query head first; the weights wait in scratch.
+    std::uint16_t* pbs = w.vi16.data();  // [G][16] bf16 weights
+    float* corrs = w.scores.data();      // [G]
     for (int g = 0; g < bh.G; ++g) {
+      pf.advance();
       const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
       __m512bh qb[DB];
       {
@@ -634,30 +628,50 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
           part[j] = _mm512_dpbf16_ps(part[j], bh512(kb + j * D + 32 * cb), qb[cb]);
       vf16 x;
       transpose_sum(part, x);
-      const float corr = softmax_step(x, vc, bh.mx[qh]);
-      alignas(32) std::uint16_t pb[16];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pb),
-                         __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));
+      corrs[g] = softmax_step(x, vc, bh.mx[qh]);
+      std::uint16_t* pb = pbs + 16 * g;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb),
+                          __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));
       // The sum of the weights as rounded, so that the normalized weights sum to one.
       load_bf16(x, pb);
-      const float bsum = simd::sum(x);
-      bh.sum[qh] = bh.sum[qh] * corr + bsum;
-      float* acc = bh.acc + qh * D;
-      vf16 a[DC];
-      // P.V from zero, folded into the rescaled accumulators at the end: the correction (a
-      // scalar exp after the max) stays off the chain of dependent P.V steps.
-      for (int c = 0; c < DC; ++c) a[c] = vf16{};
+      bh.sum[qh] = bh.sum[qh] * corrs[g] + simd::sum(x);
+    }
+    // P.V for HP heads at a time: the values of slots t and t+1 are interleaved per dimension
+    // (bf16_acc_index order) in registers and serve every head of the set. A missing partner
+    // slot is zero, so that garbage in unused slots never meets a zero weight. The products
+    // start from zero and are folded into the rescaled accumulators at the end, which keeps
+    // the correction (a scalar exp after the max) off the chain of dependent P.V steps.
+    for (int g0 = 0; g0 < bh.G; g0 += HP) {
+      const int hn = bh.G - g0 < HP ? bh.G - g0 : HP;
+      vf16 a[HP][DC];
+      for (int gi = 0; gi < HP; ++gi)
+        for (int c = 0; c < DC; ++c) a[gi][c] = vf16{};
       for (int tp = 0; tp < npairs; ++tp) {
         pf.advance();
-        std::uint32_t pair;
-        std::memcpy(&pair, pb + 2 * tp, sizeof pair);
-        const __m512bh pp =
-            __builtin_bit_cast(__m512bh, _mm512_set1_epi32(static_cast<std::int32_t>(pair)));
-        const std::uint16_t* vr = vi + tp * DB * 64;
-        for (int c = 0; c < DC; ++c) a[c] = _mm512_dpbf16_ps(a[c], bh512(vr + 32 * c), pp);
+        const int t = 2 * tp;
+        __m512bh pp[HP];
+        for (int gi = 0; gi < HP; ++gi) {
+          std::uint32_t pair = 0;
+          if (gi < hn) std::memcpy(&pair, pbs + 16 * (g0 + gi) + t, sizeof pair);
+          pp[gi] = __builtin_bit_cast(__m512bh, _mm512_set1_epi32(static_cast<std::int32_t>(pair)));
+        }
+        for (int cb = 0; cb < DB; ++cb) {
+          const __m512i v0 = _mm512_loadu_si512(vraw + (j0 + t) * D + 32 * cb);
+          const __m512i v1 = t + 1 < vc ? _mm512_loadu_si512(vraw + (j0 + t + 1) * D + 32 * cb)
+                                        : _mm512_setzero_si512();
+          const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(v0, v1));
+          const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(v0, v1));
+          for (int gi = 0; gi < HP; ++gi) {
+            a[gi][2 * cb] = _mm512_dpbf16_ps(a[gi][2 * cb], lo, pp[gi]);
+            a[gi][2 * cb + 1] = _mm512_dpbf16_ps(a[gi][2 * cb + 1], hi, pp[gi]);
+          }
+        }
       }
-      for (int c = 0; c < DC; ++c)
-        RELOKV_VSTORE(acc + 16 * c, RELOKV_VLOAD(acc + 16 * c) * corr + a[c]);
+      for (int gi = 0; gi < hn; ++gi) {
+        float* acc = bh.acc + static_cast<std::size_t>(bh.h * bh.G + g0 + gi) * D;
+        for (int c = 0; c < DC; ++c)
+          RELOKV_VSTORE(acc + 16 * c, RELOKV_VLOAD(acc + 16 * c) * corrs[g0 + gi] + a[gi][c]);
+      }
     }
   }
   pf.finish();
@@ -761,7 +775,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   w.acc.assign(nqs * hq * hd, 0.0f);
   w.mx.assign(nqs * hq, -std::numeric_limits<float>::infinity());
   w.sum.assign(nqs * hq, 0.0f);
-  w.scores.resize(static_cast<std::size_t>(bs));
+  w.scores.resize(static_cast<std::size_t>(std::max(bs, G)));  // bf16 path: G corrections
   w.cs.resize(static_cast<std::size_t>(pairs));
   w.sn.resize(static_cast<std::size_t>(pairs));
   w.c0.resize(static_cast<std::size_t>(pairs));
@@ -785,7 +799,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   }
   if (bf16_dot) {
     w.kb16.resize(16 * hd);
-    w.vi16.resize(16 * hd);
+    w.vi16.resize(16 * std::max(hd, static_cast<std::size_t>(G)));  // [G][16] weights
   }
 
   // at_attention on the bf16 path, NeoX over the whole head: keys rotated with VDPBF16PS from

@@ -15,6 +15,7 @@
 /// at_attention (NeoX over the whole head) rotates each key by its offset in the block with
 /// bf16 (cos, sin) pairs and the query by R(m - pos0) once per block, in fp32.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -92,7 +93,8 @@ struct group_row {
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
       qcos, qsin, jcos, jsin, stepc, steps;
-  std::vector<std::uint16_t> kb16, vi16;   ///< bf16: rotated keys; softmax weights per head
+  std::vector<std::uint16_t> kb16, wb16;   ///< bf16: rotated keys; [G][16] softmax weights
+  std::vector<float> corr;                 ///< bf16 path: [G] online-softmax corrections
   std::vector<std::uint32_t> krot;         ///< bf16 slot rotations R(j) (build_slot_rotations_bf16)
   std::vector<float> ktile;                ///< 16 keys transposed ([head_dim][16])
   std::vector<group_row> rows, live_rows;  ///< prefill rows of a block-head
@@ -481,11 +483,15 @@ void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, att
       transpose16(t);
       for (int d = 0; d < 16; ++d) RELOKV_VSTORE(kt + 16 * (16 * c + d), t[d]);
     }
-    // Rows that see this chunk (they are ordered by nothing; compact them first).
-    int n = 0;
-    for (int i = 0; i < nrows; ++i)
-      if (rows[i].valid > j0) w.live_rows[static_cast<std::size_t>(n++)] = rows[i];
-    const group_row* live = w.live_rows.data();
+    // Rows that see this chunk: all of them in the first (valid >= 1), the longer ones after.
+    const group_row* live = rows;
+    int n = nrows;
+    if (j0 > 0) {
+      n = 0;
+      for (int i = 0; i < nrows; ++i)
+        if (rows[i].valid > j0) w.live_rows[static_cast<std::size_t>(n++)] = rows[i];
+      live = w.live_rows.data();
+    }
     int i = 0;
     for (; i + R <= n; i += R) group_rows<DC, R>(kt, vf, live + i, j0);
     for (; i < n; ++i) group_rows<DC, 1>(kt, vf, live + i, j0);
@@ -501,6 +507,12 @@ void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, att
 constexpr int bf16_acc_index(int d) {
   const int chunk = d / 32, r = d % 32, L = r / 8, k = r % 8;
   return 32 * chunk + (k < 4 ? 4 * L + k : 16 + 4 * L + (k - 4));
+}
+
+/// The inverse: the dimension held at accumulator index p.
+constexpr int bf16_acc_dim(int p) {
+  const int chunk = p / 32, half = (p % 32) / 16, q = p % 16;
+  return 32 * chunk + 8 * (q / 4) + 4 * half + q % 4;
 }
 
 /// fast_block_head for bf16 storage with VDPBF16PS: keys and values are read as stored (no
@@ -522,7 +534,7 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
   };
   constexpr int HP = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;  // heads per P.V set: HP * DC accumulators
   // One share per query head's scores and per slot pair of each set of heads in the P.V loop.
-  prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G + 8 * ((bh.G + HP - 1) / HP));
+  prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G + 8 * (bh.G / HP + bh.G % HP));
   for (int j0 = 0; j0 < bh.valid; j0 += 16) {
     const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
     const std::uint16_t* kb = kraw + j0 * D;
@@ -610,8 +622,8 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
     }
     const int npairs = (vc + 1) / 2;
     // Scores and softmax steps of every query head first; the weights wait in scratch.
-    std::uint16_t* pbs = w.vi16.data();  // [G][16] bf16 weights
-    float* corrs = w.scores.data();      // [G]
+    std::uint16_t* pbs = w.wb16.data();
+    float* corrs = w.corr.data();
     for (int g = 0; g < bh.G; ++g) {
       pf.advance();
       const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
@@ -640,19 +652,20 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
     // (bf16_acc_index order) in registers and serve every head of the set. A missing partner
     // slot is zero, so that garbage in unused slots never meets a zero weight. The products
     // start from zero and are folded into the rescaled accumulators at the end, which keeps
-    // the correction (a scalar exp after the max) off the chain of dependent P.V steps.
-    for (int g0 = 0; g0 < bh.G; g0 += HP) {
-      const int hn = bh.G - g0 < HP ? bh.G - g0 : HP;
-      vf16 a[HP][DC];
-      for (int gi = 0; gi < HP; ++gi)
+    // the correction (a scalar exp after the max) off the chain of dependent P.V steps. Heads
+    // left over after the full sets go one at a time.
+    const auto pv = [&](int g0, auto heads) {
+      constexpr int N = decltype(heads)::value;
+      vf16 a[N][DC];
+      for (int gi = 0; gi < N; ++gi)
         for (int c = 0; c < DC; ++c) a[gi][c] = vf16{};
       for (int tp = 0; tp < npairs; ++tp) {
         pf.advance();
         const int t = 2 * tp;
-        __m512bh pp[HP];
-        for (int gi = 0; gi < HP; ++gi) {
-          std::uint32_t pair = 0;
-          if (gi < hn) std::memcpy(&pair, pbs + 16 * (g0 + gi) + t, sizeof pair);
+        __m512bh pp[N];
+        for (int gi = 0; gi < N; ++gi) {
+          std::uint32_t pair;
+          std::memcpy(&pair, pbs + 16 * (g0 + gi) + t, sizeof pair);
           pp[gi] = __builtin_bit_cast(__m512bh, _mm512_set1_epi32(static_cast<std::int32_t>(pair)));
         }
         for (int cb = 0; cb < DB; ++cb) {
@@ -661,37 +674,34 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
                                         : _mm512_setzero_si512();
           const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(v0, v1));
           const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(v0, v1));
-          for (int gi = 0; gi < HP; ++gi) {
+          for (int gi = 0; gi < N; ++gi) {
             a[gi][2 * cb] = _mm512_dpbf16_ps(a[gi][2 * cb], lo, pp[gi]);
             a[gi][2 * cb + 1] = _mm512_dpbf16_ps(a[gi][2 * cb + 1], hi, pp[gi]);
           }
         }
       }
-      for (int gi = 0; gi < hn; ++gi) {
+      for (int gi = 0; gi < N; ++gi) {
         float* acc = bh.acc + static_cast<std::size_t>(bh.h * bh.G + g0 + gi) * D;
         for (int c = 0; c < DC; ++c)
           RELOKV_VSTORE(acc + 16 * c, RELOKV_VLOAD(acc + 16 * c) * corrs[g0 + gi] + a[gi][c]);
       }
-    }
+    };
+    int g0 = 0;
+    for (; g0 + HP <= bh.G; g0 += HP) pv(g0, std::integral_constant<int, HP>{});
+    for (; g0 < bh.G; ++g0) pv(g0, std::integral_constant<int, 1>{});
   }
   pf.finish();
-}
-
-/// Pair index held by lane l of pair vector u in the bf16 key rotation: vector 2 cb + h comes
-/// from the low (h = 0) or high (h = 1) 16-bit unpack of chunk cb of the head's first half
-/// with its partner chunk of the second half.
-constexpr int rot_pair_index(int u, int l) {
-  return 32 * (u / 2) + 8 * (l / 4) + 4 * (u % 2) + l % 4;
 }
 
 /// dst[bf16_acc_index(i)] = src[i] for i < n (a multiple of 32), with two lane permutes per
 /// 32 elements.
 RELOKV_ALWAYS_INLINE inline void to_acc_order(int n, const float* src, float* dst) {
-  alignas(64) static constexpr std::int32_t lo[16] = {0,  1,  2,  3,  8,  9,  10, 11,
-                                                      16, 17, 18, 19, 24, 25, 26, 27};
-  alignas(64) static constexpr std::int32_t hi[16] = {4,  5,  6,  7,  12, 13, 14, 15,
-                                                      20, 21, 22, 23, 28, 29, 30, 31};
-  const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+  alignas(64) static constexpr auto dims = [] {
+    std::array<std::int32_t, 32> a{};
+    for (int p = 0; p < 32; ++p) a[static_cast<std::size_t>(p)] = bf16_acc_dim(p);
+    return a;
+  }();
+  const __m512i ilo = _mm512_load_si512(dims.data()), ihi = _mm512_load_si512(dims.data() + 16);
   for (int c = 0; c < n; c += 32) {
     const __m512 x0 = _mm512_loadu_ps(src + c), x1 = _mm512_loadu_ps(src + c + 16);
     _mm512_storeu_ps(dst + c, _mm512_permutex2var_ps(x0, ilo, x1));
@@ -700,7 +710,8 @@ RELOKV_ALWAYS_INLINE inline void to_acc_order(int n, const float* src, float* ds
 }
 
 /// The rotations R(j) of a block's slots j < bs (times the magnitude factor) as bf16_block_head
-/// reads them: for slot j and pair vector u, 16 lanes of (cos, -sin), cos in the low half (the
+/// reads them: for slot j, (cos, -sin) of each pair in bf16_acc_index order of the head's first
+/// half (the order the key's 16-bit unpacks leave its pairs in), cos in the low half (the
 /// kernel gets the other half of the rotation from the same pairs by swapping the key's pair,
 /// (x, y) -> (y, -x)). jcos/jsin: [bs][pairs] unit rotations. Built
 /// once per call: at_attention's keys are rotated by their offset in the block, the query by
@@ -720,7 +731,7 @@ inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float*
     for (int u = 0; u < pairs / 16; ++u) {
       alignas(64) float c[16], sn[16];
       for (int l = 0; l < 16; ++l) {
-        const std::size_t i = static_cast<std::size_t>(j * pairs + rot_pair_index(u, l));
+        const std::size_t i = static_cast<std::size_t>(j * pairs + bf16_acc_dim(16 * u + l));
         c[l] = mag * jcos[i];
         sn[l] = mag * jsin[i];
       }
@@ -775,7 +786,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   w.acc.assign(nqs * hq * hd, 0.0f);
   w.mx.assign(nqs * hq, -std::numeric_limits<float>::infinity());
   w.sum.assign(nqs * hq, 0.0f);
-  w.scores.resize(static_cast<std::size_t>(std::max(bs, G)));  // bf16 path: G corrections
+  w.scores.resize(static_cast<std::size_t>(bs));
   w.cs.resize(static_cast<std::size_t>(pairs));
   w.sn.resize(static_cast<std::size_t>(pairs));
   w.c0.resize(static_cast<std::size_t>(pairs));
@@ -799,7 +810,8 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   }
   if (bf16_dot) {
     w.kb16.resize(16 * hd);
-    w.vi16.resize(16 * std::max(hd, static_cast<std::size_t>(G)));  // [G][16] weights
+    w.wb16.resize(16 * static_cast<std::size_t>(G));
+    w.corr.resize(static_cast<std::size_t>(G));
   }
 
   // at_attention on the bf16 path, NeoX over the whole head: keys rotated with VDPBF16PS from
@@ -975,8 +987,6 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
 #endif
       }
       for (int h = h_begin; h < h_end; ++h) {
-        // Prefetch the next block into L2, one slice per head of this block: its 2 * H tiles
-        // are separate runs that the hardware prefetcher would pick up late.
         block_head_t<T> bh{
             kv.k(e.block, h), kv.v(e.block, h), valid, h, G, D, layout, pairs, qsrc, qcos, qsin};
         bh.acc = w.acc.data() + qoff * hd;

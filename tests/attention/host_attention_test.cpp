@@ -355,6 +355,58 @@ TEMPLATE_TEST_CASE("attention: long decode over consecutive blocks matches the o
     }
 }
 
+TEMPLATE_TEST_CASE("attention: decode spans across block sizes, head dims and head ranges",
+                   "[attention]", relokv::pre_rotated, relokv::at_attention,
+                   relokv::block_relative) {
+  // bf16 decode takes up to four 16-slot chunks per kernel call, from one block or several:
+  // blocks of 16, 48 and 64 slots (a span ends inside a block), short and causally cut
+  // blocks, a gap in the positions, head dims 64/128/256, three query heads per KV head (a
+  // P.V set and a leftover head), and the KV heads split over two calls.
+  const auto run = [](int bs, int D, relokv::rope_layout layout) {
+    using T = relokv::bf16;
+    std::mt19937 rng(static_cast<unsigned>(bs * 1000 + D));
+    const auto cfg = config(layout, D);
+    const relokv::rope_table rope(cfg, 2048);
+    relokv::host_kv_storage<T> st(relokv::kv_shape{1, 8, 3, bs, D});
+    std::vector<oracle::key_token> keys;
+    std::vector<block_entry> entries;
+    const int lens[6] = {bs, bs - 5, 3, bs, 1, bs - 1};
+    int pos = 40;
+    for (int b = 0; b < 6; ++b) {
+      if (b == 3) pos += 37;  // a gap: the query rotation of the next block is not chained
+      auto d = write_block<TestType>(rope, st, b, pos, lens[b], rng);
+      for (int j = 0; j < lens[b]; ++j) {
+        d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
+        keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
+      }
+      entries.push_back({b, pos, lens[b]});
+      pos += lens[b];
+    }
+    const std::int32_t indptr[2] = {0, 6};
+    const relokv::paged_kv_view<const T> kv(st.layer(0));
+    // After every key, and inside block 3 (the causal limit cuts it).
+    for (const relokv::pos_t m : {pos + 3, entries[3].pos0 + bs / 2}) {
+      const auto q = randn(static_cast<std::size_t>(9 * D), rng);
+      std::vector<float> whole(q.size()), split(q.size());
+      relokv::decode_attention<TestType>(rope, kv, {entries.data(), indptr, 1}, q.data(), &m, 9,
+                                         0.09f, whole.data());
+      std::vector<oracle::key_token> seen;
+      for (const auto& k : keys)
+        if (k.pos <= m) seen.push_back(k);
+      INFO("block size " << bs << " head dim " << D << " layout " << int(layout) << " m " << m);
+      CHECK(max_err<T>(whole, oracle::attend(cfg, seen, q, m, 9, 3, 0.09)) < tolerance<T>());
+      for (const relokv::kv_head_range r : {relokv::kv_head_range{0, 1}, {1, 3}})
+        relokv::decode_attention<TestType>(rope, kv, {entries.data(), indptr, 1}, q.data(), &m, 9,
+                                           0.09f, split.data(), r);
+      CHECK(split == whole);  // the same arithmetic per head
+    }
+  };
+  for (int bs : {16, 48, 64})
+    for (int D : {64, 128, 256})
+      for (auto layout : {relokv::rope_layout::kNeoX, relokv::rope_layout::kGPTJ})
+        run(bs, D, layout);
+}
+
 TEST_CASE("attention: YaRN magnitude and partial rotary through the kernels", "[attention]") {
   std::mt19937 rng(9);
   auto cfg = config(relokv::rope_layout::kGPTJ);

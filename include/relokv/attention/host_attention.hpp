@@ -93,8 +93,10 @@ struct group_row {
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
       qcos, qsin, jcos, jsin, stepc, steps;
-  std::vector<std::uint16_t> kb16, wb16;   ///< bf16: rotated keys; [G][16] softmax weights
-  std::vector<float> corr;                 ///< bf16 path: [G] online-softmax corrections
+  std::vector<std::uint16_t> kb16, wb16;         ///< bf16: rotated keys; [G][16] softmax weights
+  std::vector<float> corr;                       ///< bf16 path: [G] online-softmax corrections
+  std::vector<float> span_sc, span_qc, span_qs;  ///< bf16 decode spans
+  std::vector<std::uint16_t> qb16;               ///< bf16 decode spans: [G][head_dim] queries
   std::vector<std::uint32_t> krot;         ///< bf16 slot rotations R(j) (build_slot_rotations_bf16)
   std::vector<float> ktile;                ///< 16 keys transposed ([head_dim][16])
   std::vector<group_row> rows, live_rows;  ///< prefill rows of a block-head
@@ -229,6 +231,22 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   }
 }
 
+/// Per-element form of a rotation: x' = x * cosE + partner(x) * sinE (see block_head_t).
+inline void expand_rotation(rope_layout layout, int pairs, int D, const float* cs, const float* sn,
+                            float* cosE, float* sinE) {
+  for (int d = 0; d < D; ++d) {
+    cosE[d] = 1.0f;
+    sinE[d] = 0.0f;
+  }
+  for (int i = 0; i < pairs; ++i) {
+    std::int32_t a, b;
+    pair_index(layout, pairs, i, a, b);
+    cosE[a] = cosE[b] = cs[i];
+    sinE[a] = -sn[i];
+    sinE[b] = sn[i];
+  }
+}
+
 #if RELOKV_HOST_SIMD
 /// Calls f(std::integral_constant<int, D / 16>{}) for the fast paths' head dims (64, 128, 256).
 template <class F>
@@ -256,30 +274,39 @@ RELOKV_ALWAYS_INLINE inline float softmax_step(simd::vf16& x, int vc, float& mx)
   return exp_nonpositive(m_old - m_new);
 }
 
-/// One query head's chunks, rotated by the block's delta on the block_relative fast path.
-template <int DC, class T>
-RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const float* qg,
-                                            simd::vf16 (&qv)[DC]) {
+/// One query head's chunks qv from its scaled row qg, rotated by the block's delta when qcos
+/// is set (see block_head_t::qcos).
+template <int DC>
+RELOKV_ALWAYS_INLINE inline void load_query_rows(const float* qg, const float* qcos,
+                                                 const float* qsin, rope_layout layout,
+                                                 simd::vf16 (&qv)[DC]) {
   using simd::vf16;
-  if (bh.qcos != nullptr && bh.layout == rope_layout::kNeoX) {
+  if (qcos != nullptr && layout == rope_layout::kNeoX) {
     // NeoX over the whole head: qcos/qsin are the per-pair rows; chunk c pairs with c+DC/2.
     for (int c = 0; c < DC / 2; ++c) {
       const vf16 x1 = RELOKV_VLOAD(qg + 16 * c), x2 = RELOKV_VLOAD(qg + 16 * (c + DC / 2));
-      const vf16 C = RELOKV_VLOAD(bh.qcos + 16 * c), S = RELOKV_VLOAD(bh.qsin + 16 * c);
+      const vf16 C = RELOKV_VLOAD(qcos + 16 * c), S = RELOKV_VLOAD(qsin + 16 * c);
       qv[c] = x1 * C - x2 * S;
       qv[c + DC / 2] = x1 * S + x2 * C;
     }
-  } else if (bh.qcos != nullptr) {
+  } else if (qcos != nullptr) {
     // GPT-J: per-element rows (expand_rotation); the partner is the neighbouring lane.
     for (int c = 0; c < DC; ++c) {
       const vf16 x = RELOKV_VLOAD(qg + 16 * c);
       const vf16 partner =
           __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-      qv[c] = x * RELOKV_VLOAD(bh.qcos + 16 * c) + partner * RELOKV_VLOAD(bh.qsin + 16 * c);
+      qv[c] = x * RELOKV_VLOAD(qcos + 16 * c) + partner * RELOKV_VLOAD(qsin + 16 * c);
     }
   } else {
     for (int c = 0; c < DC; ++c) qv[c] = RELOKV_VLOAD(qg + 16 * c);
   }
+}
+
+/// One query head's chunks, rotated by the block's delta on the block_relative fast path.
+template <int DC, class T>
+RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const float* qg,
+                                            simd::vf16 (&qv)[DC]) {
+  load_query_rows<DC>(qg, bh.qcos, bh.qsin, bh.layout, qv);
 }
 
 /// Keys j0 .. j0 + 15 of a block-head as fp32 rows of 16 * DC (in place for fp32 storage
@@ -515,6 +542,44 @@ constexpr int bf16_acc_dim(int p) {
   return 32 * chunk + 8 * (q / 4) + 4 * half + q % 4;
 }
 
+/// Keys 0 .. vc - 1 of src rotated by their slots' R(j) into dst (at_attention on the bf16
+/// path, NeoX over the whole head), as bf16 products: dimension i and its partner i + D/2 are
+/// paired in one fp32 lane by a 16-bit unpack, so that VDPBF16PS with the pair (cos, -sin)
+/// gives rotated dimension i and with (sin, cos) dimension i + D/2. The unpacks leave the
+/// rotated row in bf16_acc_index order, in which the query rows are too (a dot product does
+/// not mind the order as long as both agree). tab: the first slot's row of
+/// build_slot_rotations_bf16.
+template <int DC>
+RELOKV_ALWAYS_INLINE inline void rotate_keys_bf16(const std::uint16_t* src0, int vc,
+                                                  const std::uint32_t* tab0, std::uint16_t* dst0) {
+  using simd::vf16;
+  constexpr int D = 16 * DC, DB = DC / 2, HB = DB / 2;  // HB: 32-element chunks per half
+  const auto store_pair = [](std::uint16_t* dst, const vf16& lo, const vf16& hi) {
+    _mm512_storeu_si512(dst, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
+  };
+  for (int j = 0; j < vc; ++j) {
+    const std::uint16_t* src = src0 + j * D;
+    std::uint16_t* dst = dst0 + j * D;
+    const std::uint32_t* tab = tab0 + static_cast<std::size_t>(j) * DB * 32;
+    for (int cb = 0; cb < HB; ++cb) {
+      const __m512i a = _mm512_loadu_si512(src + 32 * cb);
+      const __m512i b = _mm512_loadu_si512(src + 32 * (cb + HB));
+      const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(a, b));
+      const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(a, b));
+      // Group u of 16 pairs: (cos, -sin) at tab + 32 u, (sin, cos) at tab + 32 u + 16.
+      const auto t = [&](int u, int part) {
+        return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(tab + 32 * u + 16 * part));
+      };
+      const vf16 r1lo = _mm512_dpbf16_ps(vf16{}, lo, t(2 * cb, 0));
+      const vf16 r1hi = _mm512_dpbf16_ps(vf16{}, hi, t(2 * cb + 1, 0));
+      const vf16 r2lo = _mm512_dpbf16_ps(vf16{}, lo, t(2 * cb, 1));
+      const vf16 r2hi = _mm512_dpbf16_ps(vf16{}, hi, t(2 * cb + 1, 1));
+      store_pair(dst + 32 * cb, r1lo, r1hi);
+      store_pair(dst + 32 * (cb + HB), r2lo, r2hi);
+    }
+  }
+}
+
 /// fast_block_head for bf16 storage with VDPBF16PS: keys and values are read as stored (no
 /// conversion), the query and the softmax weights are rounded to bf16, accumulation is fp32.
 /// bh.acc holds the online-softmax accumulators in bf16_acc_index order.
@@ -541,47 +606,7 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
     if constexpr (rotate_keys) {
       std::uint16_t* dst0 = w.kb16.data();
       if (bh.krot != nullptr) {
-        // NeoX over the whole head, as bf16 products: dimension i and its partner i + D/2 are
-        // paired in one fp32 lane by a 16-bit unpack, so that VDPBF16PS with the pair
-        // (cos, -sin) gives rotated dimension i, and with the key's pair swapped and one half
-        // negated, (y, -x), dimension i + D/2 (one table load serves both halves). The
-        // unpacks leave the rotated row in bf16_acc_index order, in which the query rows are
-        // too (a dot product does not mind the order as long as both agree).
-        constexpr int HB = DB / 2;  // 32-element chunks per half
-        using u16x32 = std::uint16_t __attribute__((vector_size(64)));
-        const __m512i neg_hi = _mm512_set1_epi32(static_cast<std::int32_t>(0x80000000u));
-        for (int j = 0; j < vc; ++j) {
-          const std::uint16_t* src = kraw + (j0 + j) * D;
-          std::uint16_t* dst = dst0 + j * D;
-          const std::uint32_t* tab = bh.krot + static_cast<std::size_t>(j0 + j) * DB * 16;
-          for (int cb = 0; cb < HB; ++cb) {
-            const __m512i a = _mm512_loadu_si512(src + 32 * cb);
-            const __m512i b = _mm512_loadu_si512(src + 32 * (cb + HB));
-            const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
-            // (x, y) -> (y, -x) in each lane: with (cos, -sin) that gives y cos + x sin.
-            const auto swapneg = [&](__m512i x) {
-              const auto v = __builtin_bit_cast(u16x32, x);
-              return __builtin_bit_cast(
-                  __m512bh,
-                  _mm512_xor_si512(
-                      __builtin_bit_cast(__m512i, __builtin_shufflevector(
-                                                      v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10,
-                                                      13, 12, 15, 14, 17, 16, 19, 18, 21, 20, 23,
-                                                      22, 25, 24, 27, 26, 29, 28, 31, 30)),
-                      neg_hi));
-            };
-            const auto t = [&](int u) {
-              return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(tab + u * 16));
-            };
-            const auto tlo = t(2 * cb), thi = t(2 * cb + 1);
-            const vf16 r1lo = _mm512_dpbf16_ps(vf16{}, __builtin_bit_cast(__m512bh, lo), tlo);
-            const vf16 r1hi = _mm512_dpbf16_ps(vf16{}, __builtin_bit_cast(__m512bh, hi), thi);
-            const vf16 r2lo = _mm512_dpbf16_ps(vf16{}, swapneg(lo), tlo);
-            const vf16 r2hi = _mm512_dpbf16_ps(vf16{}, swapneg(hi), thi);
-            store_pair(dst + 32 * cb, r1lo, r1hi);
-            store_pair(dst + 32 * (cb + HB), r2lo, r2hi);
-          }
-        }
+        rotate_keys_bf16<DC>(kb, vc, bh.krot + static_cast<std::size_t>(j0) * DB * 32, dst0);
         kb = dst0;  // rows >= vc hold stale data; their scores are masked below
       } else {
         // Rotate the visible keys in fp32 and round them back to bf16.
@@ -709,24 +734,393 @@ RELOKV_ALWAYS_INLINE inline void to_acc_order(int n, const float* src, float* ds
   }
 }
 
-/// The rotations R(j) of a block's slots j < bs (times the magnitude factor) as bf16_block_head
-/// reads them: for slot j, (cos, -sin) of each pair in bf16_acc_index order of the head's first
-/// half (the order the key's 16-bit unpacks leave its pairs in), cos in the low half (the
-/// kernel gets the other half of the rotation from the same pairs by swapping the key's pair,
-/// (x, y) -> (y, -x)). jcos/jsin: [bs][pairs] unit rotations. Built
-/// once per call: at_attention's keys are rotated by their offset in the block, the query by
-/// the block's position (R(m) q . R(pos0 + j) k = R(m - pos0) q . R(j) k).
+/// Decode on the bf16 path works on spans of up to kSpanChunks chunks of at most 16 slots (from
+/// one or more blocks): the online-softmax step, a chain of dependent reductions and an exp
+/// per query head, runs once per span instead of once per chunk, and the P.V accumulators stay
+/// in registers over the span and are folded into the running state once. Keys are read chunk
+/// by chunk for all the call's KV heads (memory order), values head by head from L2, where
+/// they were prefetched while the keys were scored.
+inline constexpr int kSpanChunks = 4;
+
+/// The next span's keys and values (for the call's heads, in memory order) prefetched while
+/// this span computes, at a steady rate: `step` bytes at each of the span's loop steps that
+/// call advance() (a burst would stall on the fill buffers while the span's own loads wait).
+/// Software prefetches are what keeps decode streaming here: the hardware prefetchers alone
+/// leave it at about half the bandwidth.
+struct span_prefetch {
+  static constexpr int kMax = 2 * kSpanChunks;
+  const char* ptr[kMax] = {};
+  std::ptrdiff_t bytes[kMax] = {};
+  int n = 0, i = 0;
+  const char* p = nullptr;
+  std::ptrdiff_t left = 0;  ///< bytes of range i from p on
+  std::ptrdiff_t remaining = 0, step = 0;
+  void add(const void* at, std::ptrdiff_t len) {
+    ptr[n] = static_cast<const char*>(at);
+    bytes[n++] = len;
+    remaining += len;
+    if (n == 1) {
+      p = ptr[0];
+      left = len;
+    }
+  }
+  /// Spreads what is left over `steps` calls of advance().
+  void spread(std::int64_t steps) {
+    step = static_cast<std::ptrdiff_t>((remaining / (steps > 0 ? steps : 1) + 63) / 64 * 64);
+  }
+  RELOKV_ALWAYS_INLINE void issue(std::ptrdiff_t budget) {
+    while (budget > 0 && i < n) {
+      for (; left > 0 && budget > 0; p += 64, left -= 64, budget -= 64, remaining -= 64)
+        __builtin_prefetch(p, 0, 1);
+      if (left <= 0 && ++i < n) {
+        p = ptr[i];
+        left = bytes[i];
+      }
+    }
+  }
+  RELOKV_ALWAYS_INLINE void advance() { issue(step); }
+  void drain() { issue(remaining); }
+};
+
+/// Query heads per P.V set of the bf16 kernels (HP * DC accumulators in registers).
+constexpr int bf16_span_heads(int DC) { return DC <= 4 ? 4 : DC <= 8 ? 2 : 1; }
+
+/// `rows` query rows (scaled, [rows][D] from q) as bf16 into dst, rotated by qc/qs when set
+/// (see load_query_rows; the rotation rows are loaded once for all rows).
+template <int DC>
+void bf16_query_rows(int rows, const float* q, const float* qc, const float* qs, rope_layout layout,
+                     std::uint16_t* dst, span_prefetch& pf) {
+  using simd::vf16;
+  constexpr int D = 16 * DC;
+  const auto store = [&](int r, const vf16(&v)[DC]) {
+    for (int cb = 0; cb < DC / 2; ++cb)
+      _mm512_storeu_si512(
+          dst + r * D + 32 * cb,
+          __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(v[2 * cb + 1], v[2 * cb])));
+  };
+  if (qc != nullptr && layout == rope_layout::kNeoX) {
+    vf16 C[DC / 2], S[DC / 2];
+    for (int c = 0; c < DC / 2; ++c) {
+      C[c] = RELOKV_VLOAD(qc + 16 * c);
+      S[c] = RELOKV_VLOAD(qs + 16 * c);
+    }
+    for (int r = 0; r < rows; ++r) {
+      pf.advance();
+      const float* qg = q + r * D;
+      vf16 v[DC];
+      for (int c = 0; c < DC / 2; ++c) {
+        const vf16 x1 = RELOKV_VLOAD(qg + 16 * c), x2 = RELOKV_VLOAD(qg + 16 * (c + DC / 2));
+        v[c] = x1 * C[c] - x2 * S[c];
+        v[c + DC / 2] = x1 * S[c] + x2 * C[c];
+      }
+      store(r, v);
+    }
+  } else {
+    for (int r = 0; r < rows; ++r) {
+      pf.advance();
+      vf16 v[DC];
+      load_query_rows<DC>(q + r * D, qc, qs, layout, v);
+      store(r, v);
+    }
+  }
+}
+
+/// Scores of one chunk of keys (kb, vc visible) for the G query heads of one KV head: qb holds
+/// their bf16 rows ([G][D]), score row g goes to sc + g * SL (16 lanes; lanes >= vc hold
+/// anything). at_attention: the keys are rotated by their slots' R(j) first (krot: the
+/// chunk's first slot's row).
+template <int DC, class P>
+void bf16_span_scores(const std::uint16_t* kb, int vc, const std::uint32_t* krot,
+                      const std::uint16_t* qb16, float* sc, int G, span_prefetch& pf,
+                      attention_scratch& w) {
+  using namespace simd;
+  constexpr int D = 16 * DC, DB = DC / 2, SL = 16 * kSpanChunks;
+  if constexpr (P::kind == placement_kind::kAtAttention) {
+    // Four keys at a time, the prefetches advancing in between (kRotateSteps).
+    for (int j = 0; j < 16; j += 4) {
+      pf.advance();
+      if (j < vc)
+        rotate_keys_bf16<DC>(kb + j * D, vc - j < 4 ? vc - j : 4,
+                             krot + static_cast<std::size_t>(j) * DB * 32, w.kb16.data() + j * D);
+    }
+    kb = w.kb16.data();  // rows >= vc hold stale data; their scores are masked later
+  } else {
+    (void)vc;
+    (void)krot;
+    (void)w;
+  }
+  for (int g = 0; g < G; ++g) {
+    pf.advance();
+    __m512bh qb[DB];
+    for (int cb = 0; cb < DB; ++cb)
+      qb[cb] = __builtin_bit_cast(__m512bh, _mm512_loadu_si512(qb16 + g * D + 32 * cb));
+    const auto kload = [&](int j, int cb) {
+      return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(kb + j * D + 32 * cb));
+    };
+    // Key rows in address order (each row's DB loads in turn), which the hardware prefetchers
+    // follow; sixteen independent chains keep the dot-product units busy.
+    vf16 part[16];
+    for (int j = 0; j < 16; ++j) {
+      part[j] = _mm512_dpbf16_ps(vf16{}, kload(j, 0), qb[0]);
+      for (int cb = 1; cb < DB; ++cb) part[j] = _mm512_dpbf16_ps(part[j], kload(j, cb), qb[cb]);
+    }
+    vf16 x;
+    transpose_sum(part, x);
+    RELOKV_VSTORE(sc + g * SL, x);
+  }
+}
+
+/// One softmax step over a span for `rows` query heads: scores sc ([rows][SL], lanes past
+/// vcs[c] of chunk c dead, possibly garbage: left out of the max, weight 0), state mx/sum
+/// ([rows]); the weights go to pbs ([rows][SL], bf16), the corrections to corr ([rows]).
+inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc, float* mx,
+                              float* sum, std::uint16_t* pbs, float* corr, span_prefetch& pf) {
+  using namespace simd;
+  constexpr int SL = 16 * kSpanChunks;
+  const vf16 ninf = vf16{} - __builtin_inff();
+  for (int r = 0; r < rows; ++r) {
+    pf.advance();
+    const float* xs = sc + r * SL;
+    vf16 mv = ninf;
+    for (int c = 0; c < n; ++c) {
+      const auto live = static_cast<__mmask16>((1u << vcs[c]) - 1u);
+      const vf16 x = _mm512_mask_blend_ps(live, ninf, RELOKV_VLOAD(xs + 16 * c));
+      mv = mv > x ? mv : x;
+    }
+    const float bmax = reduce16(mv, [](const vf16& a, const vf16& b) { return a > b ? a : b; });
+    const float m_old = mx[r];
+    const float m_new = m_old > bmax ? m_old : bmax;
+    vf16 sv{};
+    for (int c = 0; c < n; ++c) {
+      vf16 x = RELOKV_VLOAD(xs + 16 * c) - m_new;
+      exp_nonpositive(x);
+      live_only(x, vcs[c]);
+      std::uint16_t* pb = pbs + r * SL + 16 * c;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb),
+                          __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));
+      load_bf16(x, pb);  // the weights as rounded, so that the normalized weights sum to one
+      sv += x;
+    }
+    corr[r] = detail::exp_nonpositive(m_old - m_new);  // 0 on the first span
+    sum[r] = sum[r] * corr[r] + simd::sum(sv);
+    mx[r] = m_new;
+  }
+}
+
+/// P.V of a span for the G query heads of one KV head, HP heads at a time, as in
+/// bf16_block_head: slots t and t + 1 interleaved per dimension in registers (a missing
+/// partner is zero); the products start from zero, stay in registers over the span's n chunks
+/// (v[c]: chunk c's first value row, vcs[c] visible slots) and are folded into acc ([G][D],
+/// bf16_acc_index order) as acc * corr[g] + P.V. pw: the weights ([G][SL]).
+template <int DC>
+void bf16_span_pv(int n, const std::uint16_t* const* v, const int* vcs, const std::uint16_t* pw,
+                  const float* corr, float* acc_g, int G, span_prefetch& pf) {
+  using namespace simd;
+  constexpr int D = 16 * DC, DB = DC / 2, SL = 16 * kSpanChunks;
+  constexpr int HP = bf16_span_heads(DC);
+  const auto pv = [&](int g0, auto heads) {
+    constexpr int N = decltype(heads)::value;
+    vf16 a[N][DC];
+    for (int gi = 0; gi < N; ++gi)
+      for (int c = 0; c < DC; ++c) a[gi][c] = vf16{};
+    const auto step = [&](const std::uint16_t* vb, const std::uint16_t* pc, int t, bool pair) {
+      pf.advance();
+      __m512bh pp[N];
+      for (int gi = 0; gi < N; ++gi) {
+        std::uint32_t wpair;
+        std::memcpy(&wpair, pc + (g0 + gi) * SL + t, sizeof wpair);
+        pp[gi] = __builtin_bit_cast(__m512bh, _mm512_set1_epi32(static_cast<std::int32_t>(wpair)));
+      }
+      for (int cb = 0; cb < DB; ++cb) {
+        const __m512i v0 = _mm512_loadu_si512(vb + t * D + 32 * cb);
+        const __m512i v1 =
+            pair ? _mm512_loadu_si512(vb + (t + 1) * D + 32 * cb) : _mm512_setzero_si512();
+        const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(v0, v1));
+        const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(v0, v1));
+        for (int gi = 0; gi < N; ++gi) {
+          a[gi][2 * cb] = _mm512_dpbf16_ps(a[gi][2 * cb], lo, pp[gi]);
+          a[gi][2 * cb + 1] = _mm512_dpbf16_ps(a[gi][2 * cb + 1], hi, pp[gi]);
+        }
+      }
+    };
+    for (int c = 0; c < n; ++c) {
+      const int vc = vcs[c];
+      int t = 0;
+      for (; t + 1 < vc; t += 2) step(v[c], pw + 16 * c, t, true);
+      if (t < vc) step(v[c], pw + 16 * c, t, false);
+    }
+    for (int gi = 0; gi < N; ++gi) {
+      float* acc = acc_g + static_cast<std::size_t>(g0 + gi) * D;
+      const float f = corr[g0 + gi];
+      for (int c = 0; c < DC; ++c)
+        RELOKV_VSTORE(acc + 16 * c, RELOKV_VLOAD(acc + 16 * c) * f + a[gi][c]);
+    }
+  };
+  int g0 = 0;
+  for (; g0 + HP <= G; g0 += HP) pv(g0, std::integral_constant<int, HP>{});
+  for (; g0 < G; ++g0) pv(g0, std::integral_constant<int, 1>{});
+}
+
+/// Decode of one query over a sequence's blocks on the bf16 path, in spans (kSpanChunks) for
+/// the KV heads [h_begin, h_end). query_angles(bi, pos0, m) leaves R(m - pos0) in w.cs/w.sn
+/// (attend_group's decode chain); the query's scaled rows are w.qrot (rotated at m for
+/// pre_rotated, in bf16_acc_index order for rot_bf16), its state w.acc/w.mx/w.sum.
+template <class P, class Angles>
+void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* blocks,
+                       std::int32_t num_blocks, pos_t mq, int G, int h_begin, int h_end,
+                       rope_layout layout, int pairs, bool rot_bf16, Angles&& query_angles,
+                       attention_scratch& w) {
+  const int D = kv.head_dim, nh = h_end - h_begin;
+  if (nh <= 0) return;
+  constexpr int SL = 16 * kSpanChunks;
+  const auto hd = static_cast<std::size_t>(D);
+  constexpr bool rotates_q = P::kind != placement_kind::kPreRotated;
+  const rope_layout qlayout = rot_bf16 ? rope_layout::kNeoX : layout;
+  w.span_qc.resize(kSpanChunks * hd);
+  w.span_qs.resize(kSpanChunks * hd);
+  w.span_sc.resize(static_cast<std::size_t>(nh * G) * SL);
+  w.wb16.resize(w.span_sc.size());
+  w.qb16.resize(static_cast<std::size_t>(nh * G) * hd);
+  w.corr.resize(static_cast<std::size_t>(nh * G));
+  const auto valid_of = [&](const block_entry& e) {
+    return e.pos0 > mq || e.len <= 0
+               ? 0
+               : static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{mq} - e.pos0 + 1));
+  };
+  const auto kp = [&](block_id b, int h, int j0) {
+    return reinterpret_cast<const std::uint16_t*>(kv.k(b, h)) + static_cast<std::ptrdiff_t>(j0) * D;
+  };
+  const auto vp = [&](block_id b, int h, int j0) {
+    return reinterpret_cast<const std::uint16_t*>(kv.v(b, h)) + static_cast<std::ptrdiff_t>(j0) * D;
+  };
+  // The keys (or values) of a chunk for all heads of the call: one range in memory.
+  const std::ptrdiff_t tile = kv.tile_elems() * static_cast<std::ptrdiff_t>(sizeof(bf16));
+  const auto heads_bytes = [&](int vc) {
+    return (nh - 1) * tile + static_cast<std::ptrdiff_t>(vc) * D * std::ptrdiff_t{2};
+  };
+  int n = 0;
+  block_id cblock[kSpanChunks] = {};
+  int cj0[kSpanChunks] = {}, cvc[kSpanChunks] = {};
+  bool new_q[kSpanChunks] = {};
+  // Computes the span for every head: the scores of each chunk for all heads (keys in memory
+  // order), one softmax step for all query rows (independent chains, so they overlap), then
+  // P.V head by head. (next_bi, next_j0): where the next span starts; its keys and values
+  // stream in meanwhile.
+  const auto run = [&](std::int32_t next_bi, int next_j0) {
+    // While the keys are scored, this span's values stream in; while the values are summed,
+    // the next span's keys.
+    span_prefetch pf, pf2;
+    for (int c = 0; c < n; ++c) pf.add(vp(cblock[c], h_begin, cj0[c]), heads_bytes(cvc[c]));
+    for (std::int32_t b = next_bi, j = next_j0, k = 0; b < num_blocks && k < kSpanChunks;
+         ++b, j = 0)
+      for (const int valid = valid_of(blocks[b]); j < valid && k < kSpanChunks; j += 16, ++k)
+        pf2.add(kp(blocks[b].block, h_begin, j), heads_bytes(std::min(16, valid - j)));
+    const int HP = bf16_span_heads(D / 16);
+    int npairs = 0;
+    for (int c = 0; c < n; ++c) npairs += (cvc[c] + 1) / 2;
+    int nq = 0;
+    for (int c = 0; c < n; ++c) nq += new_q[c] ? 1 : 0;
+    // Steps that advance each: query rows, key rotations and scores; softmax rows and P.V
+    // pairs.
+    constexpr int rot_steps = P::kind == placement_kind::kAtAttention ? 4 : 0;
+    pf.spread(std::int64_t{nh} * (G * (n + nq) + rot_steps * n));
+    pf2.spread(std::int64_t{nh} * (G + (G / HP + G % HP) * npairs));
+    for (int c = 0; c < n; ++c) {
+      if (new_q[c]) {  // the query rows of every head, rotated for this block, as bf16
+        const float* qc = rotates_q ? w.span_qc.data() + static_cast<std::size_t>(c) * hd : nullptr;
+        const float* qs = w.span_qs.data() + static_cast<std::size_t>(c) * hd;
+        with_chunks(D, [&](auto dc) {
+          bf16_query_rows<decltype(dc)::value>(
+              nh * G, w.qrot.data() + static_cast<std::size_t>(h_begin * G) * hd, qc, qs, qlayout,
+              w.qb16.data(), pf);
+        });
+      }
+      for (int h = h_begin; h < h_end; ++h) {
+        const int r = (h - h_begin) * G;
+        with_chunks(D, [&](auto dc) {
+          constexpr int DC = decltype(dc)::value;
+          bf16_span_scores<DC, P>(
+              kp(cblock[c], h, cj0[c]), cvc[c],
+              rot_bf16 ? w.krot.data() + static_cast<std::size_t>(cj0[c]) * (DC / 2) * 32 : nullptr,
+              w.qb16.data() + static_cast<std::size_t>(r) * hd,
+              w.span_sc.data() + static_cast<std::size_t>(r) * SL + 16 * c, G, pf, w);
+        });
+      }
+    }
+    pf.drain();
+    bf16_span_softmax(nh * G, n, cvc, w.span_sc.data(), w.mx.data() + h_begin * G,
+                      w.sum.data() + h_begin * G, w.wb16.data(), w.corr.data(), pf2);
+    const std::uint16_t* vrow[kSpanChunks] = {};
+    for (int h = h_begin; h < h_end; ++h) {
+      const int r = (h - h_begin) * G;
+      for (int c = 0; c < n; ++c) vrow[c] = vp(cblock[c], h, cj0[c]);
+      with_chunks(D, [&](auto dc) {
+        bf16_span_pv<decltype(dc)::value>(
+            n, vrow, cvc, w.wb16.data() + static_cast<std::size_t>(r) * SL, w.corr.data() + r,
+            w.acc.data() + static_cast<std::size_t>(h * G) * hd, G, pf2);
+      });
+    }
+    pf2.drain();
+    n = 0;
+  };
+  for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
+    const block_entry e = blocks[bi];
+    const int valid = valid_of(e);
+    for (int j0 = 0; j0 < valid; j0 += 16) {
+      if (n == kSpanChunks) run(bi, j0);
+      const int c = n++;
+      cblock[c] = e.block;
+      cj0[c] = j0;
+      cvc[c] = std::min(16, valid - j0);
+      new_q[c] = c == 0 || (rotates_q && j0 == 0);
+      if constexpr (rotates_q) {
+        float* rc = w.span_qc.data() + static_cast<std::size_t>(c) * hd;
+        float* rs = w.span_qs.data() + static_cast<std::size_t>(c) * hd;
+        if (j0 == 0) {
+          query_angles(bi, e.pos0, mq);
+          if (rot_bf16) {
+            to_acc_order(pairs, w.cs.data(), rc);
+            to_acc_order(pairs, w.sn.data(), rs);
+          } else if (layout == rope_layout::kNeoX) {
+            std::copy(w.cs.begin(), w.cs.begin() + pairs, rc);
+            std::copy(w.sn.begin(), w.sn.begin() + pairs, rs);
+          } else {
+            expand_rotation(layout, pairs, D, w.cs.data(), w.sn.data(), rc, rs);
+          }
+        } else {  // the block's earlier chunk: the row before (the last one after a run)
+          const std::size_t from = static_cast<std::size_t>(c == 0 ? kSpanChunks - 1 : c - 1) * hd;
+          std::copy(w.span_qc.begin() + static_cast<std::ptrdiff_t>(from),
+                    w.span_qc.begin() + static_cast<std::ptrdiff_t>(from + hd), rc);
+          std::copy(w.span_qs.begin() + static_cast<std::ptrdiff_t>(from),
+                    w.span_qs.begin() + static_cast<std::ptrdiff_t>(from + hd), rs);
+        }
+      }
+    }
+  }
+  if (n > 0) run(num_blocks, 0);
+}
+
+/// The rotations R(j) of a block's slots j < bs (times the magnitude factor) as
+/// rotate_keys_bf16 reads them: for slot j and each group of 16 pairs in bf16_acc_index order
+/// of the head's first half (the order the key's 16-bit unpacks leave its pairs in), 16
+/// (cos, -sin) then 16 (sin, cos) bf16 pairs, the first of each in the low half. jcos/jsin:
+/// [bs][pairs] unit rotations; out: [bs][2 * pairs]. Built once per call: at_attention's keys
+/// are rotated by their offset in the block, the query by the block's position
+/// (R(m) q . R(pos0 + j) k = R(m - pos0) q . R(j) k).
 inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float* jcos,
                                       const float* jsin, std::uint32_t* out) {
   using simd::vf16;
-  // Word l of C next to word l of S: (C_l, S_l) in dword l.
+  // Word l of the low vector next to word l of the high one: (lo_l, hi_l) in dword l.
   alignas(64) std::uint16_t idx[32];
   for (int l = 0; l < 16; ++l) {
     idx[2 * l] = static_cast<std::uint16_t>(l);
     idx[2 * l + 1] = static_cast<std::uint16_t>(16 + l);
   }
   const __m512i interleave = _mm512_load_si512(idx);
-  const __m512i neg_hi = _mm512_set1_epi32(static_cast<std::int32_t>(0x80000000u));
+  const auto pairs_of = [&](const vf16& lo, const vf16& hi) {
+    return _mm512_permutexvar_epi16(interleave,
+                                    __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
+  };
   for (int j = 0; j < bs; ++j)
     for (int u = 0; u < pairs / 16; ++u) {
       alignas(64) float c[16], sn[16];
@@ -735,31 +1129,14 @@ inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float*
         c[l] = mag * jcos[i];
         sn[l] = mag * jsin[i];
       }
-      const __m512i cs = _mm512_permutexvar_epi16(
-          interleave,
-          __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(RELOKV_VLOAD(sn), RELOKV_VLOAD(c))));
-      const __m512i t1 = _mm512_xor_si512(cs, neg_hi);  // (C, -S)
-      _mm512_storeu_si512(out + static_cast<std::size_t>(j * pairs + 16 * u), t1);
+      const vf16 C = RELOKV_VLOAD(c), S = RELOKV_VLOAD(sn);
+      std::uint32_t* dst = out + static_cast<std::size_t>(2 * j * pairs + 32 * u);
+      _mm512_storeu_si512(dst, pairs_of(C, -S));
+      _mm512_storeu_si512(dst + 16, pairs_of(S, C));
     }
 }
 #endif
 #endif
-
-/// Per-element form of a rotation: x' = x * cosE + partner(x) * sinE (see block_head_t).
-inline void expand_rotation(rope_layout layout, int pairs, int D, const float* cs, const float* sn,
-                            float* cosE, float* sinE) {
-  for (int d = 0; d < D; ++d) {
-    cosE[d] = 1.0f;
-    sinE[d] = 0.0f;
-  }
-  for (int i = 0; i < pairs; ++i) {
-    std::int32_t a, b;
-    pair_index(layout, pairs, i, a, b);
-    cosE[a] = cosE[b] = cs[i];
-    sinE[a] = -sn[i];
-    sinE[b] = sn[i];
-  }
-}
 
 /// Attention of a group of queries of one sequence (each with all its query heads) over the
 /// sequence's blocks. Blocks are the outer loop, so a block's K/V are read once per group while
@@ -828,7 +1205,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
                   /*unit=*/true);
 #if RELOKV_HOST_BF16_DOT
     if (rot_bf16) {
-      w.krot.resize(w.kcos.size());
+      w.krot.resize(2 * w.kcos.size());
       build_slot_rotations_bf16(bs, pairs, mag, w.jcos.data(), w.jsin.data(), w.krot.data());
     }
 #endif
@@ -889,6 +1266,19 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       rope.prefetch(std::int64_t{mq} - blocks[bi + 1].pos0);
   };
 
+#if RELOKV_HOST_BF16_DOT
+  // Decode on the bf16 path: spans of up to kSpanChunks chunks per kernel call.
+  if constexpr (is_bf16) {
+    const bool spans = bf16_dot && decode && nq == 1 &&
+                       (P::kind == placement_kind::kPreRotated || rot_bf16 ||
+                        (P::kind == placement_kind::kBlockRelative && fused_q));
+    if (spans) {
+      bf16_decode_spans<P>(kv, blocks, num_blocks, m[0], G, h_begin, h_end, layout, pairs, rot_bf16,
+                           query_angles, w);
+      num_blocks = 0;  // all done; the output loop below normalizes
+    }
+  }
+#endif
   for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
     const block_entry e = blocks[bi];
     if (e.pos0 > m_max || e.len <= 0) continue;

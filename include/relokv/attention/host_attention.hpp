@@ -8,7 +8,10 @@
 /// Loop structure per query: blocks outer, KV heads inner, the query heads of a GQA group
 /// innermost, so every key and value is read once per query position and group, not once per
 /// query head. The inner loops (conversion, rotation, dot products, exp, V accumulation) are
-/// written with fixed-width lane arrays so that they vectorize without -ffast-math.
+/// written with fixed-width lane arrays so that they vectorize without -ffast-math. Decode on
+/// the bf16 fast path goes in spans of up to 64 slots (bf16_decode_spans): scores of the span
+/// for every KV head of the call, one online-softmax step per query head, then P.V, with the
+/// span's values and the next span's keys prefetched meanwhile.
 ///
 /// Numerics on AVX512_BF16 hosts with bf16 storage (opt out with RELOKV_NO_BF16_DOT): products
 /// of bf16 values with fp32 sums; the query and the softmax weights are rounded to bf16, and
@@ -873,37 +876,57 @@ void bf16_span_scores(const std::uint16_t* kb, int vc, const std::uint32_t* krot
 /// One softmax step over a span for `rows` query heads: scores sc ([rows][SL], lanes past
 /// vcs[c] of chunk c dead, possibly garbage: left out of the max, weight 0), state mx/sum
 /// ([rows]); the weights go to pbs ([rows][SL], bf16), the corrections to corr ([rows]).
+/// Sixteen rows at a time: their maxima and sums are reduced together by a transpose and
+/// their corrections are one vector exp, so no row waits on its own chain of reductions.
 inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc, float* mx,
                               float* sum, std::uint16_t* pbs, float* corr, span_prefetch& pf) {
   using namespace simd;
   constexpr int SL = 16 * kSpanChunks;
   const vf16 ninf = vf16{} - __builtin_inff();
-  for (int r = 0; r < rows; ++r) {
-    pf.advance();
-    const float* xs = sc + r * SL;
-    vf16 mv = ninf;
-    for (int c = 0; c < n; ++c) {
-      const auto live = static_cast<__mmask16>((1u << vcs[c]) - 1u);
-      const vf16 x = _mm512_mask_blend_ps(live, ninf, RELOKV_VLOAD(xs + 16 * c));
-      mv = mv > x ? mv : x;
+  const auto vmax = [](const vf16& a, const vf16& b) { return a > b ? a : b; };
+  for (int r0 = 0; r0 < rows; r0 += 16) {
+    const int nr = rows - r0 < 16 ? rows - r0 : 16;
+    const auto live_rows = static_cast<__mmask16>((1u << nr) - 1u);
+    vf16 part[16];
+    for (int i = 0; i < 16; ++i) {
+      part[i] = ninf;
+      if (i >= nr) continue;
+      const float* xs = sc + (r0 + i) * SL;
+      for (int c = 0; c < n; ++c) {
+        const auto live = static_cast<__mmask16>((1u << vcs[c]) - 1u);
+        part[i] = vmax(part[i], _mm512_mask_blend_ps(live, ninf, RELOKV_VLOAD(xs + 16 * c)));
+      }
     }
-    const float bmax = reduce16(mv, [](const vf16& a, const vf16& b) { return a > b ? a : b; });
-    const float m_old = mx[r];
-    const float m_new = m_old > bmax ? m_old : bmax;
-    vf16 sv{};
-    for (int c = 0; c < n; ++c) {
-      vf16 x = RELOKV_VLOAD(xs + 16 * c) - m_new;
-      exp_nonpositive(x);
-      live_only(x, vcs[c]);
-      std::uint16_t* pb = pbs + r * SL + 16 * c;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb),
-                          __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));
-      load_bf16(x, pb);  // the weights as rounded, so that the normalized weights sum to one
-      sv += x;
+    vf16 bmax;
+    transpose_reduce(part, bmax, vmax);
+    const vf16 m_old = _mm512_mask_loadu_ps(ninf, live_rows, mx + r0);
+    const vf16 m_new = vmax(m_old, bmax);
+    vf16 cr = m_old - m_new;
+    exp_nonpositive(cr);  // 0 on the first span
+    alignas(64) float mrow[16];
+    RELOKV_VSTORE(mrow, m_new);
+    for (int i = 0; i < 16; ++i) {
+      part[i] = vf16{};
+      if (i >= nr) continue;
+      pf.advance();
+      const float* xs = sc + (r0 + i) * SL;
+      for (int c = 0; c < n; ++c) {
+        vf16 x = RELOKV_VLOAD(xs + 16 * c) - mrow[i];
+        exp_nonpositive(x);
+        live_only(x, vcs[c]);
+        std::uint16_t* pb = pbs + (r0 + i) * SL + 16 * c;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb),
+                            __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));
+        load_bf16(x, pb);  // the weights as rounded, so that the normalized weights sum to one
+        part[i] += x;
+      }
     }
-    corr[r] = detail::exp_nonpositive(m_old - m_new);  // 0 on the first span
-    sum[r] = sum[r] * corr[r] + simd::sum(sv);
-    mx[r] = m_new;
+    vf16 bsum;
+    transpose_sum(part, bsum);
+    const vf16 s_old = _mm512_maskz_loadu_ps(live_rows, sum + r0);
+    _mm512_mask_storeu_ps(sum + r0, live_rows, s_old * cr + bsum);
+    _mm512_mask_storeu_ps(mx + r0, live_rows, m_new);
+    _mm512_mask_storeu_ps(corr + r0, live_rows, cr);
   }
 }
 

@@ -83,21 +83,29 @@ RELOKV_ALWAYS_INLINE inline void transpose16(vf16 (&r)[16]) {
   transpose_level<8>(r);
 }
 
-/// Sum of each of 16 vectors into one lane each: out[j] = sum(a[j]). The transpose's levels,
-/// adding the two halves of each swap instead of keeping both: each level halves the number
-/// of vectors and doubles the number of rows a vector holds partial sums for.
-RELOKV_ALWAYS_INLINE inline void transpose_sum(const vf16* a, vf16& out) {
+/// op over each of 16 vectors into one lane each: out[j] = op(a[j][0], ..., a[j][15]). The
+/// transpose's levels, combining the two halves of each swap instead of keeping both: each
+/// level halves the number of vectors and doubles the number of rows a vector holds partial
+/// results for.
+template <class Op>
+RELOKV_ALWAYS_INLINE inline void transpose_reduce(const vf16* a, vf16& out, Op op) {
   constexpr auto lanes = std::make_index_sequence<16>{};
   vf16 l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; ++i)
-    l1[i] = swap_lo<1>(a[2 * i], a[2 * i + 1], lanes) + swap_hi<1>(a[2 * i], a[2 * i + 1], lanes);
+    l1[i] =
+        op(swap_lo<1>(a[2 * i], a[2 * i + 1], lanes), swap_hi<1>(a[2 * i], a[2 * i + 1], lanes));
   for (int i = 0; i < 4; ++i)
-    l2[i] =
-        swap_lo<2>(l1[2 * i], l1[2 * i + 1], lanes) + swap_hi<2>(l1[2 * i], l1[2 * i + 1], lanes);
+    l2[i] = op(swap_lo<2>(l1[2 * i], l1[2 * i + 1], lanes),
+               swap_hi<2>(l1[2 * i], l1[2 * i + 1], lanes));
   for (int i = 0; i < 2; ++i)
-    l3[i] =
-        swap_lo<4>(l2[2 * i], l2[2 * i + 1], lanes) + swap_hi<4>(l2[2 * i], l2[2 * i + 1], lanes);
-  out = swap_lo<8>(l3[0], l3[1], lanes) + swap_hi<8>(l3[0], l3[1], lanes);
+    l3[i] = op(swap_lo<4>(l2[2 * i], l2[2 * i + 1], lanes),
+               swap_hi<4>(l2[2 * i], l2[2 * i + 1], lanes));
+  out = op(swap_lo<8>(l3[0], l3[1], lanes), swap_hi<8>(l3[0], l3[1], lanes));
+}
+
+/// Sum of each of 16 vectors into one lane each: out[j] = sum(a[j]).
+RELOKV_ALWAYS_INLINE inline void transpose_sum(const vf16* a, vf16& out) {
+  transpose_reduce(a, out, [](const vf16& x, const vf16& y) { return x + y; });
 }
 
 /// op over all 16 lanes (log-step reduction, the result in every lane; GCC 12's AVX-512 reduce

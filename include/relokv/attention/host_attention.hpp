@@ -96,7 +96,7 @@ struct group_row {
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
       qcos, qsin, jcos, jsin, stepc, steps;
-  std::vector<std::uint16_t> kb16, wb16;         ///< bf16: rotated keys; [G][16] softmax weights
+  std::vector<std::uint16_t> kb16, wb16;         ///< bf16: rotated keys; softmax weights
   std::vector<float> corr;                       ///< bf16 path: [G] online-softmax corrections
   std::vector<float> span_sc, span_qc, span_qs;  ///< bf16 decode spans
   std::vector<std::uint16_t> qb16;               ///< bf16 decode spans: [G][head_dim] queries
@@ -583,6 +583,9 @@ RELOKV_ALWAYS_INLINE inline void rotate_keys_bf16(const std::uint16_t* src0, int
   }
 }
 
+/// Query heads per P.V set of the bf16 kernels (HP * DC accumulators in registers).
+constexpr int bf16_pv_heads(int DC) { return DC <= 4 ? 4 : DC <= 8 ? 2 : 1; }
+
 /// fast_block_head for bf16 storage with VDPBF16PS: keys and values are read as stored (no
 /// conversion), the query and the softmax weights are rounded to bf16, accumulation is fp32.
 /// bh.acc holds the online-softmax accumulators in bf16_acc_index order.
@@ -600,7 +603,7 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
   const auto store_pair = [](std::uint16_t* dst, const vf16& lo, const vf16& hi) {
     _mm512_storeu_si512(dst, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
   };
-  constexpr int HP = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;  // heads per P.V set: HP * DC accumulators
+  constexpr int HP = bf16_pv_heads(DC);
   // One share per query head's scores and per slot pair of each set of heads in the P.V loop.
   prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G + 8 * (bh.G / HP + bh.G % HP));
   for (int j0 = 0; j0 < bh.valid; j0 += 16) {
@@ -745,11 +748,11 @@ RELOKV_ALWAYS_INLINE inline void to_acc_order(int n, const float* src, float* ds
 /// they were prefetched while the keys were scored.
 inline constexpr int kSpanChunks = 4;
 
-/// The next span's keys and values (for the call's heads, in memory order) prefetched while
-/// this span computes, at a steady rate: `step` bytes at each of the span's loop steps that
-/// call advance() (a burst would stall on the fill buffers while the span's own loads wait).
-/// Software prefetches are what keeps decode streaming here: the hardware prefetchers alone
-/// leave it at about half the bandwidth.
+/// Prefetches of a list of ranges (a span's values, or the next span's keys, for the call's
+/// heads) at a steady rate: `step` bytes at each loop step that calls advance(), spread over
+/// the steps of one phase of the span (a burst would stall on the fill buffers while the
+/// span's own loads wait). Software prefetches are what keeps decode streaming here: without
+/// them the kernel gets about half the bandwidth from DRAM.
 struct span_prefetch {
   static constexpr int kMax = 2 * kSpanChunks;
   const char* ptr[kMax] = {};
@@ -784,9 +787,6 @@ struct span_prefetch {
   RELOKV_ALWAYS_INLINE void advance() { issue(step); }
   void drain() { issue(remaining); }
 };
-
-/// Query heads per P.V set of the bf16 kernels (HP * DC accumulators in registers).
-constexpr int bf16_span_heads(int DC) { return DC <= 4 ? 4 : DC <= 8 ? 2 : 1; }
 
 /// `rows` query rows (scaled, [rows][D] from q) as bf16 into dst, rotated by qc/qs when set
 /// (see load_query_rows; the rotation rows are loaded once for all rows).
@@ -839,7 +839,8 @@ void bf16_span_scores(const std::uint16_t* kb, int vc, const std::uint32_t* krot
   using namespace simd;
   constexpr int D = 16 * DC, DB = DC / 2, SL = 16 * kSpanChunks;
   if constexpr (P::kind == placement_kind::kAtAttention) {
-    // Four keys at a time, the prefetches advancing in between (kRotateSteps).
+    // Four keys at a time, the prefetches advancing in between (rot_steps of
+    // bf16_decode_spans).
     for (int j = 0; j < 16; j += 4) {
       pf.advance();
       if (j < vc)
@@ -860,8 +861,8 @@ void bf16_span_scores(const std::uint16_t* kb, int vc, const std::uint32_t* krot
     const auto kload = [&](int j, int cb) {
       return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(kb + j * D + 32 * cb));
     };
-    // Key rows in address order (each row's DB loads in turn), which the hardware prefetchers
-    // follow; sixteen independent chains keep the dot-product units busy.
+    // Key rows in address order (each row's DB loads in turn); sixteen independent chains
+    // keep the dot-product units busy.
     vf16 part[16];
     for (int j = 0; j < 16; ++j) {
       part[j] = _mm512_dpbf16_ps(vf16{}, kload(j, 0), qb[0]);
@@ -940,7 +941,7 @@ void bf16_span_pv(int n, const std::uint16_t* const* v, const int* vcs, const st
                   const float* corr, float* acc_g, int G, span_prefetch& pf) {
   using namespace simd;
   constexpr int D = 16 * DC, DB = DC / 2, SL = 16 * kSpanChunks;
-  constexpr int HP = bf16_span_heads(DC);
+  constexpr int HP = bf16_pv_heads(DC);
   const auto pv = [&](int g0, auto heads) {
     constexpr int N = decltype(heads)::value;
     vf16 a[N][DC];
@@ -1038,7 +1039,7 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
          ++b, j = 0)
       for (const int valid = valid_of(blocks[b]); j < valid && k < kSpanChunks; j += 16, ++k)
         pf2.add(kp(blocks[b].block, h_begin, j), heads_bytes(std::min(16, valid - j)));
-    const int HP = bf16_span_heads(D / 16);
+    const int HP = bf16_pv_heads(D / 16);
     int npairs = 0;
     for (int c = 0; c < n; ++c) npairs += (cvc[c] + 1) / 2;
     int nq = 0;

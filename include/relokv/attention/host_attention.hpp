@@ -586,6 +586,33 @@ RELOKV_ALWAYS_INLINE inline void rotate_keys_bf16(const std::uint16_t* src0, int
 /// Query heads per P.V set of the bf16 kernels (HP * DC accumulators in registers).
 constexpr int bf16_pv_heads(int DC) { return DC <= 4 ? 4 : DC <= 8 ? 2 : 1; }
 
+/// One step of the bf16 kernels' P.V for N query heads: the values of slots t and t + 1 (row
+/// vt, and vt + D when `pair`; else zero, so that garbage in an unused slot never meets a zero
+/// weight) interleaved per dimension in registers (bf16_acc_index order), times each head's
+/// pair of weights (head gi's at wt + gi * wstride), added into a[gi].
+template <int DC, int N>
+RELOKV_ALWAYS_INLINE inline void bf16_pv_step(const std::uint16_t* vt, bool pair,
+                                              const std::uint16_t* wt, int wstride,
+                                              simd::vf16 (&a)[N][DC]) {
+  constexpr int D = 16 * DC;
+  __m512bh pp[N];
+  for (int gi = 0; gi < N; ++gi) {
+    std::uint32_t wpair;
+    std::memcpy(&wpair, wt + gi * wstride, sizeof wpair);
+    pp[gi] = __builtin_bit_cast(__m512bh, _mm512_set1_epi32(static_cast<std::int32_t>(wpair)));
+  }
+  for (int cb = 0; cb < DC / 2; ++cb) {
+    const __m512i v0 = _mm512_loadu_si512(vt + 32 * cb);
+    const __m512i v1 = pair ? _mm512_loadu_si512(vt + D + 32 * cb) : _mm512_setzero_si512();
+    const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(v0, v1));
+    const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(v0, v1));
+    for (int gi = 0; gi < N; ++gi) {
+      a[gi][2 * cb] = _mm512_dpbf16_ps(a[gi][2 * cb], lo, pp[gi]);
+      a[gi][2 * cb + 1] = _mm512_dpbf16_ps(a[gi][2 * cb + 1], hi, pp[gi]);
+    }
+  }
+}
+
 /// fast_block_head for bf16 storage with VDPBF16PS: keys and values are read as stored (no
 /// conversion), the query and the softmax weights are rounded to bf16, accumulation is fp32.
 /// bh.acc holds the online-softmax accumulators in bf16_acc_index order.
@@ -693,23 +720,7 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
       for (int tp = 0; tp < npairs; ++tp) {
         pf.advance();
         const int t = 2 * tp;
-        __m512bh pp[N];
-        for (int gi = 0; gi < N; ++gi) {
-          std::uint32_t pair;
-          std::memcpy(&pair, pbs + 16 * (g0 + gi) + t, sizeof pair);
-          pp[gi] = __builtin_bit_cast(__m512bh, _mm512_set1_epi32(static_cast<std::int32_t>(pair)));
-        }
-        for (int cb = 0; cb < DB; ++cb) {
-          const __m512i v0 = _mm512_loadu_si512(vraw + (j0 + t) * D + 32 * cb);
-          const __m512i v1 = t + 1 < vc ? _mm512_loadu_si512(vraw + (j0 + t + 1) * D + 32 * cb)
-                                        : _mm512_setzero_si512();
-          const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(v0, v1));
-          const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(v0, v1));
-          for (int gi = 0; gi < N; ++gi) {
-            a[gi][2 * cb] = _mm512_dpbf16_ps(a[gi][2 * cb], lo, pp[gi]);
-            a[gi][2 * cb + 1] = _mm512_dpbf16_ps(a[gi][2 * cb + 1], hi, pp[gi]);
-          }
-        }
+        bf16_pv_step<DC, N>(vraw + (j0 + t) * D, t + 1 < vc, pbs + 16 * g0 + t, 16, a);
       }
       for (int gi = 0; gi < N; ++gi) {
         float* acc = bh.acc + static_cast<std::size_t>(bh.h * bh.G + g0 + gi) * D;
@@ -940,7 +951,7 @@ template <int DC>
 void bf16_span_pv(int n, const std::uint16_t* const* v, const int* vcs, const std::uint16_t* pw,
                   const float* corr, float* acc_g, int G, span_prefetch& pf) {
   using namespace simd;
-  constexpr int D = 16 * DC, DB = DC / 2, SL = 16 * kSpanChunks;
+  constexpr int D = 16 * DC, SL = 16 * kSpanChunks;
   constexpr int HP = bf16_pv_heads(DC);
   const auto pv = [&](int g0, auto heads) {
     constexpr int N = decltype(heads)::value;
@@ -949,23 +960,7 @@ void bf16_span_pv(int n, const std::uint16_t* const* v, const int* vcs, const st
       for (int c = 0; c < DC; ++c) a[gi][c] = vf16{};
     const auto step = [&](const std::uint16_t* vb, const std::uint16_t* pc, int t, bool pair) {
       pf.advance();
-      __m512bh pp[N];
-      for (int gi = 0; gi < N; ++gi) {
-        std::uint32_t wpair;
-        std::memcpy(&wpair, pc + (g0 + gi) * SL + t, sizeof wpair);
-        pp[gi] = __builtin_bit_cast(__m512bh, _mm512_set1_epi32(static_cast<std::int32_t>(wpair)));
-      }
-      for (int cb = 0; cb < DB; ++cb) {
-        const __m512i v0 = _mm512_loadu_si512(vb + t * D + 32 * cb);
-        const __m512i v1 =
-            pair ? _mm512_loadu_si512(vb + (t + 1) * D + 32 * cb) : _mm512_setzero_si512();
-        const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(v0, v1));
-        const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(v0, v1));
-        for (int gi = 0; gi < N; ++gi) {
-          a[gi][2 * cb] = _mm512_dpbf16_ps(a[gi][2 * cb], lo, pp[gi]);
-          a[gi][2 * cb + 1] = _mm512_dpbf16_ps(a[gi][2 * cb + 1], hi, pp[gi]);
-        }
-      }
+      bf16_pv_step<DC, N>(vb + t * D, pair, pc + g0 * SL + t, SL, a);
     };
     for (int c = 0; c < n; ++c) {
       const int vc = vcs[c];

@@ -145,30 +145,56 @@ struct block_head_t {
   std::int32_t pf_bytes = 0;
 };
 
-/// Issues the prefetches of a range a few lines at a time, one share per call of advance():
-/// a burst of 128 prefetches at the start of a block-head stalls on the fill buffers while the
-/// block's own loads wait behind it; spread over the kernel's loop, the next block streams in
-/// while this one computes (bf16 decode from DRAM: ~1000 -> ~460 ns per block and KV head).
+/// Issues the prefetches of a few ranges a few lines at a time, `step` bytes per call of
+/// advance(): a burst of prefetches stalls on the fill buffers while the kernel's own loads
+/// wait behind it; spread over the kernel's loop, the next data streams in while this computes
+/// (bf16 decode from DRAM: ~1000 -> ~460 ns per block and KV head). Software prefetches are
+/// what keeps decode streaming here: without them the kernels get about half the bandwidth.
 struct prefetch_cursor {
+  static constexpr int kMaxRanges = 4;
+  const char* ptr[kMaxRanges] = {};
+  std::ptrdiff_t bytes[kMaxRanges] = {};
+  int n = 0, i = 0;
   const char* p = nullptr;
-  const char* end = nullptr;
-  std::ptrdiff_t step = 0;
-  /// `shares` calls of advance() cover [pf, pf + bytes).
-  prefetch_cursor(const char* pf, std::int32_t bytes, int shares)
-      : p(pf),
-        end(pf == nullptr ? pf : pf + bytes),
-        step((bytes / (shares > 0 ? shares : 1) + 63) / 64 * 64) {}
-  RELOKV_ALWAYS_INLINE void advance() {
+  std::ptrdiff_t left = 0;  ///< bytes of range i from p on
+  std::ptrdiff_t remaining = 0, step = 0;
+  prefetch_cursor() = default;
+  /// `shares` calls of advance() cover [pf, pf + bytes) (nothing when pf is null).
+  prefetch_cursor(const char* pf, std::ptrdiff_t len, int shares) {
+    if (pf != nullptr) add(pf, len);
+    spread(shares);
+  }
+  void add(const void* at, std::ptrdiff_t len) {
+    RELOKV_ASSERT(n < kMaxRanges, "prefetch_cursor: too many ranges");
+    ptr[n] = static_cast<const char*>(at);
+    bytes[n++] = len;
+    remaining += len;
+    if (n == 1) {
+      p = ptr[0];
+      left = len;
+    }
+  }
+  /// Spreads what is left over `steps` calls of advance().
+  void spread(std::int64_t steps) {
+    step = static_cast<std::ptrdiff_t>((remaining / (steps > 0 ? steps : 1) + 63) / 64 * 64);
+  }
+  RELOKV_ALWAYS_INLINE void issue(std::ptrdiff_t budget) {
 #if defined(__GNUC__) || defined(__clang__)
-    const char* e = end - p < step ? end : p + step;
-    for (; p < e; p += 64) __builtin_prefetch(p, 0, 1);
+    while (budget > 0 && i < n) {
+      for (; left > 0 && budget > 0; p += 64, left -= 64, budget -= 64, remaining -= 64)
+        __builtin_prefetch(p, 0, 1);
+      if (left <= 0 && ++i < n) {
+        p = ptr[i];
+        left = bytes[i];
+      }
+    }
+#else
+    (void)budget;
 #endif
   }
-  RELOKV_ALWAYS_INLINE void finish() {
-#if defined(__GNUC__) || defined(__clang__)
-    for (; p < end; p += 64) __builtin_prefetch(p, 0, 1);
-#endif
-  }
+  RELOKV_ALWAYS_INLINE void advance() { issue(step); }
+  /// Issues everything left.
+  void finish() { issue(remaining); }
 };
 
 template <class P, class T>
@@ -232,6 +258,13 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       }
     }
   }
+}
+
+/// Slots of block entry e that a query at logical position m sees (causal; 0 for none).
+inline int visible_slots(const block_entry& e, pos_t m) {
+  return e.pos0 > m || e.len <= 0
+             ? 0
+             : static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m} - e.pos0 + 1));
 }
 
 /// Per-element form of a rotation: x' = x * cosE + partner(x) * sinE (see block_head_t).
@@ -759,51 +792,14 @@ RELOKV_ALWAYS_INLINE inline void to_acc_order(int n, const float* src, float* ds
 /// they were prefetched while the keys were scored.
 inline constexpr int kSpanChunks = 4;
 
-/// Prefetches of a list of ranges (a span's values, or the next span's keys, for the call's
-/// heads) at a steady rate: `step` bytes at each loop step that calls advance(), spread over
-/// the steps of one phase of the span (a burst would stall on the fill buffers while the
-/// span's own loads wait). Software prefetches are what keeps decode streaming here: without
-/// them the kernel gets about half the bandwidth from DRAM.
-struct span_prefetch {
-  static constexpr int kMax = 2 * kSpanChunks;
-  const char* ptr[kMax] = {};
-  std::ptrdiff_t bytes[kMax] = {};
-  int n = 0, i = 0;
-  const char* p = nullptr;
-  std::ptrdiff_t left = 0;  ///< bytes of range i from p on
-  std::ptrdiff_t remaining = 0, step = 0;
-  void add(const void* at, std::ptrdiff_t len) {
-    ptr[n] = static_cast<const char*>(at);
-    bytes[n++] = len;
-    remaining += len;
-    if (n == 1) {
-      p = ptr[0];
-      left = len;
-    }
-  }
-  /// Spreads what is left over `steps` calls of advance().
-  void spread(std::int64_t steps) {
-    step = static_cast<std::ptrdiff_t>((remaining / (steps > 0 ? steps : 1) + 63) / 64 * 64);
-  }
-  RELOKV_ALWAYS_INLINE void issue(std::ptrdiff_t budget) {
-    while (budget > 0 && i < n) {
-      for (; left > 0 && budget > 0; p += 64, left -= 64, budget -= 64, remaining -= 64)
-        __builtin_prefetch(p, 0, 1);
-      if (left <= 0 && ++i < n) {
-        p = ptr[i];
-        left = bytes[i];
-      }
-    }
-  }
-  RELOKV_ALWAYS_INLINE void advance() { issue(step); }
-  void drain() { issue(remaining); }
-};
+static_assert(kSpanChunks <= prefetch_cursor::kMaxRanges,
+              "a span's values, or the next span's keys, are one prefetch range per chunk");
 
 /// `rows` query rows (scaled, [rows][D] from q) as bf16 into dst, rotated by qc/qs when set
 /// (see load_query_rows; the rotation rows are loaded once for all rows).
 template <int DC>
 void bf16_query_rows(int rows, const float* q, const float* qc, const float* qs, rope_layout layout,
-                     std::uint16_t* dst, span_prefetch& pf) {
+                     std::uint16_t* dst, prefetch_cursor& pf) {
   using simd::vf16;
   constexpr int D = 16 * DC;
   const auto store = [&](int r, const vf16(&v)[DC]) {
@@ -844,9 +840,10 @@ void bf16_query_rows(int rows, const float* q, const float* qc, const float* qs,
 /// anything). at_attention: the keys are rotated by their slots' R(j) first (krot: the
 /// chunk's first slot's row).
 template <int DC, class P>
-void bf16_span_scores(const std::uint16_t* kb, int vc, const std::uint32_t* krot,
-                      const std::uint16_t* qb16, float* sc, int G, span_prefetch& pf,
-                      attention_scratch& w) {
+void bf16_span_scores(const std::uint16_t* kb, [[maybe_unused]] int vc,
+                      [[maybe_unused]] const std::uint32_t* krot, const std::uint16_t* qb16,
+                      float* sc, int G, prefetch_cursor& pf,
+                      [[maybe_unused]] attention_scratch& w) {
   using namespace simd;
   constexpr int D = 16 * DC, DB = DC / 2, SL = 16 * kSpanChunks;
   if constexpr (P::kind == placement_kind::kAtAttention) {
@@ -859,10 +856,6 @@ void bf16_span_scores(const std::uint16_t* kb, int vc, const std::uint32_t* krot
                              krot + static_cast<std::size_t>(j) * DB * 32, w.kb16.data() + j * D);
     }
     kb = w.kb16.data();  // rows >= vc hold stale data; their scores are masked later
-  } else {
-    (void)vc;
-    (void)krot;
-    (void)w;
   }
   for (int g = 0; g < G; ++g) {
     pf.advance();
@@ -891,7 +884,7 @@ void bf16_span_scores(const std::uint16_t* kb, int vc, const std::uint32_t* krot
 /// Sixteen rows at a time: their maxima and sums are reduced together by a transpose and
 /// their corrections are one vector exp, so no row waits on its own chain of reductions.
 inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc, float* mx,
-                              float* sum, std::uint16_t* pbs, float* corr, span_prefetch& pf) {
+                              float* sum, std::uint16_t* pbs, float* corr, prefetch_cursor& pf) {
   using namespace simd;
   constexpr int SL = 16 * kSpanChunks;
   const vf16 ninf = vf16{} - __builtin_inff();
@@ -949,7 +942,7 @@ inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc, 
 /// bf16_acc_index order) as acc * corr[g] + P.V. pw: the weights ([G][SL]).
 template <int DC>
 void bf16_span_pv(int n, const std::uint16_t* const* v, const int* vcs, const std::uint16_t* pw,
-                  const float* corr, float* acc_g, int G, span_prefetch& pf) {
+                  const float* corr, float* acc_g, int G, prefetch_cursor& pf) {
   using namespace simd;
   constexpr int D = 16 * DC, SL = 16 * kSpanChunks;
   constexpr int HP = bf16_pv_heads(DC);
@@ -1001,11 +994,6 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
   w.wb16.resize(w.span_sc.size());
   w.qb16.resize(static_cast<std::size_t>(nh * G) * hd);
   w.corr.resize(static_cast<std::size_t>(nh * G));
-  const auto valid_of = [&](const block_entry& e) {
-    return e.pos0 > mq || e.len <= 0
-               ? 0
-               : static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{mq} - e.pos0 + 1));
-  };
   const auto kp = [&](block_id b, int h, int j0) {
     return reinterpret_cast<const std::uint16_t*>(kv.k(b, h)) + static_cast<std::ptrdiff_t>(j0) * D;
   };
@@ -1028,11 +1016,12 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
   const auto run = [&](std::int32_t next_bi, int next_j0) {
     // While the keys are scored, this span's values stream in; while the values are summed,
     // the next span's keys.
-    span_prefetch pf, pf2;
+    prefetch_cursor pf, pf2;
     for (int c = 0; c < n; ++c) pf.add(vp(cblock[c], h_begin, cj0[c]), heads_bytes(cvc[c]));
     for (std::int32_t b = next_bi, j = next_j0, k = 0; b < num_blocks && k < kSpanChunks;
          ++b, j = 0)
-      for (const int valid = valid_of(blocks[b]); j < valid && k < kSpanChunks; j += 16, ++k)
+      for (const int valid = visible_slots(blocks[b], mq); j < valid && k < kSpanChunks;
+           j += 16, ++k)
         pf2.add(kp(blocks[b].block, h_begin, j), heads_bytes(std::min(16, valid - j)));
     const int HP = bf16_pv_heads(D / 16);
     int npairs = 0;
@@ -1066,7 +1055,7 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
         });
       }
     }
-    pf.drain();
+    pf.finish();
     bf16_span_softmax(nh * G, n, cvc, w.span_sc.data(), w.mx.data() + h_begin * G,
                       w.sum.data() + h_begin * G, w.wb16.data(), w.corr.data(), pf2);
     const std::uint16_t* vrow[kSpanChunks] = {};
@@ -1079,12 +1068,12 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
             w.acc.data() + static_cast<std::size_t>(h * G) * hd, G, pf2);
       });
     }
-    pf2.drain();
+    pf2.finish();
     n = 0;
   };
   for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
     const block_entry e = blocks[bi];
-    const int valid = valid_of(e);
+    const int valid = visible_slots(e, mq);
     for (int j0 = 0; j0 < valid; j0 += 16) {
       if (n == kSpanChunks) run(bi, j0);
       const int c = n++;
@@ -1304,8 +1293,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     if (P::kind == placement_kind::kAtAttention && !rot_bf16) {
       // R(pos0 + j) = R(pos0) R(j): one table row per block, composed per slot, shared by all
       // KV heads and queries.
-      const int rows =
-          static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m_max} - e.pos0 + 1));
+      const int rows = visible_slots(e, m_max);
       rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
       if (nq == 1 && bi + 1 < num_blocks) rope.prefetch(blocks[bi + 1].pos0);
       const float* c0 = w.c0.data();
@@ -1334,8 +1322,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
         int n = 0, vmax = 0;
         for (int qi = 0; qi < nq; ++qi) {
           if (e.pos0 > m[qi]) continue;
-          const int valid =
-              static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m[qi]} - e.pos0 + 1));
+          const int valid = visible_slots(e, m[qi]);
           vmax = std::max(vmax, valid);
           for (int g = 0; g < G; ++g) {
             const std::size_t r =
@@ -1360,8 +1347,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     for (int qi = 0; qi < nq; ++qi) {
       const pos_t mq = m[qi];
       if (e.pos0 > mq) continue;
-      const int valid =
-          static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{mq} - e.pos0 + 1));
+      const int valid = visible_slots(e, mq);
       const auto qoff = static_cast<std::size_t>(qi) * hq;
       // Scaled query rows; unrotated for block_relative, which rotates them per block below.
       const float* qsrc = w.qrot.data() + qoff * hd;

@@ -488,6 +488,176 @@ TEMPLATE_TEST_CASE("attention: calls split over KV heads on threads equal one ca
                   relokv::error);
 }
 
+/// Largest log-sum-exp error relative to max(1, |want|); a row without visible keys must be
+/// -inf in both.
+double lse_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      if (!(std::isinf(want[i]) && std::isinf(got[i]) && got[i] < 0 && want[i] < 0)) return 1e30;
+      continue;
+    }
+    err = std::max(err, std::fabs(got[i] - want[i]) / std::max(1.0, std::fabs(want[i])));
+  }
+  return err;
+}
+
+TEMPLATE_TEST_CASE("attention: calls over parts of the blocks merge into one call", "[attention]",
+                   relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
+  // Split over a sequence's blocks: decode and prefill over disjoint ranges of the block table,
+  // each with its log-sum-exp, folded together by merge_attention_states, equal one call over
+  // every block and the oracle. GQA (4 query heads per KV head) and MQA (8 over one), fp32,
+  // bf16 (spans) and fp16; a gap in the positions; parts that are empty, or that lie wholly
+  // after a query (no visible key: lse -inf, nothing merged).
+  const auto run = [](auto zero, int num_kv_heads) {
+    using T = decltype(zero);
+    constexpr int D = 128, Hq = 8;
+    std::mt19937 rng(static_cast<unsigned>(23 + num_kv_heads));
+    const auto cfg = config(relokv::rope_layout::kNeoX, D);
+    const relokv::rope_table rope(cfg, 2048);
+    relokv::host_kv_storage<T> st(relokv::kv_shape{1, 10, num_kv_heads, 16, D});
+    std::vector<oracle::key_token> keys;
+    std::vector<block_entry> entries;
+    int pos = 100;
+    for (int b = 0; b < 10; ++b) {
+      const int len = b == 3 ? 5 : b == 9 ? 9 : 16;
+      if (b == 4) pos += 30;
+      auto d = write_block<TestType>(rope, st, b, pos, len, rng);
+      for (int j = 0; j < len; ++j) {
+        d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
+        keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
+      }
+      entries.push_back({b, pos, len});
+      pos += len;
+    }
+    const relokv::paged_kv_view<const T> kv(st.layer(0));
+    const float scale = 0.09f;
+    // Queries: after every key, inside block 6 (blocks 7.. unseen), inside block 1.
+    const std::vector<relokv::pos_t> qpos = {pos + 1, entries[6].pos0 + 3, entries[1].pos0 + 7};
+    const auto nt = static_cast<std::int32_t>(qpos.size());
+    const auto q = randn(qpos.size() * Hq * D, rng);
+    const std::size_t rows = qpos.size() * Hq;
+    std::vector<double> want(rows * D), want_lse(rows);
+    for (std::size_t t = 0; t < qpos.size(); ++t) {
+      const std::vector<float> qt(q.begin() + static_cast<std::ptrdiff_t>(t * Hq * D),
+                                  q.begin() + static_cast<std::ptrdiff_t>((t + 1) * Hq * D));
+      std::vector<double> l;
+      const auto o = oracle::attend(cfg, keys, qt, qpos[t], Hq, num_kv_heads, scale, &l);
+      std::copy(o.begin(), o.end(), want.begin() + static_cast<std::ptrdiff_t>(t * Hq * D));
+      std::copy(l.begin(), l.end(), want_lse.begin() + static_cast<std::ptrdiff_t>(t * Hq));
+    }
+    // One call over blocks [b0, b1): prefill, or decode with each query its own sequence over
+    // those blocks.
+    const auto call = [&](bool decode, int b0, int b1, float* out, float* lse) {
+      if (decode) {
+        std::vector<block_entry> tab;
+        std::vector<std::int32_t> indptr = {0};
+        for (std::int32_t t = 0; t < nt; ++t) {
+          tab.insert(tab.end(), entries.begin() + b0, entries.begin() + b1);
+          indptr.push_back(static_cast<std::int32_t>(tab.size()));
+        }
+        relokv::decode_attention<TestType>(rope, kv, {tab.data(), indptr.data(), nt}, q.data(),
+                                           qpos.data(), Hq, scale, out, {}, lse);
+      } else {
+        const std::int32_t indptr[2] = {0, b1 - b0}, qind[2] = {0, nt};
+        relokv::prefill_attention<TestType>(rope, kv, {entries.data() + b0, indptr, 1}, q.data(),
+                                            qpos.data(), qind, Hq, scale, out, {}, lse);
+      }
+    };
+    const double tol = tolerance<T>();
+    for (bool decode : {true, false}) {
+      std::vector<float> whole(rows * D), whole_lse(rows);
+      call(decode, 0, 10, whole.data(), whole_lse.data());
+      INFO((decode ? "decode" : "prefill") << " kv heads " << num_kv_heads);
+      CHECK(max_err<T>(whole, want) < tol);
+      CHECK(lse_err(whole_lse, want_lse) < tol);
+      for (const auto& cuts : std::vector<std::vector<int>>{
+               {0, 5, 10}, {0, 3, 7, 10}, {0, 0, 10}, {0, 8, 10}, {0, 1, 2, 4, 6, 9, 10}}) {
+        // The accumulator starts as "no key seen": zeros, lse -inf.
+        std::vector<float> acc(rows * D, 0.0f),
+            acc_lse(rows, -std::numeric_limits<float>::infinity());
+        std::vector<float> part(rows * D, -1.0f), part_lse(rows, 7.0f);
+        for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+          call(decode, cuts[k], cuts[k + 1], part.data(), part_lse.data());
+          relokv::merge_attention_states(rows, D, acc.data(), acc_lse.data(), part.data(),
+                                         part_lse.data());
+        }
+        INFO("parts " << cuts.size() - 1);
+        CHECK(max_err<T>(acc, want) < tol);
+        CHECK(lse_err(acc_lse, want_lse) < tol);
+        if constexpr (std::is_same_v<T, float>) {
+          const std::vector<double> w(whole.begin(), whole.end());
+          CHECK(max_err<T>(acc, w) < 1e-5);
+        }
+      }
+      // Two halves on two threads, merged after the join: what an engine does for MQA.
+      std::vector<float> a(rows * D), a_lse(rows), b(rows * D), b_lse(rows);
+      std::thread t0([&] { call(decode, 0, 5, a.data(), a_lse.data()); });
+      std::thread t1([&] { call(decode, 5, 10, b.data(), b_lse.data()); });
+      t0.join();
+      t1.join();
+      relokv::merge_attention_states(rows, D, a.data(), a_lse.data(), b.data(), b_lse.data());
+      CHECK(max_err<T>(a, want) < tol);
+      CHECK(lse_err(a_lse, want_lse) < tol);
+    }
+  };
+  for (int num_kv_heads : {2, 1}) {
+    run(float{}, num_kv_heads);
+    run(relokv::bf16{}, num_kv_heads);
+    run(relokv::fp16{}, num_kv_heads);
+  }
+}
+
+TEST_CASE("attention: merging attention states", "[attention]") {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  // Row 0: both parts saw keys; row 1: only b; row 2: only a; row 3: neither.
+  std::vector<float> out = {1, 2, 5, 5, 3, 4, 0, 0}, lse = {0.0f, ninf, 1.5f, ninf};
+  const std::vector<float> ob = {3, 6, 7, 8, 9, 9, 0, 0}, lb = {std::log(3.0f), 2.0f, ninf, ninf};
+  relokv::merge_attention_states(4, 2, out.data(), lse.data(), ob.data(), lb.data());
+  // Row 0: weights 1 and 3 of 4.
+  CHECK(out[0] == Approx(0.25 * 1 + 0.75 * 3));
+  CHECK(out[1] == Approx(0.25 * 2 + 0.75 * 6));
+  CHECK(lse[0] == Approx(std::log(4.0)));
+  CHECK(out[2] == 7.0f);
+  CHECK(out[3] == 8.0f);
+  CHECK(lse[1] == 2.0f);
+  CHECK(out[4] == 3.0f);
+  CHECK(out[5] == 4.0f);
+  CHECK(lse[2] == 1.5f);
+  CHECK(out[6] == 0.0f);
+  CHECK(out[7] == 0.0f);
+  CHECK(lse[3] == ninf);
+  // Far apart log-sum-exps neither overflow nor lose the larger part.
+  std::vector<float> o1 = {1}, l1 = {-200.0f};
+  const std::vector<float> o2 = {2}, l2 = {300.0f};
+  relokv::merge_attention_states(1, 1, o1.data(), l1.data(), o2.data(), l2.data());
+  CHECK(o1[0] == 2.0f);
+  CHECK(l1[0] == 300.0f);
+  // Order of merging does not matter (up to rounding).
+  std::mt19937 rng(3);
+  const auto pa = randn(64, rng), pb = randn(64, rng), pc = randn(64, rng);
+  const std::vector<float> la = {0.3f, -1.0f}, lbb = {2.0f, ninf}, lc = {-0.5f, 0.7f};
+  std::vector<float> x = pa, xl = la, y = pc, yl = lc;
+  relokv::merge_attention_states(2, 32, x.data(), xl.data(), pb.data(), lbb.data());
+  relokv::merge_attention_states(2, 32, x.data(), xl.data(), pc.data(), lc.data());
+  relokv::merge_attention_states(2, 32, y.data(), yl.data(), pb.data(), lbb.data());
+  relokv::merge_attention_states(2, 32, y.data(), yl.data(), pa.data(), la.data());
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(x[i] == Approx(y[i]).margin(1e-6));
+  CHECK(xl[0] == Approx(yl[0]));
+  CHECK(xl[1] == Approx(yl[1]));
+  // Bad input: a NaN log-sum-exp, a non-positive head_dim, null arrays.
+  std::vector<float> nan_l = {std::numeric_limits<float>::quiet_NaN()};
+  CHECK_THROWS_AS(
+      relokv::merge_attention_states(1, 1, o1.data(), l1.data(), o2.data(), nan_l.data()),
+      relokv::error);
+  CHECK(o1[0] == 2.0f);  // nothing written before the error
+  CHECK_THROWS_AS(relokv::merge_attention_states(1, 0, o1.data(), l1.data(), o2.data(), l2.data()),
+                  relokv::error);
+  CHECK_THROWS_AS(relokv::merge_attention_states(1, 1, nullptr, l1.data(), o2.data(), l2.data()),
+                  relokv::error);
+  relokv::merge_attention_states(0, 1, nullptr, nullptr, nullptr, nullptr);  // nothing to do
+}
+
 TEST_CASE("attention: shape errors are reported", "[attention]") {
   const auto cfg = config(relokv::rope_layout::kNeoX);
   const relokv::rope_table rope(cfg, 16);

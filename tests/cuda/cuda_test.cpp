@@ -83,24 +83,39 @@ void attention_case(int head_dim, int block_size, bool prefill) {
   a.num_q_heads = 8;
   a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const relokv::block_table_view table{entries.data(), indptr.data(), 2};
-  std::vector<float> want;
+  std::vector<float> want, want_lse;
   if (prefill) {
     a.q_pos = {0, 5, 2 * block_size, 3 * block_size - 4, 3, 2 * block_size - 1};  // scattered
     a.q_indptr = {0, 4, 6};
     a.q = randn(a.q_pos.size() * 8 * static_cast<std::size_t>(head_dim), rng);
     want.resize(a.q.size());
+    want_lse.resize(a.q_pos.size() * 8);
     relokv::prefill_attention<P>(rope, relokv::paged_kv_view<const T>(pool.layer(0)), table,
                                  a.q.data(), a.q_pos.data(), a.q_indptr.data(), 8, a.scale,
-                                 want.data());
+                                 want.data(), {}, want_lse.data());
   } else {
     a.q_pos = {3 * block_size - 4, 2 * block_size - 1};
     a.q = randn(2 * 8 * static_cast<std::size_t>(head_dim), rng);
     want.resize(a.q.size());
+    want_lse.resize(a.q_pos.size() * 8);
     relokv::decode_attention<P>(rope, relokv::paged_kv_view<const T>(pool.layer(0)), table,
-                                a.q.data(), a.q_pos.data(), 8, a.scale, want.data());
+                                a.q.data(), a.q_pos.data(), 8, a.scale, want.data(), {},
+                                want_lse.data());
   }
-  const auto got = relokv_test::device_attention(a);
+  std::vector<float> got_lse;
+  const auto got = relokv_test::device_attention(a, &got_lse);
   CHECK(rel_err(got, want) < 1e-4);
+  // Log-sum-exps: the host's bf16 path rounds queries and weights (see the host tests'
+  // tolerances); the scores here are O(1), so an absolute bound.
+  REQUIRE(got_lse.size() == want_lse.size());
+  for (std::size_t i = 0; i < got_lse.size(); ++i) {
+    INFO("row " << i);
+    if (std::isinf(want_lse[i])) {  // no visible key
+      CHECK(got_lse[i] == want_lse[i]);
+      continue;
+    }
+    CHECK(std::fabs(got_lse[i] - want_lse[i]) < 2e-2f * std::max(1.0f, std::fabs(want_lse[i])));
+  }
 }
 
 template <class P>

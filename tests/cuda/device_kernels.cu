@@ -79,7 +79,7 @@ int cuda_device_count(std::string& why) {
   return n;
 }
 
-std::vector<float> device_attention(const device_attention_args& a) {
+std::vector<float> device_attention(const device_attention_args& a, std::vector<float>* lse) {
   std::vector<float> out;
   with_placement(a.placement, [&](auto placement) {
     using P = decltype(placement);
@@ -105,10 +105,13 @@ std::vector<float> device_attention(const device_attention_args& a) {
       p.num_q_heads = a.num_q_heads;
       p.scale = a.scale;
       p.out = o.p;
+      dbuf<float> l(lse != nullptr ? static_cast<std::size_t>(tokens) * a.num_q_heads : 0);
+      p.lse = l.p;
       if (auto s = relokv::cuda::can_implement(p); !s) throw std::runtime_error(s.reason);
       check(relokv::cuda::paged_attention<P, T>(p, nullptr), "paged_attention");
       check(cudaDeviceSynchronize(), "paged_attention (sync)");
       out = o.get();
+      if (lse != nullptr) *lse = l.get();
     });
   });
   return out;

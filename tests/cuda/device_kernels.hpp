@@ -33,8 +33,10 @@ struct device_attention_args {
   float scale = 1.0f;
 };
 
-/// Runs the device paged attention; throws with the CUDA error text on failure.
-std::vector<float> device_attention(const device_attention_args& a);
+/// Runs the device paged attention; throws with the CUDA error text on failure. lse (when
+/// given) receives the rows' log-sum-exps.
+std::vector<float> device_attention(const device_attention_args& a,
+                                    std::vector<float>* lse = nullptr);
 
 /// Runs device kv-append on a zeroed pool; returns the pool bytes.
 std::vector<std::uint8_t> device_append(relokv::placement_kind placement, relokv::dtype type,

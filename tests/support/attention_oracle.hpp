@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace oracle {
@@ -28,9 +29,13 @@ inline void rotate_exact(const relokv::rope_config& c, std::vector<double>& x, d
 }
 
 /// out: [num_q_heads][head_dim] for one query (unrotated q: [num_q_heads][head_dim]) at m.
+/// lse (when given): [num_q_heads], log of each head's softmax denominator (-inf: no key).
 inline std::vector<double> attend(const relokv::rope_config& c, const std::vector<key_token>& keys,
                                   const std::vector<float>& q, int m, int num_q_heads,
-                                  int num_kv_heads, double scale) {
+                                  int num_kv_heads, double scale,
+                                  std::vector<double>* lse = nullptr) {
+  if (lse != nullptr)
+    lse->assign(static_cast<std::size_t>(num_q_heads), -std::numeric_limits<double>::infinity());
   const int D = c.head_dim, G = num_q_heads / num_kv_heads;
   std::vector<double> out(static_cast<std::size_t>(num_q_heads * D), 0.0);
   for (int qh = 0; qh < num_q_heads; ++qh) {
@@ -53,6 +58,7 @@ inline std::vector<double> attend(const relokv::rope_config& c, const std::vecto
     const double mx = *std::max_element(s.begin(), s.end());
     double sum = 0;
     for (auto& x : s) sum += (x = std::exp(x - mx));
+    if (lse != nullptr) (*lse)[static_cast<std::size_t>(qh)] = mx + std::log(sum);
     for (std::size_t j = 0; j < s.size(); ++j)
       for (int i = 0; i < D; ++i)
         out[static_cast<std::size_t>(qh * D + i)] +=

@@ -1153,8 +1153,8 @@ inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float*
 template <class P, class T>
 void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
                   std::int32_t num_blocks, const float* q, const pos_t* m, int nq,
-                  std::int32_t num_q_heads, float scale, float* out, bool decode, int h_begin,
-                  int h_end) {
+                  std::int32_t num_q_heads, float scale, float* out, float* lse, bool decode,
+                  int h_begin, int h_end) {
   const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
   const int pairs = rope.pairs();
   const rope_layout layout = rope.config().layout;
@@ -1417,6 +1417,9 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     const auto head = static_cast<int>(i % hq);
     if (head < h_begin * G || head >= h_end * G) continue;       // another call's share
     const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
+    if (lse != nullptr)
+      lse[i] =
+          w.sum[i] > 0.0f ? w.mx[i] + std::log(w.sum[i]) : -std::numeric_limits<float>::infinity();
     const float* acc = w.acc.data() + i * hd;
     if (bf16_dot) {
 #if RELOKV_HOST_BF16_DOT
@@ -1454,18 +1457,23 @@ void check_shapes(const rope_table& rope, const paged_kv_view<const T>& kv,
 /// @param q_pos  [num_seqs] logical position of each query
 /// @param out    [num_seqs][num_q_heads][head_dim]
 /// @param heads  the share of the KV heads this call computes (see kv_head_range)
+/// @param lse    optional [num_seqs][num_q_heads]: the natural log of each row's softmax
+///               denominator over the scaled scores, -inf where no key is visible (its `out`
+///               row is zeros). With it, calls over disjoint parts of a sequence's blocks (one
+///               per thread: the split that serves MQA models and long single sequences, which
+///               kv_head_range cannot share out) merge exactly with merge_attention_states.
 template <class P, class T>
 void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_table_view table,
                       const float* q, const pos_t* q_pos, std::int32_t num_q_heads, float scale,
-                      float* out, kv_head_range heads = {}) {
+                      float* out, kv_head_range heads = {}, float* lse = nullptr) {
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   detail::check_shapes(rope, kv, num_q_heads, heads);
   const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
   for (std::int32_t s = 0; s < table.num_seqs; ++s)
-    detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
-                            table.indptr[s + 1] - table.indptr[s], q + s * stride, q_pos + s, 1,
-                            num_q_heads, scale, out + s * stride, /*decode=*/true, heads.begin,
-                            heads.end);
+    detail::attend_group<P>(
+        rope, kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
+        q + s * stride, q_pos + s, 1, num_q_heads, scale, out + s * stride,
+        lse == nullptr ? nullptr : lse + s * num_q_heads, /*decode=*/true, heads.begin, heads.end);
 }
 
 /// Prefill attention: sequence s has queries q_indptr[s] .. q_indptr[s+1], each at its own
@@ -1475,11 +1483,12 @@ void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_t
 /// @param q_pos  [num_tokens]
 /// @param out    [num_tokens][num_q_heads][head_dim]
 /// @param heads  the share of the KV heads this call computes (see kv_head_range)
+/// @param lse    optional [num_tokens][num_q_heads], as for decode_attention
 template <class P, class T>
 void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_table_view table,
                        const float* q, const pos_t* q_pos, const std::int32_t* q_indptr,
-                       std::int32_t num_q_heads, float scale, float* out,
-                       kv_head_range heads = {}) {
+                       std::int32_t num_q_heads, float scale, float* out, kv_head_range heads = {},
+                       float* lse = nullptr) {
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   detail::check_shapes(rope, kv, num_q_heads, heads);
   const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
@@ -1490,9 +1499,50 @@ void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_
       const int n = static_cast<int>(std::min(kGroup, q_indptr[s + 1] - t));
       detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
                               table.indptr[s + 1] - table.indptr[s], q + t * stride, q_pos + t, n,
-                              num_q_heads, scale, out + t * stride, /*decode=*/false, heads.begin,
-                              heads.end);
+                              num_q_heads, scale, out + t * stride,
+                              lse == nullptr ? nullptr : lse + t * num_q_heads, /*decode=*/false,
+                              heads.begin, heads.end);
     }
+}
+
+/// Folds attention state (out_b, lse_b) into (out, lse): the two are the same query rows
+/// attending over disjoint sets of keys (for example decode_attention over the first and the
+/// second half of a sequence's blocks, on two threads); the result is the attention over their
+/// union, as one call over all the keys would give it up to rounding. A row with lse -inf has
+/// no visible key: it contributes nothing, and the merged row stays zeros with lse -inf when
+/// neither part has one. Merging parts one by one into an accumulator gives the same result in
+/// any order, up to rounding.
+/// @param rows      query rows (tokens x query heads)
+/// @param head_dim  elements of a row of out
+/// @param out, lse  [rows][head_dim] and [rows]: the accumulator, updated in place
+/// @param out_b, lse_b  the other part, read only
+inline void merge_attention_states(std::size_t rows, std::int32_t head_dim, float* out, float* lse,
+                                   const float* out_b, const float* lse_b) {
+  if (head_dim <= 0)
+    throw error("merge_attention_states: head_dim " + std::to_string(head_dim) +
+                " must be positive");
+  if (rows > 0 && (out == nullptr || lse == nullptr || out_b == nullptr || lse_b == nullptr))
+    throw error("merge_attention_states: null output or log-sum-exp array");
+  const auto hd = static_cast<std::size_t>(head_dim);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float la = lse[r], lb = lse_b[r];
+    if (std::isnan(la) || std::isnan(lb))
+      throw error("merge_attention_states: log-sum-exp of row " + std::to_string(r) + " is NaN");
+    if (lb == ninf) continue;  // b saw no key
+    float* o = out + r * hd;
+    const float* ob = out_b + r * hd;
+    if (la == ninf) {  // a saw no key: b as it is
+      std::copy(ob, ob + hd, o);
+      lse[r] = lb;
+      continue;
+    }
+    const float mx = std::max(la, lb);
+    const float wa = std::exp(la - mx), wb = std::exp(lb - mx), total = wa + wb;
+    const float fa = wa / total, fb = wb / total;
+    for (std::size_t d = 0; d < hd; ++d) o[d] = fa * o[d] + fb * ob[d];
+    lse[r] = mx + std::log(total);
+  }
 }
 
 RELOKV_NAMESPACE_END

@@ -29,6 +29,9 @@ inline constexpr int kWarps = 4;     ///< warps per CTA; each walks every kWarps
 /// Device-side arguments (trivially copyable, passed by value).
 /// q/out: [num_tokens][num_q_heads][head_dim] (q unrotated); q_pos: [num_tokens]; q_indptr:
 /// [num_seqs + 1] token ranges per sequence, or nullptr for decode (token t is sequence t).
+/// lse: optional [num_tokens][num_q_heads], the log-sum-exp of each row's scaled scores (-inf
+/// where no key is visible), as the host kernels give it: calls over parts of a sequence's
+/// blocks merge with merge_attention_states.
 template <class T>
 struct attention_params {
   rope_table_view rope;
@@ -41,6 +44,7 @@ struct attention_params {
   std::int32_t num_q_heads = 0;
   float scale = 1.0f;
   float* out = nullptr;
+  float* lse = nullptr;
 };
 
 template <class T>
@@ -178,8 +182,9 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
         total += s_sum[w][g] * f;
         o += s_acc[w][g][d] * f;
       }
-    p.out[(static_cast<long long>(t) * p.num_q_heads + h * G + g) * D + d] =
-        total > 0.0f ? o / total : 0.0f;
+    const long long row = static_cast<long long>(t) * p.num_q_heads + h * G + g;
+    p.out[row * D + d] = total > 0.0f ? o / total : 0.0f;
+    if (p.lse != nullptr && d == 0) p.lse[row] = total > 0.0f ? M + logf(total) : -INFINITY;
   }
 }
 

@@ -109,8 +109,13 @@ void run_decode_threads(decode_setup& s, const relokv::host_kv_storage<T>& st, i
 
 using figure_lines = std::vector<std::pair<std::string, double>>;
 
+struct bw_figures {
+  double fraction;     ///< median of time(stream) / time(kernel) over the repetitions
+  double stream_gb_s;  ///< the plain read's median bandwidth in the same repetitions
+};
+
 template <class T>
-double bw_fraction(decode_setup& s, int reps, int threads) {
+bw_figures bw_fraction(decode_setup& s, int reps, int threads) {
   const auto st = random_pool<T>(s);
   auto kernel = [&] { run_decode_threads<relokv::block_relative>(s, st, threads); };
   const auto* base = reinterpret_cast<const char*>(st.data());
@@ -125,7 +130,17 @@ double bw_fraction(decode_setup& s, int reps, int threads) {
   };
   kernel();  // warm up (first touch, tables)
   // time(stream) / time(kernel) = (bytes/time(kernel)) / (bytes/time(stream))
-  return 1.0 / median_ratio(kernel, stream, reps, 1);
+  std::vector<double> ratio, gb_s;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now_ns();
+    kernel();
+    const double t1 = now_ns();
+    stream();
+    const double t2 = now_ns();
+    ratio.push_back((t2 - t1) / (t1 - t0));
+    gb_s.push_back(static_cast<double>(total) / (t2 - t1));
+  }
+  return {median(ratio), median(gb_s)};
 }
 
 /// MQA decode (8 query heads over one KV head, head_dim 256, as Gemma 2B; bf16, 64k tokens, 64
@@ -178,9 +193,14 @@ inline figure_lines attention_figures(int reps) {
   decode_setup s;
   // Kernel and stream reference run on the same number of threads.
   const int threads = decode_threads();
-  out.emplace_back("decode_bw_fraction_fp32", bw_fraction<float>(s, reps, threads));
-  out.emplace_back("decode_bw_fraction_bf16", bw_fraction<relokv::bf16>(s, reps, threads));
-  out.emplace_back("decode_bw_fraction_bf16_one_thread", bw_fraction<relokv::bf16>(s, reps, 1));
+  out.emplace_back("decode_bw_fraction_fp32", bw_fraction<float>(s, reps, threads).fraction);
+  const bw_figures bf16 = bw_fraction<relokv::bf16>(s, reps, threads);
+  out.emplace_back("decode_bw_fraction_bf16", bf16.fraction);
+  // The reference's own bandwidth: on a shared host it moves with the neighbours' traffic
+  // (about 36-40 GB/s or 65 GB/s on two threads here), and the fraction with it.
+  out.emplace_back("decode_stream_gb_s", bf16.stream_gb_s);
+  out.emplace_back("decode_bw_fraction_bf16_one_thread",
+                   bw_fraction<relokv::bf16>(s, reps, 1).fraction);
   out.emplace_back("decode_threads", threads);
   out.emplace_back("decode_split_speedup_mqa", mqa_split_speedup(reps, threads));
   {

@@ -608,6 +608,31 @@ TEMPLATE_TEST_CASE("attention: calls over parts of the blocks merge into one cal
   }
 }
 
+TEST_CASE("attention: a mutable pool's layer view is accepted as it is", "[attention]") {
+  std::mt19937 rng(4);
+  const auto cfg = config(relokv::rope_layout::kNeoX);
+  const relokv::rope_table rope(cfg, 128);
+  relokv::host_kv_storage<relokv::bf16> st(relokv::kv_shape{1, 2, 1, 16, 64});
+  write_block<relokv::at_attention>(rope, st, 0, 0, 16, rng);
+  const std::vector<block_entry> e = {{0, 0, 16}};
+  const std::int32_t indptr[2] = {0, 1}, qind[2] = {0, 1};
+  const relokv::pos_t m = 20;
+  const auto q = randn(2 * 64, rng);
+  std::vector<float> a(q.size()), b(q.size()), c(q.size()), d(q.size());
+  relokv::decode_attention<relokv::at_attention>(rope, st.layer(0), {e.data(), indptr, 1}, q.data(),
+                                                 &m, 2, 0.125f, a.data());
+  relokv::decode_attention<relokv::at_attention>(
+      rope, relokv::paged_kv_view<const relokv::bf16>(st.layer(0)), {e.data(), indptr, 1}, q.data(),
+      &m, 2, 0.125f, b.data());
+  relokv::prefill_attention<relokv::at_attention>(rope, st.layer(0), {e.data(), indptr, 1},
+                                                  q.data(), &m, qind, 2, 0.125f, c.data());
+  relokv::prefill_attention<relokv::at_attention>(
+      rope, relokv::paged_kv_view<const relokv::bf16>(st.layer(0)), {e.data(), indptr, 1}, q.data(),
+      &m, qind, 2, 0.125f, d.data());
+  CHECK(a == b);
+  CHECK(c == d);
+}
+
 TEST_CASE("attention: merging attention states", "[attention]") {
   const float ninf = -std::numeric_limits<float>::infinity();
   // Row 0: both parts saw keys; row 1: only b; row 2: only a; row 3: neither.

@@ -1505,6 +1505,28 @@ void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_
     }
 }
 
+/// Mutable views: template arguments do not deduce through the conversion to a read-only view,
+/// so these forward what `storage.layer(l)` of a non-const pool gives.
+template <class P, class T>
+requires(!std::is_const_v<T>) void decode_attention(const rope_table& rope, paged_kv_view<T> kv,
+                                                    block_table_view table, const float* q,
+                                                    const pos_t* q_pos, std::int32_t num_q_heads,
+                                                    float scale, float* out,
+                                                    kv_head_range heads = {},
+                                                    float* lse = nullptr) {
+  decode_attention<P>(rope, paged_kv_view<const T>(kv), table, q, q_pos, num_q_heads, scale, out,
+                      heads, lse);
+}
+
+template <class P, class T>
+requires(!std::is_const_v<T>) void prefill_attention(
+    const rope_table& rope, paged_kv_view<T> kv, block_table_view table, const float* q,
+    const pos_t* q_pos, const std::int32_t* q_indptr, std::int32_t num_q_heads, float scale,
+    float* out, kv_head_range heads = {}, float* lse = nullptr) {
+  prefill_attention<P>(rope, paged_kv_view<const T>(kv), table, q, q_pos, q_indptr, num_q_heads,
+                       scale, out, heads, lse);
+}
+
 /// Folds attention state (out_b, lse_b) into (out, lse): the two are the same query rows
 /// attending over disjoint sets of keys (for example decode_attention over the first and the
 /// second half of a sequence's blocks, on two threads); the result is the attention over their

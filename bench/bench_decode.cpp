@@ -4,6 +4,8 @@
 // bf16, block_relative; 128 MiB of K/V, past the last-level cache). Every line reports the K/V
 // bytes it reads per second (bytes_per_second), each byte once, on 1 and 2 threads (wall time):
 //   decode_heads   the kernel, the KV heads shared out over the threads (kv_head_range);
+//   decode_heads_scattered  the same over physical blocks in shuffled order (a used pool): the
+//                  software prefetches do not depend on blocks lying in order;
 //   decode_blocks  the kernel, the blocks shared out (each part with its log-sum-exp; the merge,
 //                  a few microseconds, is left out);
 //   read_contiguous       a plain read of each thread's contiguous share (the report's reference);
@@ -15,7 +17,9 @@
 // The kernel is measured against these: it cannot beat the prefetched read of its own pattern.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <random>
 #include <vector>
 
 #include "support/attention_figures.hpp"
@@ -27,6 +31,16 @@ using relokv_bench::decode_setup;
 struct shared_pool {
   decode_setup setup;
   relokv::host_kv_storage<relokv::bf16> st = relokv_bench::random_pool<relokv::bf16>(setup);
+  /// The same logical sequence over physical blocks in shuffled order, as a pool that has
+  /// served many requests hands them out.
+  std::vector<relokv::block_entry> scattered = [this] {
+    std::vector<relokv::block_entry> t = setup.table;
+    std::vector<relokv::block_id> phys;
+    for (const auto& e : t) phys.push_back(e.block);
+    std::shuffle(phys.begin(), phys.end(), std::mt19937(11));
+    for (std::size_t i = 0; i < t.size(); ++i) t[i].block = phys[i];
+    return t;
+  }();
 };
 
 /// One pool for every benchmark and thread (built on first use).
@@ -60,6 +74,23 @@ void BM_decode_heads(benchmark::State& s) {
                       static_cast<std::int64_t>(share_bytes(s)));
 }
 BENCHMARK(BM_decode_heads)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_decode_heads_scattered(benchmark::State& s) {
+  auto& p = pool();
+  const int t = s.thread_index(), n = s.threads();
+  std::vector<float> out(p.setup.out.size());
+  const relokv::pos_t m = p.setup.m;
+  const relokv::block_table_view view{p.scattered.data(), p.setup.indptr, 1};
+  for (auto _ : s) {
+    relokv::decode_attention<relokv::block_relative>(
+        p.setup.rope, p.st.layer(0), view, p.setup.q.data(), &m, decode_setup::kHq, 0.0884f,
+        out.data(), {kHeads * t / n, kHeads * (t + 1) / n});
+    benchmark::DoNotOptimize(out.data());
+  }
+  s.SetBytesProcessed(static_cast<std::int64_t>(s.iterations()) *
+                      static_cast<std::int64_t>(share_bytes(s)));
+}
+BENCHMARK(BM_decode_heads_scattered)->Threads(1)->Threads(2)->UseRealTime();
 
 void BM_decode_blocks(benchmark::State& s) {
   auto& p = pool();

@@ -48,6 +48,11 @@ namespace detail {
 
 inline constexpr int kLanes = 16;
 
+/// KV heads whose chunk keys at_attention rotates together (rotate_keys_bf16 loads each slot's
+/// rotation row once for all of them; their rotated keys, 4 KiB each at head_dim 128, stay in
+/// L1 until scored).
+inline constexpr int kRotHeads = 2;
+
 /// e^x for x <= 0 (softmax weights): Cody-Waite reduction and a degree-6 polynomial; relative
 /// error below 2e-7 on [-87, 0]; branch-free so that loops over it vectorize.
 inline float exp_nonpositive(float x) {
@@ -585,33 +590,38 @@ constexpr int bf16_acc_dim(int p) {
 /// rotated row in bf16_acc_index order, in which the query rows are too (a dot product does
 /// not mind the order as long as both agree). tab: the first slot's row of
 /// build_slot_rotations_bf16.
-template <int DC>
+template <int DC, int NH = 1>
 RELOKV_ALWAYS_INLINE inline void rotate_keys_bf16(const std::uint16_t* src0, int vc,
-                                                  const std::uint32_t* tab0, std::uint16_t* dst0) {
+                                                  const std::uint32_t* tab0, std::uint16_t* dst0,
+                                                  std::ptrdiff_t src_head = 0,
+                                                  std::ptrdiff_t dst_head = 0) {
   using simd::vf16;
   constexpr int D = 16 * DC, DB = DC / 2, HB = DB / 2;  // HB: 32-element chunks per half
   const auto store_pair = [](std::uint16_t* dst, const vf16& lo, const vf16& hi) {
     _mm512_storeu_si512(dst, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
   };
   for (int j = 0; j < vc; ++j) {
-    const std::uint16_t* src = src0 + j * D;
-    std::uint16_t* dst = dst0 + j * D;
     const std::uint32_t* tab = tab0 + static_cast<std::size_t>(j) * DB * 32;
     for (int cb = 0; cb < HB; ++cb) {
-      const __m512i a = _mm512_loadu_si512(src + 32 * cb);
-      const __m512i b = _mm512_loadu_si512(src + 32 * (cb + HB));
-      const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(a, b));
-      const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(a, b));
-      // Group u of 16 pairs: (cos, -sin) at tab + 32 u, (sin, cos) at tab + 32 u + 16.
+      // Group u of 16 pairs: (cos, -sin) at tab + 32 u, (sin, cos) at tab + 32 u + 16; loaded
+      // once for the NH heads' keys of this slot.
       const auto t = [&](int u, int part) {
         return __builtin_bit_cast(__m512bh, _mm512_loadu_si512(tab + 32 * u + 16 * part));
       };
-      const vf16 r1lo = _mm512_dpbf16_ps(vf16{}, lo, t(2 * cb, 0));
-      const vf16 r1hi = _mm512_dpbf16_ps(vf16{}, hi, t(2 * cb + 1, 0));
-      const vf16 r2lo = _mm512_dpbf16_ps(vf16{}, lo, t(2 * cb, 1));
-      const vf16 r2hi = _mm512_dpbf16_ps(vf16{}, hi, t(2 * cb + 1, 1));
-      store_pair(dst + 32 * cb, r1lo, r1hi);
-      store_pair(dst + 32 * (cb + HB), r2lo, r2hi);
+      const __m512bh c_lo = t(2 * cb, 0), c_hi = t(2 * cb + 1, 0);
+      const __m512bh s_lo = t(2 * cb, 1), s_hi = t(2 * cb + 1, 1);
+      for (int h = 0; h < NH; ++h) {
+        const std::uint16_t* src = src0 + h * src_head + j * D;
+        std::uint16_t* dst = dst0 + h * dst_head + j * D;
+        const __m512i a = _mm512_loadu_si512(src + 32 * cb);
+        const __m512i b = _mm512_loadu_si512(src + 32 * (cb + HB));
+        const auto lo = __builtin_bit_cast(__m512bh, _mm512_unpacklo_epi16(a, b));
+        const auto hi = __builtin_bit_cast(__m512bh, _mm512_unpackhi_epi16(a, b));
+        store_pair(dst + 32 * cb, _mm512_dpbf16_ps(vf16{}, lo, c_lo),
+                   _mm512_dpbf16_ps(vf16{}, hi, c_hi));
+        store_pair(dst + 32 * (cb + HB), _mm512_dpbf16_ps(vf16{}, lo, s_lo),
+                   _mm512_dpbf16_ps(vf16{}, hi, s_hi));
+      }
     }
   }
 }
@@ -835,28 +845,36 @@ void bf16_query_rows(int rows, const float* q, const float* qc, const float* qs,
   }
 }
 
-/// Scores of one chunk of keys (kb, vc visible) for the G query heads of one KV head: qb holds
-/// their bf16 rows ([G][D]), score row g goes to sc + g * SL (16 lanes; lanes >= vc hold
-/// anything). at_attention: the keys are rotated by their slots' R(j) first (krot: the
-/// chunk's first slot's row).
-template <int DC, class P>
-void bf16_span_scores(const std::uint16_t* kb, [[maybe_unused]] int vc,
-                      [[maybe_unused]] const std::uint32_t* krot, const std::uint16_t* qb16,
-                      float* sc, int G, prefetch_cursor& pf,
-                      [[maybe_unused]] attention_scratch& w) {
+/// The keys of one chunk (vc visible rows of each of nr <= kRotHeads heads, the first at kb,
+/// the next tile_elems further) rotated by their slots' R(j) into dst ([nr][16][D]); four
+/// slots at a time, one prefetch step per head and four slots (rot_steps of bf16_decode_spans).
+template <int DC>
+void rotate_span_keys(const std::uint16_t* kb, std::ptrdiff_t tile_elems, int nr, int vc,
+                      const std::uint32_t* krot, std::uint16_t* dst, prefetch_cursor& pf) {
+  constexpr int D = 16 * DC, DB = DC / 2;
+  static_assert(kRotHeads == 2, "rotate_span_keys handles one or two heads");
+  for (int j = 0; j < 16; j += 4) {
+    for (int h = 0; h < nr; ++h) pf.advance();
+    if (j >= vc) continue;
+    const int n = vc - j < 4 ? vc - j : 4;
+    const std::uint32_t* tab = krot + static_cast<std::size_t>(j) * DB * 32;
+    if (nr == 2) {
+      rotate_keys_bf16<DC, 2>(kb + j * D, n, tab, dst + j * D, tile_elems, 16 * D);
+    } else {
+      rotate_keys_bf16<DC, 1>(kb + j * D, n, tab, dst + j * D);
+    }
+  }
+}
+
+/// Scores of one chunk of keys (kb: 16 rows, at_attention's already rotated by their slots'
+/// R(j), see rotate_span_keys) for the G query heads of one KV head: qb holds their bf16 rows
+/// ([G][D]), score row g goes to sc + g * SL (16 lanes; lanes past the chunk's visible slots
+/// hold anything).
+template <int DC>
+void bf16_span_scores(const std::uint16_t* kb, const std::uint16_t* qb16, float* sc, int G,
+                      prefetch_cursor& pf) {
   using namespace simd;
   constexpr int D = 16 * DC, DB = DC / 2, SL = 16 * kSpanChunks;
-  if constexpr (P::kind == placement_kind::kAtAttention) {
-    // Four keys at a time, the prefetches advancing in between (rot_steps of
-    // bf16_decode_spans).
-    for (int j = 0; j < 16; j += 4) {
-      pf.advance();
-      if (j < vc)
-        rotate_keys_bf16<DC>(kb + j * D, vc - j < 4 ? vc - j : 4,
-                             krot + static_cast<std::size_t>(j) * DB * 32, w.kb16.data() + j * D);
-    }
-    kb = w.kb16.data();  // rows >= vc hold stale data; their scores are masked later
-  }
   for (int g = 0; g < G; ++g) {
     pf.advance();
     __m512bh qb[DB];
@@ -1043,15 +1061,26 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
               w.qb16.data(), pf);
         });
       }
-      for (int h = h_begin; h < h_end; ++h) {
-        const int r = (h - h_begin) * G;
+      for (int h0 = h_begin; h0 < h_end; h0 += kRotHeads) {
+        const int nr = std::min(kRotHeads, h_end - h0);
         with_chunks(D, [&](auto dc) {
           constexpr int DC = decltype(dc)::value;
-          bf16_span_scores<DC, P>(
-              kp(cblock[c], h, cj0[c]), cvc[c],
-              rot_bf16 ? w.krot.data() + static_cast<std::size_t>(cj0[c]) * (DC / 2) * 32 : nullptr,
-              w.qb16.data() + static_cast<std::size_t>(r) * hd,
-              w.span_sc.data() + static_cast<std::size_t>(r) * SL + 16 * c, G, pf, w);
+          const std::uint16_t* keys = kp(cblock[c], h0, cj0[c]);
+          std::ptrdiff_t stride = kv.tile_elems();
+          if constexpr (P::kind == placement_kind::kAtAttention) {
+            // rows past the visible ones hold stale data; their scores are masked later
+            rotate_span_keys<DC>(keys, stride, nr, cvc[c],
+                                 w.krot.data() + static_cast<std::size_t>(cj0[c]) * (DC / 2) * 32,
+                                 w.kb16.data(), pf);
+            keys = w.kb16.data();
+            stride = 16 * D;
+          }
+          for (int i = 0; i < nr; ++i) {
+            const int r = (h0 + i - h_begin) * G;
+            bf16_span_scores<DC>(
+                keys + i * stride, w.qb16.data() + static_cast<std::size_t>(r) * hd,
+                w.span_sc.data() + static_cast<std::size_t>(r) * SL + 16 * c, G, pf);
+          }
         });
       }
     }
@@ -1194,7 +1223,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     w.live_rows.resize(nqs * hq);
   }
   if (bf16_dot) {
-    w.kb16.resize(16 * hd);
+    w.kb16.resize(kRotHeads * 16 * hd);
     w.wb16.resize(16 * static_cast<std::size_t>(G));
     w.corr.resize(static_cast<std::size_t>(G));
   }

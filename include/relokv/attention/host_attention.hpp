@@ -13,6 +13,10 @@
 /// for every KV head of the call, one online-softmax step per query head, then P.V, with the
 /// span's values and the next span's keys prefetched meanwhile.
 ///
+/// Threads: the kernels own none. Calls over disjoint kv_head_ranges write disjoint rows;
+/// calls over disjoint parts of a sequence's blocks return each row's log-sum-exp (`lse`) and
+/// merge_attention_states folds them (the split for MQA and for long single sequences).
+///
 /// Numerics on AVX512_BF16 hosts with bf16 storage (opt out with RELOKV_NO_BF16_DOT): products
 /// of bf16 values with fp32 sums; the query and the softmax weights are rounded to bf16, and
 /// at_attention (NeoX over the whole head) rotates each key by its offset in the block with

@@ -58,29 +58,14 @@ std::size_t share_bytes(const benchmark::State& s) {
   return pool().st.bytes() / static_cast<std::size_t>(s.threads());
 }
 
-void BM_decode_heads(benchmark::State& s) {
+/// The kernel over `table`, this thread's share of the KV heads.
+void decode_heads(benchmark::State& s, const relokv::block_entry* table) {
   auto& p = pool();
   const int t = s.thread_index(), n = s.threads();
-  // Each thread its own query and output (the calls write disjoint rows anyway).
+  // Each thread its own output (the calls write disjoint rows anyway).
   std::vector<float> out(p.setup.out.size());
   const relokv::pos_t m = p.setup.m;
-  for (auto _ : s) {
-    relokv::decode_attention<relokv::block_relative>(
-        p.setup.rope, p.st.layer(0), p.setup.view(), p.setup.q.data(), &m, decode_setup::kHq,
-        0.0884f, out.data(), {kHeads * t / n, kHeads * (t + 1) / n});
-    benchmark::DoNotOptimize(out.data());
-  }
-  s.SetBytesProcessed(static_cast<std::int64_t>(s.iterations()) *
-                      static_cast<std::int64_t>(share_bytes(s)));
-}
-BENCHMARK(BM_decode_heads)->Threads(1)->Threads(2)->UseRealTime();
-
-void BM_decode_heads_scattered(benchmark::State& s) {
-  auto& p = pool();
-  const int t = s.thread_index(), n = s.threads();
-  std::vector<float> out(p.setup.out.size());
-  const relokv::pos_t m = p.setup.m;
-  const relokv::block_table_view view{p.scattered.data(), p.setup.indptr, 1};
+  const relokv::block_table_view view{table, p.setup.indptr, 1};
   for (auto _ : s) {
     relokv::decode_attention<relokv::block_relative>(
         p.setup.rope, p.st.layer(0), view, p.setup.q.data(), &m, decode_setup::kHq, 0.0884f,
@@ -90,7 +75,18 @@ void BM_decode_heads_scattered(benchmark::State& s) {
   s.SetBytesProcessed(static_cast<std::int64_t>(s.iterations()) *
                       static_cast<std::int64_t>(share_bytes(s)));
 }
+
+void BM_decode_heads(benchmark::State& s) { decode_heads(s, pool().setup.table.data()); }
+BENCHMARK(BM_decode_heads)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_decode_heads_scattered(benchmark::State& s) { decode_heads(s, pool().scattered.data()); }
 BENCHMARK(BM_decode_heads_scattered)->Threads(1)->Threads(2)->UseRealTime();
+
+/// Start of this thread's contiguous share of the pool.
+const char* own_share(const benchmark::State& s) {
+  return reinterpret_cast<const char*>(pool().st.data()) +
+         share_bytes(s) * static_cast<std::size_t>(s.thread_index());
+}
 
 void BM_decode_blocks(benchmark::State& s) {
   auto& p = pool();
@@ -111,20 +107,16 @@ void BM_decode_blocks(benchmark::State& s) {
 BENCHMARK(BM_decode_blocks)->Threads(1)->Threads(2)->UseRealTime();
 
 void BM_read_contiguous(benchmark::State& s) {
-  auto& p = pool();
   const std::size_t share = share_bytes(s);
-  const auto* base = reinterpret_cast<const char*>(p.st.data()) +
-                     share * static_cast<std::size_t>(s.thread_index());
+  const char* base = own_share(s);
   for (auto _ : s) benchmark::DoNotOptimize(relokv_bench::stream_read(base, share));
   s.SetBytesProcessed(static_cast<std::int64_t>(s.iterations()) * static_cast<std::int64_t>(share));
 }
 BENCHMARK(BM_read_contiguous)->Threads(1)->Threads(2)->UseRealTime();
 
 void BM_prefetch_contiguous(benchmark::State& s) {
-  auto& p = pool();
   const std::size_t share = share_bytes(s);
-  const auto* base = reinterpret_cast<const char*>(p.st.data()) +
-                     share * static_cast<std::size_t>(s.thread_index());
+  const char* base = own_share(s);
   constexpr std::size_t kAhead = 32 * 1024;  // about what the kernel keeps in flight
   for (auto _ : s) {
     std::uint64_t acc = 0;

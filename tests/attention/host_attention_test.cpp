@@ -64,23 +64,33 @@ doc_block write_block(const relokv::rope_table& rope, relokv::host_kv_storage<T>
   return d;
 }
 
-/// Blocks 0, 1, ... with the given lens, written back to back from position 0: appends their
-/// tokens (at their positions) to keys and their table entries to entries; returns the end.
+/// Blocks 0, 1, ... with the given lens, written one after another from position `pos`, `gap`
+/// positions skipped before block `gap_at` (-1: none): appends their tokens (at their
+/// positions) to keys and their table entries to entries; returns the end position.
 template <class P, class T>
-int back_to_back(const relokv::rope_table& rope, relokv::host_kv_storage<T>& st,
-                 std::initializer_list<int> lens, std::mt19937& rng,
-                 std::vector<oracle::key_token>& keys, std::vector<block_entry>& entries) {
-  int pos = 0, b = 0;
-  for (const int len : lens) {
+int write_run(const relokv::rope_table& rope, relokv::host_kv_storage<T>& st, int pos,
+              const std::vector<int>& lens, int gap_at, int gap, std::mt19937& rng,
+              std::vector<oracle::key_token>& keys, std::vector<block_entry>& entries) {
+  for (int b = 0; b < static_cast<int>(lens.size()); ++b) {
+    if (b == gap_at) pos += gap;
+    const int len = lens[static_cast<std::size_t>(b)];
     auto d = write_block<P>(rope, st, b, pos, len, rng);
     for (int j = 0; j < len; ++j) {
       d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
       keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
     }
-    entries.push_back({b++, pos, len});
+    entries.push_back({b, pos, len});
     pos += len;
   }
   return pos;
+}
+
+/// write_run from position 0 without a gap.
+template <class P, class T>
+int back_to_back(const relokv::rope_table& rope, relokv::host_kv_storage<T>& st,
+                 std::initializer_list<int> lens, std::mt19937& rng,
+                 std::vector<oracle::key_token>& keys, std::vector<block_entry>& entries) {
+  return write_run<P>(rope, st, 0, lens, -1, 0, rng, keys, entries);
 }
 
 template <class T>
@@ -326,18 +336,9 @@ TEMPLATE_TEST_CASE("attention: long decode over consecutive blocks matches the o
     relokv::host_kv_storage<T> st(relokv::kv_shape{1, 40, 2, 16, 128});
     std::vector<oracle::key_token> keys;
     std::vector<block_entry> entries;
-    int pos = 4000;
-    for (int b = 0; b < 40; ++b) {
-      const int len = b == 25 ? 7 : 16;
-      if (b == 17) pos += 100;
-      auto d = write_block<TestType>(rope, st, b, pos, len, rng);
-      for (int j = 0; j < len; ++j) {
-        d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
-        keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
-      }
-      entries.push_back({b, pos, len});
-      pos += len;
-    }
+    std::vector<int> lens(40, 16);
+    lens[25] = 7;
+    const int pos = write_run<TestType>(rope, st, 4000, lens, 17, 100, rng, keys, entries);
     const std::int32_t indptr[2] = {0, 40};
     const relokv::pos_t m = pos + 2;
     const auto q = randn(6 * 128, rng);  // 3 query heads per KV head
@@ -370,18 +371,9 @@ TEMPLATE_TEST_CASE("attention: decode spans across block sizes, head dims and he
     relokv::host_kv_storage<T> st(relokv::kv_shape{1, 8, 3, bs, D});
     std::vector<oracle::key_token> keys;
     std::vector<block_entry> entries;
-    const int lens[6] = {bs, bs - 5, 3, bs, 1, bs - 1};
-    int pos = 40;
-    for (int b = 0; b < 6; ++b) {
-      if (b == 3) pos += 37;  // a gap: the query rotation of the next block is not chained
-      auto d = write_block<TestType>(rope, st, b, pos, lens[b], rng);
-      for (int j = 0; j < lens[b]; ++j) {
-        d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
-        keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
-      }
-      entries.push_back({b, pos, lens[b]});
-      pos += lens[b];
-    }
+    // A gap before block 3: the query rotation of that block is not chained.
+    const int pos = write_run<TestType>(rope, st, 40, {bs, bs - 5, 3, bs, 1, bs - 1}, 3, 37, rng,
+                                        keys, entries);
     const std::int32_t indptr[2] = {0, 6};
     const relokv::paged_kv_view<const T> kv(st.layer(0));
     // After every key, and inside block 3 (the causal limit cuts it).
@@ -518,18 +510,8 @@ TEMPLATE_TEST_CASE("attention: calls over parts of the blocks merge into one cal
     relokv::host_kv_storage<T> st(relokv::kv_shape{1, 10, num_kv_heads, 16, D});
     std::vector<oracle::key_token> keys;
     std::vector<block_entry> entries;
-    int pos = 100;
-    for (int b = 0; b < 10; ++b) {
-      const int len = b == 3 ? 5 : b == 9 ? 9 : 16;
-      if (b == 4) pos += 30;
-      auto d = write_block<TestType>(rope, st, b, pos, len, rng);
-      for (int j = 0; j < len; ++j) {
-        d.tokens[static_cast<std::size_t>(j)].pos = pos + j;
-        keys.push_back(d.tokens[static_cast<std::size_t>(j)]);
-      }
-      entries.push_back({b, pos, len});
-      pos += len;
-    }
+    const int pos = write_run<TestType>(rope, st, 100, {16, 16, 16, 5, 16, 16, 16, 16, 16, 9}, 4,
+                                        30, rng, keys, entries);
     const relokv::paged_kv_view<const T> kv(st.layer(0));
     const float scale = 0.09f;
     // Queries: after every key, inside block 6 (blocks 7.. unseen), inside block 1.

@@ -1492,7 +1492,8 @@ void check_shapes(const rope_table& rope, const paged_kv_view<const T>& kv,
 /// @param heads  the share of the KV heads this call computes (see kv_head_range)
 /// @param lse    optional [num_seqs][num_q_heads]: the natural log of each row's softmax
 ///               denominator over the scaled scores, -inf where no key is visible (its `out`
-///               row is zeros). With it, calls over disjoint parts of a sequence's blocks (one
+///               row is zeros); like `out`, only the rows of `heads`' query heads are
+///               written. With it, calls over disjoint parts of a sequence's blocks (one
 ///               per thread: the split that serves MQA models and long single sequences, which
 ///               kv_head_range cannot share out) merge exactly with merge_attention_states.
 template <class P, class T>

@@ -49,17 +49,24 @@ struct decode_setup {
   relokv::block_table_view view() const { return {table.data(), indptr, 1}; }
 };
 
+/// A pool of one layer of `shape` filled with standard normal values.
 template <class T>
-relokv::host_kv_storage<T> random_pool(const decode_setup& s) {
-  relokv::host_kv_storage<T> st(relokv::kv_shape{1, decode_setup::kContext / decode_setup::kBlock,
-                                                 decode_setup::kHkv, decode_setup::kBlock,
-                                                 decode_setup::kDim});
-  std::mt19937 rng(2);
+relokv::host_kv_storage<T> random_pool(const relokv::kv_shape& shape, unsigned seed) {
+  relokv::host_kv_storage<T> st(shape);
+  std::mt19937 rng(seed);
   std::normal_distribution<float> d;
   T* p = st.data();
   for (std::size_t i = 0; i < st.shape().total_elems(); ++i) p[i] = relokv::from_f32<T>(d(rng));
-  (void)s;
   return st;
+}
+
+/// The decode workload's pool.
+template <class T>
+relokv::host_kv_storage<T> random_pool(const decode_setup&) {
+  return random_pool<T>(
+      relokv::kv_shape{1, decode_setup::kContext / decode_setup::kBlock, decode_setup::kHkv,
+                       decode_setup::kBlock, decode_setup::kDim},
+      2);
 }
 
 /// A plain streaming read of n bytes (the bandwidth reference).
@@ -152,11 +159,9 @@ inline double mqa_split_speedup(int reps, int threads) {
   relokv::rope_config c;
   c.head_dim = c.rotary_dim = kDim;
   const relokv::rope_table rope(c, kCtx + 1);
-  relokv::host_kv_storage<relokv::bf16> st(relokv::kv_shape{1, kBlocks, 1, kBs, kDim});
-  std::mt19937 rng(3);
+  const auto st = random_pool<relokv::bf16>(relokv::kv_shape{1, kBlocks, 1, kBs, kDim}, 3);
+  std::mt19937 rng(4);
   std::normal_distribution<float> d;
-  for (std::size_t i = 0; i < st.shape().total_elems(); ++i)
-    st.data()[i] = relokv::from_f32<relokv::bf16>(d(rng));
   std::vector<relokv::block_entry> table;
   for (int b = 0; b < kBlocks; ++b) table.push_back({b, b * kBs, kBs});
   std::vector<float> q(kHq * kDim);

@@ -1115,10 +1115,12 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
       cvc[c] = std::min(16, valid - j0);
       new_q[c] = c == 0 || (rotates_q && j0 == 0);
       if constexpr (rotates_q) {
-        float* rc = w.span_qc.data() + static_cast<std::size_t>(c) * hd;
-        float* rs = w.span_qs.data() + static_cast<std::size_t>(c) * hd;
-        if (j0 == 0) {
-          query_angles(bi, e.pos0, mq);
+        // w.cs/w.sn keep R(m - pos0) of the current block from its first chunk on; only a
+        // chunk that rotates the query rows (new_q) needs them in its own row.
+        if (j0 == 0) query_angles(bi, e.pos0, mq);
+        if (new_q[c]) {
+          float* rc = w.span_qc.data() + static_cast<std::size_t>(c) * hd;
+          float* rs = w.span_qs.data() + static_cast<std::size_t>(c) * hd;
           if (rot_bf16) {
             to_acc_order(pairs, w.cs.data(), rc);
             to_acc_order(pairs, w.sn.data(), rs);
@@ -1128,12 +1130,6 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
           } else {
             expand_rotation(layout, pairs, D, w.cs.data(), w.sn.data(), rc, rs);
           }
-        } else {  // the block's earlier chunk: the row before (the last one after a run)
-          const std::size_t from = static_cast<std::size_t>(c == 0 ? kSpanChunks - 1 : c - 1) * hd;
-          std::copy(w.span_qc.begin() + static_cast<std::ptrdiff_t>(from),
-                    w.span_qc.begin() + static_cast<std::ptrdiff_t>(from + hd), rc);
-          std::copy(w.span_qs.begin() + static_cast<std::ptrdiff_t>(from),
-                    w.span_qs.begin() + static_cast<std::ptrdiff_t>(from + hd), rs);
         }
       }
     }
@@ -1567,7 +1563,7 @@ requires(!std::is_const_v<T>) void prefill_attention(
 /// union, as one call over all the keys would give it up to rounding. A row with lse -inf has
 /// no visible key: it contributes nothing, and the merged row stays zeros with lse -inf when
 /// neither part has one. Merging parts one by one into an accumulator gives the same result in
-/// any order, up to rounding.
+/// any order, up to rounding. A NaN log-sum-exp is an error, reported before any row changes.
 /// @param rows      query rows (tokens x query heads)
 /// @param head_dim  elements of a row of out
 /// @param out, lse  [rows][head_dim] and [rows]: the accumulator, updated in place
@@ -1580,11 +1576,12 @@ inline void merge_attention_states(std::size_t rows, std::int32_t head_dim, floa
   if (rows > 0 && (out == nullptr || lse == nullptr || out_b == nullptr || lse_b == nullptr))
     throw error("merge_attention_states: null output or log-sum-exp array");
   const auto hd = static_cast<std::size_t>(head_dim);
+  for (std::size_t r = 0; r < rows; ++r)  // before any row is written
+    if (std::isnan(lse[r]) || std::isnan(lse_b[r]))
+      throw error("merge_attention_states: log-sum-exp of row " + std::to_string(r) + " is NaN");
   const float ninf = -std::numeric_limits<float>::infinity();
   for (std::size_t r = 0; r < rows; ++r) {
     const float la = lse[r], lb = lse_b[r];
-    if (std::isnan(la) || std::isnan(lb))
-      throw error("merge_attention_states: log-sum-exp of row " + std::to_string(r) + " is NaN");
     if (lb == ninf) continue;  // b saw no key
     float* o = out + r * hd;
     const float* ob = out_b + r * hd;

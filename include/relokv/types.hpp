@@ -17,6 +17,8 @@ using block_id = std::int32_t;
 using pos_t = std::int32_t;
 /// Handle of a planned request inside a relocatable_cache.
 using request_id = std::uint64_t;
+/// The id of no request: a failed plan carries it; commit and release reject it.
+inline constexpr request_id kNoRequest = 0;
 
 inline constexpr block_id kNoBlock = -1;
 

@@ -1,5 +1,6 @@
 #include <relokv/cache/relocatable_cache.hpp>
 #include <relokv/layout/builder.hpp>
+#include <relokv/recompute/any_strategy.hpp>
 #include <relokv/recompute/full.hpp>
 #include <relokv/rope/pre_rotated.hpp>
 
@@ -221,4 +222,115 @@ TEST_CASE("cache: the same span twice in one request", "[cache]") {
   CHECK(cache.allocator().ref_count(p.blocks[2].physical) == 2);
   cache.release(p.id);
   CHECK(cache.allocator().ref_count(p0.blocks[2].physical) == 0);
+}
+
+TEST_CASE("cache: a context slot reused between plan and commit forges no chain", "[cache]") {
+  // With a hash blind to context, prefixes PA and PB (same last block) share every key. A plans
+  // [PA, D] while PA's context entry exists; that entry dies and its slot is reused for PB; B's
+  // last block of D is evicted; then A commits. A's blocks of D must not be chained under B's,
+  // or B's next [PB, D] is handed a block computed after PA.
+  // Keys (blind_hash: the digest of the block's own tokens, 2 bits) are chosen distinct where
+  // a request needs its own blocks apart: PA, PB -> 2; D's blocks -> 0, 1, 3.
+  relokv::relocatable_cache<blind_hash> cache(relokv::lru_block_pool(8), 2);
+  const std::vector<token_t> pa = {4, 2}, pb = {8, 2}, d = {10, 10, 10, 11, 11, 12};
+  const std::vector<token_t> d_other = {20, 21}, filler = {99};
+  auto layout = [](const std::vector<token_t>& prefix, const std::vector<token_t>& span) {
+    return relokv::layout_builder(2).prefix(prefix).span(span).build();
+  };
+  auto ballast = cache.plan(relokv::layout_builder(2).prefix(seq(500, 6)).build());
+  REQUIRE(ballast.ok());  // holds 3 blocks, so that the rest of the pool is exactly used
+
+  auto r0 = cache.plan(layout(pa, d_other));  // interns PA's context entry
+  REQUIRE(r0.ok());
+  cache.commit(r0.id);
+  cache.release(r0.id);
+
+  auto a = cache.plan(layout(pa, d));  // PA exact; D computed; commit comes late
+  REQUIRE(a.ok());
+  REQUIRE(a.misses == 3);
+
+  auto f = cache.plan(relokv::layout_builder(2).prefix(filler).build());
+  REQUIRE(f.ok());  // evicts r0's span block: PA's context entry is dropped
+  cache.release(f.id);
+  cache.release(ballast.id);
+
+  auto b = cache.plan(layout(pb, d));  // PB's context takes the freed slot
+  REQUIRE(b.ok());
+  REQUIRE(b.misses == 4);
+  cache.commit(b.id);
+  cache.release(b.id);
+  // B's last block of D was released first, so it is the first cached block to go (PB's block
+  // shares PA's key, so it was never cached and goes before it).
+  REQUIRE_FALSE(cache.extend(a.id).evicted);
+  const auto ev = cache.extend(a.id);
+  REQUIRE(ev.evicted);
+  REQUIRE(ev.block == b.blocks[3].physical);
+  cache.commit(a.id);
+  cache.release(a.id);  // its two private blocks are uncached: C's PB block takes one
+
+  auto c = cache.plan(layout(pb, d));
+  REQUIRE(c.ok());
+  for (std::size_t bi = 0; bi < c.blocks.size(); ++bi) {
+    const auto& blk = c.blocks[bi];
+    INFO("block " << bi);
+    for (const auto& ab : a.blocks)
+      if (ab.status == block_status::kMiss) CHECK(blk.source != ab.physical);
+  }
+  CHECK(c.relocated_hits == 2);  // B's D0 and D1; D2 is computed again
+  cache.release(c.id);
+}
+
+TEST_CASE("cache: plan rejects a hand-built layout and takes nothing", "[cache]") {
+  cache_t cache(relokv::lru_block_pool(16), 16);
+  auto l = rag({&kA});
+  l.blocks[1].len = 40;  // above the block size: would overwrite the next block's tokens
+  const auto free_before = cache.allocator().num_free();
+  CHECK_THROWS_AS(cache.plan(l), relokv::layout_error);
+  l = rag({&kA});
+  l.blocks.back().segment = 9;
+  CHECK_THROWS_AS(cache.plan(l), relokv::layout_error);
+  CHECK_THROWS_AS(cache.plan(relokv::request_layout{}), relokv::layout_error);
+  CHECK(cache.allocator().num_free() == free_before);
+  CHECK(cache.live_requests() == 0);
+  CHECK_THROWS_AS(cache_t(relokv::lru_block_pool(4), 1 << 30), relokv::error);
+}
+
+TEST_CASE("cache: a failed plan carries no id and cannot end another request", "[cache]") {
+  cache_t cache(relokv::lru_block_pool(8), 16);
+  relokv::reuse_plan p;
+  cache.plan_into(rag({&kB}), relokv::recompute::none{}, {}, p);  // 4 blocks
+  REQUIRE(p.ok());
+  const relokv::request_id live = p.id;
+  cache.plan_into(rag({&kA, &kB}), relokv::recompute::none{}, {}, p);  // needs 5 more
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.id == relokv::kNoRequest);
+  CHECK(p.exact_hits == 0);
+  CHECK(p.misses == 0);
+  CHECK_THROWS_AS(cache.release(p.id), relokv::error);
+  CHECK_THROWS_AS(cache.commit(p.id), relokv::error);
+  CHECK(cache.live_requests() == 1);
+  cache.commit(live);
+  cache.release(live);
+}
+
+TEST_CASE("cache: a hit recomputed whole is what later blocks chain to", "[cache]") {
+  relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, relokv::at_attention,
+                            relokv::recompute::any_strategy>
+      cache(relokv::lru_block_pool(64), 16);
+  auto run = [&](const relokv::request_layout& l, const relokv::recompute::any_strategy& s) {
+    auto p = cache.plan(l, s);
+    REQUIRE(p.ok());
+    cache.commit(p.id);
+    cache.release(p.id);
+    return p;
+  };
+  run(rag({&kA}), relokv::recompute::none{});
+  // The same span at another position: relocated, and `full` recomputes it into new blocks.
+  const auto other = rag({&kB, &kA});
+  const auto recomputed = run(other, relokv::recompute::full{});
+  REQUIRE(recomputed.relocated_hits == 2);
+  const auto again = run(other, relokv::recompute::none{});
+  // Every sealed block is an exact hit (the question's open last block is computed).
+  CHECK(again.exact_hits == other.num_blocks() - 1);
+  CHECK(again.relocated_hits == 0);
 }

@@ -1,6 +1,7 @@
 #include <relokv/layout/builder.hpp>
 #include <relokv/layout/markers.hpp>
 
+#include <string>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -192,4 +193,97 @@ TEST_CASE("layout: a stream without markers is one prefix", "[layout]") {
   CHECK(l.num_blocks() == 3);
   CHECK(l.blocks[2].pos0 == 8);
   CHECK(l.block_tokens(2).size() == 2);
+}
+
+TEST_CASE("markers: padding after a span or a dependency is padding, alike", "[layout]") {
+  // Both end with a closed segment followed by PAD: neither opens an empty segment.
+  const auto after_span = relokv::parse_markers(std::vector<token_t>{1, SEP, 2, PAD}, config());
+  const auto after_dep = relokv::parse_markers(std::vector<token_t>{1, DEP, 2, END, PAD}, config());
+  CHECK(after_span.segments.size() == 2);
+  CHECK(after_dep.segments.size() == 2);
+  // A question after padding still binds to everything before it.
+  const auto q = relokv::parse_markers(std::vector<token_t>{1, DEP, 2, END, PAD, 3}, config());
+  REQUIRE(q.segments.size() == 3);
+  CHECK(q.segments[2].kind == relokv::segment_kind::kDependent);
+  CHECK(q.segments[2].dep_window == 0);
+  // A marker that opens a segment with no token after it is still an empty segment.
+  CHECK(rule_of({1, SEP, PAD}) == layout_rule::kEmptySegment);
+  CHECK(rule_of({1, DEP, PAD, END}) == layout_rule::kEmptySegment);
+}
+
+TEST_CASE("layout: windows and block sizes have upper bounds", "[layout]") {
+  const std::vector<token_t> t = {1, 2, 3};
+  // Windows 5 and 2^23 + 5 would share a segment tag: the largest window is kMaxDepWindow.
+  CHECK_NOTHROW(relokv::layout_builder(4).prefix(t).dependent(t, relokv::kMaxDepWindow).build());
+  try {
+    (void)relokv::layout_builder(4).prefix(t).dependent(t, (1 << 23) + 5);
+    FAIL("no error");
+  } catch (const relokv::layout_error& e) {
+    CHECK(e.rule() == layout_rule::kBadDependencyWindow);
+    CHECK(std::string(e.what()).find("8388613") != std::string::npos);
+  }
+  auto cfg = config();
+  cfg.max_dep_window = relokv::kMaxDepWindow + 1;
+  CHECK_THROWS_AS(relokv::parse_markers(std::vector<token_t>{1}, cfg), relokv::layout_error);
+  CHECK_THROWS_AS(relokv::layout_builder(1 << 30).prefix(t).build(), relokv::layout_error);
+  CHECK_NOTHROW(relokv::layout_builder(relokv::kMaxBlockSize).prefix(t).build());
+}
+
+namespace {
+/// The rule and message of check_layout for a layout, or kEmptyRequest and "" when it passes.
+std::string layout_complaint(const relokv::request_layout& l) {
+  try {
+    relokv::check_layout(l);
+  } catch (const relokv::layout_error& e) {
+    CHECK(e.rule() == layout_rule::kMalformedLayout);
+    return e.what();
+  }
+  return {};
+}
+}  // namespace
+
+TEST_CASE("layout: check_layout rejects what only a hand-built layout can hold", "[layout]") {
+  const std::vector<token_t> p = {1, 2, 3, 4, 5}, s = {6, 7, 8}, q = {9};
+  const auto good = relokv::layout_builder(4).prefix(p).span(s).question(q).build();
+  CHECK(layout_complaint(good).empty());
+  auto has = [](const std::string& msg, const char* field) {
+    INFO(msg);
+    return msg.find(field) != std::string::npos;
+  };
+  auto l = good;
+  l.blocks[0].len = 9;  // would overwrite the stored tokens of the next block
+  CHECK(has(layout_complaint(l), "blocks[0].len"));
+  l = good;
+  l.blocks[2].pos0 = 100;
+  CHECK(has(layout_complaint(l), "blocks[2].pos0"));
+  l = good;
+  l.blocks[1].segment = 7;
+  CHECK(has(layout_complaint(l), "blocks[1].segment"));
+  l = good;
+  l.tokens[3] = -4;
+  CHECK(has(layout_complaint(l), "tokens[3]"));
+  l = good;
+  l.segments.clear();
+  l.blocks.clear();
+  CHECK(has(layout_complaint(l), "segments is empty"));
+  l = relokv::request_layout{};
+  CHECK(has(layout_complaint(l), "tokens is empty"));
+  l = good;
+  l.segments[1].first_block = 0;
+  CHECK(has(layout_complaint(l), "segments[1].first_block"));
+  l = good;
+  l.segments[1].dep_window = 3;  // a span has no window
+  CHECK(has(layout_complaint(l), "segments[1].dep_window"));
+  l = good;
+  l.segments[2].num_blocks = 5;
+  CHECK(has(layout_complaint(l), "segments[2].num_blocks"));
+  l = good;
+  l.blocks[0].sealed = false;
+  CHECK(has(layout_complaint(l), "blocks[0].sealed"));
+  l = good;
+  l.tokens.push_back(3);
+  CHECK(has(layout_complaint(l), "tokens holds"));
+  l = good;
+  l.block_size = 3;
+  CHECK(has(layout_complaint(l), "block_size"));
 }

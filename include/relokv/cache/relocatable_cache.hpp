@@ -83,7 +83,8 @@ class relocatable_cache {
   using strategy_type = RecomputeStrategy;
 
   /// @param allocator   the block pool; its block ids index the engine's KV storage
-  /// @param block_size  tokens per block (a power of two; requests must use the same)
+  /// @param block_size  tokens per block (a power of two up to kMaxBlockSize; requests must
+  ///                    use the same)
   relocatable_cache(BlockAllocator allocator, std::int32_t block_size,
                     HashScheme hash = HashScheme(),
                     RecomputeStrategy strategy = RecomputeStrategy())
@@ -91,10 +92,13 @@ class relocatable_cache {
         hash_(std::move(hash)),
         strategy_(std::move(strategy)),
         block_size_(block_size) {
-    if (block_size <= 0 || (block_size & (block_size - 1)) != 0)
-      throw error("relocatable_cache: block_size must be a power of two, got " +
-                  std::to_string(block_size));
+    if (block_size <= 0 || block_size > kMaxBlockSize || (block_size & (block_size - 1)) != 0)
+      throw error("relocatable_cache: block_size must be a power of two in [1, " +
+                  std::to_string(kMaxBlockSize) + "], got " + std::to_string(block_size));
     const auto n = static_cast<std::size_t>(alloc_.capacity());
+    if (n > (std::size_t{1} << 31) / static_cast<std::size_t>(block_size))
+      throw error("relocatable_cache: " + std::to_string(n) + " blocks of " +
+                  std::to_string(block_size) + " tokens exceed 2^31 stored tokens");
     meta_.resize(n);
     tokens_.resize(n * static_cast<std::size_t>(block_size));
   }
@@ -107,22 +111,30 @@ class relocatable_cache {
   /// Looks up every block (context key first, then content key), lets `strategy` choose the
   /// reused tokens to recompute, and takes the blocks the request needs: hits are shared,
   /// misses and copies on write are allocated. When the pool cannot supply the blocks the plan
-  /// has status kOutOfBlocks and nothing was taken or evicted.
-  /// @throws error if layout.block_size differs from the cache's.
+  /// has status kOutOfBlocks and nothing was taken or evicted; such a plan carries the id
+  /// kNoRequest, which commit() and release() reject with an error (they can never end
+  /// another request), and its counters are zero.
+  /// @throws error if layout.block_size differs from the cache's; layout_error (rule
+  ///         kMalformedLayout, naming the field) if the layout breaks an invariant of
+  ///         check_layout, as only a hand-built one can. Nothing changes in either case.
   [[nodiscard]] reuse_plan plan(const request_layout& layout, const RecomputeStrategy& strategy,
                                 const extra_keys& extras = {}) {
-    if (layout.block_size != block_size_)
-      throw error("plan: layout block_size " + std::to_string(layout.block_size) +
-                  " differs from the cache's " + std::to_string(block_size_));
     reuse_plan p;
     plan_into(layout, strategy, extras, p);
     return p;
   }
 
   /// As plan(), into an existing reuse_plan whose buffers are reused (no allocation in steady
-  /// state).
+  /// state). Whatever `p` held before is overwritten, its id first: a plan that fails (by
+  /// exception or kOutOfBlocks) never keeps an earlier request's id.
   void plan_into(const request_layout& layout, const RecomputeStrategy& strategy,
                  const extra_keys& extras, reuse_plan& p) {
+    p.id = kNoRequest;
+    p.exact_hits = p.relocated_hits = p.misses = p.tokens_to_compute = 0;
+    if (layout.block_size != block_size_)
+      throw error("plan: layout block_size " + std::to_string(layout.block_size) +
+                  " differs from the cache's " + std::to_string(block_size_));
+    check_layout(layout);
     const std::int32_t nb = layout.num_blocks();
     derive_block_keys(hash_, layout, extras, keys_);
     request_state& rs = new_state();
@@ -174,6 +186,7 @@ class relocatable_cache {
       // shortcut (parent == the block resolved for b-1) is a proof only for exact parents.
       if (status_[bi] != block_status::kExactHit) chain_exact = false;
       pb.physical = hit;
+      pb.source = hit;
       pb.status = status_[bi];
       rs.ident[bi] = hit;
       if (status_[bi] == block_status::kMiss)
@@ -231,7 +244,9 @@ class relocatable_cache {
         rs.held.push_back(r.block);
         if (pb.copy_on_write)
           p.copies.push_back({shared, r.block, meta_of(shared).stored_pos0, pb.pos0});
-        if (pb.status == block_status::kMiss) rs.ident[bi] = r.block;
+        // A block the request writes whole is what its successors chain to from now on (for a
+        // hit recomputed whole, not the cached source it was found in).
+        if (pb.fresh) rs.ident[bi] = r.block;
       }
       exact_so_far =
           exact_so_far && (pb.status == block_status::kExactHit ? !pb.copy_on_write : pb.fresh);
@@ -260,11 +275,17 @@ class relocatable_cache {
 
   /// Registers the request's new, sealed blocks under their keys so that later requests reuse
   /// them. Call once the engine has written them.
-  /// @throws error for an unknown, released or already committed request.
+  /// @throws error for an unknown, released or already committed request, and for kNoRequest
+  ///         (the id of a failed plan).
   void commit(request_id id) {
     request_state& rs = state_of(id, "commit");
     if (rs.committed) throw error("commit: request " + std::to_string(id) + " already committed");
     rs.committed = true;
+    // Context entries may have died since plan() and their slots been reused for another
+    // context: re-derive them (by tokens and extra keys, never by slot) before linking.
+    for (std::size_t s = 0; s < rs.segments.size(); ++s)
+      rs.segment_entry[s] =
+          relocatable(rs.segments[s]) ? find_context(rs, static_cast<std::int32_t>(s)) : -1;
     const auto nb = rs.blocks.size();
     for (std::size_t bi = 0; bi < nb; ++bi) {
       const planned_block& pb = rs.plan_blocks[bi];
@@ -340,7 +361,8 @@ class relocatable_cache {
 
   /// Ends a request: its references drop, tail blocks first, so that the tail of a finished
   /// request is evicted before its head.
-  /// @throws error for an unknown or already released request.
+  /// @throws error for an unknown or already released request, and for kNoRequest (the id of
+  ///         a failed plan: it holds nothing).
   void release(request_id id) {
     request_state& rs = state_of(id, "release");
     for (auto it = rs.held.rbegin(); it != rs.held.rend(); ++it) alloc_.release(*it);
@@ -507,9 +529,12 @@ class relocatable_cache {
       return -1;
     return it->second;
   }
+  /// The entry of segment s's context, interned when its key is free; -1 when another context
+  /// holds the key. The request's copy (segment_entry) is always left equal to the result.
   std::int32_t intern_context(request_state& rs, std::int32_t s) {
-    const std::int32_t found = find_context(rs, s);
-    if (found >= 0) return found;
+    std::int32_t& mine = rs.segment_entry[static_cast<std::size_t>(s)];
+    mine = find_context(rs, s);
+    if (mine >= 0) return mine;
     const key_type& k = rs.segment_context[static_cast<std::size_t>(s)];
     if (context_index_.count(k) != 0) return -1;  // a different context holds this key
     std::int32_t idx;
@@ -528,7 +553,7 @@ class relocatable_cache {
     c.refs = 0;
     c.live = true;
     context_index_.emplace(k, idx);
-    rs.segment_entry[static_cast<std::size_t>(s)] = idx;
+    mine = idx;
     return idx;
   }
   void drop_context(std::int32_t idx) {

@@ -26,6 +26,9 @@ struct block_entry {
 /// One block of a plan.
 struct planned_block {
   block_id physical = kNoBlock;  ///< block this request reads and (if computing) writes
+  /// For a hit: the cached block the lookup found (equal to `physical` when the request reads
+  /// it as it is, the copy's source for copy_on_write). kNoBlock for a miss.
+  block_id source = kNoBlock;
   pos_t pos0 = 0;
   std::int32_t len = 0;
   block_status status = block_status::kMiss;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,9 +39,13 @@ class layout_builder {
   layout_builder& span(std::span<const token_t> tokens) {
     return add(segment_kind::kSpan, tokens, 0);
   }
-  /// A prompt-dependent segment bound to all tokens before it (last_n == 0) or the last n.
+  /// A prompt-dependent segment bound to all tokens before it (last_n == 0) or the last n,
+  /// 0 <= last_n <= kMaxDepWindow.
   layout_builder& dependent(std::span<const token_t> tokens, std::int32_t last_n = 0) {
-    if (last_n < 0) throw layout_error(calls(), layout_rule::kBadDependencyWindow, "negative");
+    if (last_n < 0 || last_n > kMaxDepWindow)
+      throw layout_error(calls(), layout_rule::kBadDependencyWindow,
+                         "last_n " + std::to_string(last_n) + " not in [0, " +
+                             std::to_string(kMaxDepWindow) + "]");
     return add(segment_kind::kDependent, tokens, last_n);
   }
   /// The question: a dependent segment bound to everything before it; it ends the request.

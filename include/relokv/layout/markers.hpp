@@ -33,7 +33,7 @@ struct marker_config {
   std::int64_t vocab_size = std::numeric_limits<token_t>::max();
   std::int32_t block_size = 16;
   std::int32_t max_segment_tokens = 1 << 20;
-  std::int32_t max_dep_window = 1 << 20;
+  std::int32_t max_dep_window = 1 << 20;  ///< at most kMaxDepWindow
 };
 
 /// Parses a marker stream into a request_layout.
@@ -51,12 +51,17 @@ struct marker_config {
   if ((cfg.dep_begin != K::kNoMarker || cfg.dep_begin_last_n != K::kNoMarker) &&
       cfg.dep_end == K::kNoMarker)
     throw layout_error(0, layout_rule::kBadConfiguration, "dependency markers need dep_end");
+  if (cfg.max_dep_window < 1 || cfg.max_dep_window > kMaxDepWindow)
+    throw layout_error(0, layout_rule::kBadConfiguration,
+                       "max_dep_window " + std::to_string(cfg.max_dep_window) + " not in [1, " +
+                           std::to_string(kMaxDepWindow) + "]");
 
   detail::layout_assembler a(cfg.block_size, cfg.vocab_size, cfg.max_segment_tokens);
   const auto n = static_cast<std::int64_t>(stream.size());
   bool in_dep = false;
   std::int64_t dep_open_at = 0;
   bool segment_open = false;  // a segment was begun and may still be empty
+  bool after_dep = false;     // a dependency closed: the next token opens the tail segment
 
   auto check_nonempty = [&](std::int64_t at) {
     if (segment_open && a.current_segment_tokens() == 0)
@@ -97,20 +102,14 @@ struct marker_config {
       check_nonempty(i);
       in_dep = false;
       segment_open = false;
-      if (i + 1 < n) {
-        // Whatever follows a dependency is bound to everything before it (e.g. the question),
-        // unless the next element opens a segment of its own.
-        const token_t next = stream[static_cast<std::size_t>(i + 1)];
-        if (next != cfg.separator && next != cfg.dep_begin && next != cfg.dep_begin_last_n) {
-          a.begin_segment(segment_kind::kDependent, 0, i + 1);
-          segment_open = true;
-        }
-      }
+      // Tokens after a dependency form a segment bound to everything before it (a question),
+      // opened by its first token: padding in between is padding, as it is after a span.
+      after_dep = true;
     } else if (t == cfg.pad) {
       a.pad();
     } else {
       if (!segment_open) {
-        a.begin_segment(segment_kind::kPrefix, 0, i);
+        a.begin_segment(after_dep ? segment_kind::kDependent : segment_kind::kPrefix, 0, i);
         segment_open = true;
       }
       a.push(t, i);

@@ -2,6 +2,7 @@
 /// @file
 /// The laid-out request: segments, block-aligned padding and per-block logical extents.
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -9,6 +10,11 @@
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN
+
+/// Largest block size a layout, a cache or a pool accepts (tokens per block).
+inline constexpr std::int32_t kMaxBlockSize = 1 << 12;
+/// Largest dependency window: a block's segment tag holds it in 22 bits (see block_tag).
+inline constexpr std::int32_t kMaxDepWindow = (1 << 22) - 1;
 
 /// What a segment may be reused as.
 enum class segment_kind : std::uint8_t {
@@ -85,6 +91,7 @@ enum class layout_rule : std::uint8_t {
   kSpanTooLong,
   kBadConfiguration,
   kBuilderOrder,
+  kMalformedLayout,
 };
 
 /// Human-readable statement of a rule.
@@ -97,7 +104,8 @@ enum class layout_rule : std::uint8_t {
     case layout_rule::kSeparatorAtEnd:
       return "span separator at the very end (a separator must be followed by a span)";
     case layout_rule::kEmptySegment:
-      return "empty segment (two markers with no tokens between them)";
+      return "empty segment (a marker opened a segment that no token follows before the next "
+             "marker or the end)";
     case layout_rule::kNestedDependency:
       return "nested dependency (a dependency opened inside another; close it first)";
     case layout_rule::kUnterminatedDependency:
@@ -114,6 +122,8 @@ enum class layout_rule : std::uint8_t {
       return "invalid configuration";
     case layout_rule::kBuilderOrder:
       return "builder calls out of order (prefix first, question last)";
+    case layout_rule::kMalformedLayout:
+      return "request_layout breaks an invariant (build it with layout_builder or parse_markers)";
   }
   return "unknown rule";
 }
@@ -134,5 +144,83 @@ class layout_error : public error {
   std::int64_t offset_;
   layout_rule rule_;
 };
+
+/// Checks every invariant the builder and the marker parser establish, so that a hand-built
+/// layout cannot make the cache read or write outside a block: block_size a power of two up to
+/// kMaxBlockSize; at least one token, none negative; segments contiguous, non-empty, each
+/// starting on a fresh block, a prefix only first, windows only on dependent segments and at
+/// most kMaxDepWindow; blocks contiguous, each of 1..block_size tokens inside its segment, and
+/// every block but the last sealed (and the last when it is full).
+/// @throws layout_error (rule kMalformedLayout) whose offset is the index of the offending
+/// segment or block and whose message names the field.
+inline void check_layout(const request_layout& l) {
+  auto fail = [](std::int64_t at, const std::string& what) {
+    throw layout_error(at, layout_rule::kMalformedLayout, what);
+  };
+  const std::int32_t bs = l.block_size;
+  if (bs <= 0 || bs > kMaxBlockSize || (bs & (bs - 1)) != 0)
+    fail(0, "block_size " + std::to_string(bs) + " is not a power of two in [1, " +
+                std::to_string(kMaxBlockSize) + "]");
+  if (l.tokens.empty()) fail(0, "tokens is empty");
+  if (l.tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+    fail(0, "tokens holds more than 2^31 - 1 tokens");
+  for (std::size_t i = 0; i < l.tokens.size(); ++i)
+    if (l.tokens[i] < 0)
+      fail(static_cast<std::int64_t>(i),
+           "tokens[" + std::to_string(i) + "] = " + std::to_string(l.tokens[i]) + " is negative");
+  if (l.segments.empty()) fail(0, "segments is empty");
+  const auto nb = static_cast<std::int64_t>(l.blocks.size());
+  std::int64_t next_token = 0, next_block = 0;
+  for (std::size_t si = 0; si < l.segments.size(); ++si) {
+    const segment& s = l.segments[si];
+    const auto at = static_cast<std::int64_t>(si);
+    const std::string f = "segments[" + std::to_string(si) + "].";
+    if (s.kind != segment_kind::kPrefix && s.kind != segment_kind::kSpan &&
+        s.kind != segment_kind::kDependent)
+      fail(at, f + "kind " + std::to_string(static_cast<int>(s.kind)) + " is not a segment_kind");
+    if (s.kind == segment_kind::kPrefix && si != 0) fail(at, f + "kind: a prefix must come first");
+    if (s.first_token != next_token)
+      fail(at, f + "first_token " + std::to_string(s.first_token) + " should be " +
+                   std::to_string(next_token));
+    if (s.first_block != next_block)
+      fail(at, f + "first_block " + std::to_string(s.first_block) + " should be " +
+                   std::to_string(next_block));
+    if (s.num_tokens <= 0) fail(at, f + "num_tokens " + std::to_string(s.num_tokens) + " <= 0");
+    if (s.num_blocks <= 0 || next_block + s.num_blocks > nb)
+      fail(at, f + "num_blocks " + std::to_string(s.num_blocks) + " not in [1, " +
+                   std::to_string(nb - next_block) + "]");
+    if (s.dep_window < 0 || s.dep_window > kMaxDepWindow ||
+        (s.dep_window != 0 && s.kind != segment_kind::kDependent))
+      fail(at, f + "dep_window " + std::to_string(s.dep_window) +
+                   " (only dependent segments have one, in [0, " + std::to_string(kMaxDepWindow) +
+                   "])");
+    std::int64_t seg_tokens = 0;
+    for (std::int64_t b = next_block; b < next_block + s.num_blocks; ++b) {
+      const block_extent& e = l.blocks[static_cast<std::size_t>(b)];
+      const std::string g = "blocks[" + std::to_string(b) + "].";
+      if (e.segment != static_cast<std::int32_t>(si))
+        fail(b, g + "segment " + std::to_string(e.segment) + " should be " + std::to_string(si));
+      if (e.pos0 != next_token + seg_tokens)
+        fail(b, g + "pos0 " + std::to_string(e.pos0) + " should be " +
+                    std::to_string(next_token + seg_tokens));
+      if (e.len <= 0 || e.len > bs)
+        fail(b, g + "len " + std::to_string(e.len) + " not in [1, block_size " +
+                    std::to_string(bs) + "]");
+      if (!e.sealed && (b != nb - 1 || e.len == bs))
+        fail(b, g + "sealed is false (only the last block may be open, and only when not full)");
+      seg_tokens += e.len;
+    }
+    if (seg_tokens != s.num_tokens)
+      fail(at, f + "num_tokens " + std::to_string(s.num_tokens) + " differs from its blocks' " +
+                   std::to_string(seg_tokens));
+    next_token += s.num_tokens;
+    next_block += s.num_blocks;
+  }
+  if (next_block != nb)
+    fail(next_block, "blocks: " + std::to_string(nb - next_block) + " outside every segment");
+  if (next_token != static_cast<std::int64_t>(l.tokens.size()))
+    fail(0, "tokens holds " + std::to_string(l.tokens.size()) + " tokens, the segments " +
+                std::to_string(next_token));
+}
 
 RELOKV_NAMESPACE_END

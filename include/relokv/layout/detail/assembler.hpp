@@ -16,9 +16,12 @@ class layout_assembler {
  public:
   layout_assembler(std::int32_t block_size, std::int64_t vocab_size, std::int32_t max_segment)
       : vocab_size_(vocab_size), max_segment_(max_segment) {
-    if (block_size <= 0 || !std::has_single_bit(static_cast<std::uint32_t>(block_size)))
+    if (block_size <= 0 || block_size > kMaxBlockSize ||
+        !std::has_single_bit(static_cast<std::uint32_t>(block_size)))
       throw layout_error(0, layout_rule::kBadConfiguration,
-                         "block_size must be a power of two, got " + std::to_string(block_size));
+                         "block_size must be a power of two in [1, " +
+                             std::to_string(kMaxBlockSize) + "], got " +
+                             std::to_string(block_size));
     if (vocab_size <= 0)
       throw layout_error(0, layout_rule::kBadConfiguration, "vocab_size must be positive");
     if (max_segment <= 0)

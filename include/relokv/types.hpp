@@ -21,6 +21,8 @@ using request_id = std::uint64_t;
 inline constexpr request_id kNoRequest = 0;
 
 inline constexpr block_id kNoBlock = -1;
+/// Largest head dimension any kernel accepts (the host kernels stage a row on the stack).
+inline constexpr std::int32_t kMaxHeadDim = 1024;
 
 /// Base of every exception relokv throws for bad input (never for exhausted resources, which
 /// are reported as a status that a scheduler can act on).

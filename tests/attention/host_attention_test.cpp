@@ -680,3 +680,45 @@ TEST_CASE("attention: shape errors are reported", "[attention]") {
       relokv::append_kv<relokv::at_attention>(rope, st.layer(0), 1, 0, 0, q.data(), q.data()),
       relokv::error);
 }
+
+TEST_CASE("attention: the KV path checks shapes and block ids at its entry points", "[attention]") {
+  relokv::rope_config cfg;
+  cfg.head_dim = cfg.rotary_dim = 64;
+  const relokv::rope_table rope(cfg, 64);
+  relokv::host_kv_storage<float> st(relokv::kv_shape{1, 4, 2, 16, 64});
+  std::vector<float> k(2 * 2048, 1.0f), q(4 * 64, 1.0f), out(4 * 64);
+  // A view whose head_dim is above the kernels' staging buffers (and the rope's): an error,
+  // not a stack overflow.
+  auto wide = st.layer(0);
+  wide.head_dim = 2048;
+  wide.block_size = 1;
+  CHECK_THROWS_AS(relokv::append_kv<relokv::pre_rotated>(rope, wide, 0, 0, 0, k.data(), k.data()),
+                  relokv::error);
+  CHECK_THROWS_AS(relokv::relocate_block(rope, wide, 0, 1, 5, 1), relokv::error);
+  CHECK_THROWS_AS(relokv::relocate_block(rope, st.layer(0), 0, 4, 5, 16), relokv::error);
+  CHECK_THROWS_AS(relokv::relocate_block(rope, st.layer(0), 0, 1, 5, 17), relokv::error);
+  CHECK_THROWS_AS(st.copy_block(0, 9), relokv::error);
+  // A shape whose element count overflows 64 bits, or whose head_dim no kernel takes.
+  CHECK_THROWS_AS(
+      relokv::host_kv_storage<float>(relokv::kv_shape{1 << 30, 1 << 30, 1 << 30, 1 << 12, 1 << 10}),
+      relokv::error);
+  CHECK_THROWS_AS(relokv::host_kv_storage<float>(relokv::kv_shape{1, 1, 1, 16, 2048}),
+                  relokv::error);
+  // A block table naming a block beyond the storage, or a length beyond the block.
+  const relokv::pos_t m = 40;
+  const std::int32_t indptr[2] = {0, 2};
+  for (const relokv::block_entry bad :
+       {relokv::block_entry{4, 16, 16}, relokv::block_entry{-1, 16, 16},
+        relokv::block_entry{1, 16, 17}}) {
+    const relokv::block_entry table[2] = {{0, 0, 16}, bad};
+    CHECK_THROWS_AS(relokv::decode_attention<relokv::at_attention>(
+                        rope, st.layer(0), {table, indptr, 1}, q.data(), &m, 4, 1.0f, out.data()),
+                    relokv::error);
+    const relokv::pos_t qp[1] = {m};
+    const std::int32_t qi[2] = {0, 1};
+    CHECK_THROWS_AS(
+        relokv::prefill_attention<relokv::at_attention>(rope, st.layer(0), {table, indptr, 1},
+                                                        q.data(), qp, qi, 4, 1.0f, out.data()),
+        relokv::error);
+  }
+}

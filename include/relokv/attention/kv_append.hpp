@@ -15,6 +15,17 @@
 
 RELOKV_NAMESPACE_BEGIN
 
+namespace detail {
+/// The rotation covers exactly the view's rows, and a row fits the kernels' staging buffers.
+template <class T>
+void check_rope_head_dim(const char* what, const rope_table& rope, const paged_kv_view<T>& kv) {
+  if (kv.head_dim <= 0 || kv.head_dim > kMaxHeadDim || rope.config().head_dim != kv.head_dim)
+    throw error(std::string(what) + ": KV head_dim " + std::to_string(kv.head_dim) +
+                " must equal the rope's (" + std::to_string(rope.config().head_dim) +
+                ") and lie in [1, " + std::to_string(kMaxHeadDim) + "]");
+}
+}  // namespace detail
+
 /// Writes one token's K and V (all KV heads) into slot `slot` of `block`. K arrives unrotated
 /// and is stored rotated by P::stored_position(pos, slot): at pos (pre_rotated), not at all
 /// (at_attention) or by its slot (block_relative).
@@ -26,9 +37,10 @@ void append_kv(const rope_table& rope, paged_kv_view<T> kv, block_id block, std:
   if (block < 0 || block >= kv.num_blocks || slot < 0 || slot >= kv.block_size)
     throw error("append_kv: block " + std::to_string(block) + " slot " + std::to_string(slot) +
                 " outside the pool");
+  detail::check_rope_head_dim("append_kv", rope, kv);
   const std::int32_t D = kv.head_dim;
   const pos_t rot = P::stored_position(pos, slot);
-  float buf[1024];
+  float buf[kMaxHeadDim];
   for (std::int32_t h = 0; h < kv.num_kv_heads; ++h) {
     const float* kh = k + static_cast<std::ptrdiff_t>(h) * D;
     for (std::int32_t d = 0; d < D; ++d) buf[d] = kh[d];
@@ -49,9 +61,15 @@ void append_kv(const rope_table& rope, paged_kv_view<T> kv, block_id block, std:
 template <class T>
 void relocate_block(const rope_table& rope, paged_kv_view<T> kv, block_id src, block_id dst,
                     pos_t delta, std::int32_t len) {
+  detail::check_rope_head_dim("relocate_block", rope, kv);
+  if (src < 0 || src >= kv.num_blocks || dst < 0 || dst >= kv.num_blocks || len < 0 ||
+      len > kv.block_size)
+    throw error("relocate_block: blocks " + std::to_string(src) + " -> " + std::to_string(dst) +
+                " (len " + std::to_string(len) + ") outside the pool of " +
+                std::to_string(kv.num_blocks) + " blocks of " + std::to_string(kv.block_size));
   const std::int32_t D = kv.head_dim;
   const std::int32_t pairs = rope.pairs();
-  float cs[512], sn[512], buf[1024];
+  float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2], buf[kMaxHeadDim];
   rope.angles(delta, cs, sn, /*unit=*/true);
   for (std::int32_t h = 0; h < kv.num_kv_heads; ++h) {
     const T* ks = kv.k(src, h);

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "relokv/attention/paged_view.hpp"
@@ -48,11 +50,40 @@ class host_kv_storage {
 
  public:
   using value_type = T;
+  /// @throws error naming the dimension when one is not positive, head_dim exceeds
+  ///         kMaxHeadDim, or the pool's size in bytes does not fit in 63 bits.
   explicit host_kv_storage(const kv_shape& s) : shape_(s) {
-    if (s.num_layers <= 0 || s.num_blocks <= 0 || s.num_kv_heads <= 0 || s.block_size <= 0 ||
-        s.head_dim <= 0)
-      throw error("host_kv_storage: every dimension must be positive");
+    check_shape(s);
     data_.assign(s.total_elems(), T{});
+  }
+
+  /// Checks a shape before anything is sized from it (see the constructor).
+  static void check_shape(const kv_shape& s) {
+    const std::pair<const char*, std::int32_t> dims[] = {{"num_layers", s.num_layers},
+                                                         {"num_blocks", s.num_blocks},
+                                                         {"num_kv_heads", s.num_kv_heads},
+                                                         {"block_size", s.block_size},
+                                                         {"head_dim", s.head_dim}};
+    for (const auto& [name, v] : dims)
+      if (v <= 0)
+        throw error(std::string("host_kv_storage: kv_shape.") + name + " must be positive, got " +
+                    std::to_string(v));
+    if (s.head_dim > kMaxHeadDim)
+      throw error("host_kv_storage: kv_shape.head_dim " + std::to_string(s.head_dim) + " exceeds " +
+                  std::to_string(kMaxHeadDim));
+    std::uint64_t bytes = sizeof(T) * 2u;
+    bool overflow = false;
+    for (const auto& d : dims) {
+      const auto f = static_cast<std::uint64_t>(d.second);
+      overflow = overflow ||
+                 bytes > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / f;
+      bytes *= f;
+    }
+    if (overflow)
+      throw error("host_kv_storage: kv_shape of " + std::to_string(s.num_layers) + " x " +
+                  std::to_string(s.num_blocks) + " x 2 x " + std::to_string(s.num_kv_heads) +
+                  " x " + std::to_string(s.block_size) + " x " + std::to_string(s.head_dim) +
+                  " elements overflows 64 bits");
   }
 
   [[nodiscard]] const kv_shape& shape() const noexcept { return shape_; }
@@ -69,7 +100,12 @@ class host_kv_storage {
   }
 
   /// Copies every layer of block src into dst (copy on write).
-  void copy_block(block_id src, block_id dst) noexcept {
+  /// @throws error if either block is outside the pool.
+  void copy_block(block_id src, block_id dst) {
+    if (src < 0 || src >= shape_.num_blocks || dst < 0 || dst >= shape_.num_blocks)
+      throw error("host_kv_storage::copy_block: block " + std::to_string(src) + " -> " +
+                  std::to_string(dst) + " outside the pool of " +
+                  std::to_string(shape_.num_blocks));
     for (std::int32_t l = 0; l < shape_.num_layers; ++l) {
       const T* s = data_.data() + offset(l, src, 0, 0);
       std::copy(s, s + shape_.block_elems(), data_.data() + offset(l, dst, 0, 0));

@@ -38,8 +38,9 @@ struct rope_config {
 
   /// @throws error naming the bad field.
   void validate() const {
-    if (head_dim <= 0 || head_dim > 1024)
-      throw error("rope_config: head_dim must be in (0, 1024], got " + std::to_string(head_dim));
+    if (head_dim <= 0 || head_dim > kMaxHeadDim)
+      throw error("rope_config: head_dim must be in (0, " + std::to_string(kMaxHeadDim) +
+                  "], got " + std::to_string(head_dim));
     if (rotary_dim <= 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
       throw error("rope_config: rotary_dim must be even and in (0, head_dim], got " +
                   std::to_string(rotary_dim) + " for head_dim " + std::to_string(head_dim));

@@ -2,7 +2,8 @@
 #include "tokenizer.hpp"
 
 #include <algorithm>
-#include <climits>
+#include <functional>
+#include <queue>
 #include <stdexcept>
 
 namespace relokv_engine {
@@ -86,7 +87,15 @@ bpe_tokenizer::bpe_tokenizer(const gguf_file& f) {
   if (f.has("tokenizer.ggml.token_type")) {
     const auto types = f.get_ints("tokenizer.ggml.token_type");
     for (std::size_t i = 0; i < types.size() && i < tokens_.size(); ++i)
-      if (types[i] == 3 || types[i] == 4) specials_.push_back(tokens_[i]);
+      if (types[i] == 3 || types[i] == 4) {
+        // An empty special token matches everywhere: encode would never advance.
+        if (tokens_[i].empty())
+          throw gguf_error(f.name(), 0,
+                           "tokenizer.ggml.tokens[" + std::to_string(i) +
+                               "] is a special token (tokenizer.ggml.token_type " +
+                               std::to_string(types[i]) + ") and empty");
+        specials_.push_back(tokens_[i]);
+      }
   }
   build(merges);
 }
@@ -95,6 +104,8 @@ bpe_tokenizer::bpe_tokenizer(std::vector<std::string> tokens,
                              const std::vector<std::string>& merges,
                              std::vector<std::string> specials)
     : tokens_(std::move(tokens)), specials_(std::move(specials)) {
+  for (const std::string& sp : specials_)
+    if (sp.empty()) throw std::invalid_argument("tokenizer: a special token is empty");
   build(merges);
 }
 
@@ -111,6 +122,9 @@ void bpe_tokenizer::build(const std::vector<std::string>& merges) {
     byte_sym_[b] = utf8(printable ? static_cast<std::uint32_t>(b) : next++);
     sym_byte_[byte_sym_[b]] = static_cast<unsigned char>(b);
   }
+  for (const std::string& sp : specials_)
+    if (ids_.count(sp) == 0)
+      throw std::invalid_argument("tokenizer: special token '" + sp + "' is not in the vocabulary");
   // Longest specials first, so that one that contains another wins.
   std::sort(specials_.begin(), specials_.end(),
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
@@ -122,22 +136,59 @@ relokv::token_t bpe_tokenizer::id(const std::string& token) const {
 }
 
 void bpe_tokenizer::encode_word(const std::string& word, std::vector<relokv::token_t>& out) const {
-  std::vector<std::string> sym;
-  for (unsigned char b : word) sym.push_back(byte_sym_[b]);
-  while (sym.size() > 1) {
-    std::int32_t best = INT_MAX;
-    std::size_t at = 0;
-    for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-      const auto it = ranks_.find(sym[i] + " " + sym[i + 1]);
-      if (it != ranks_.end() && it->second < best) {
-        best = it->second;
-        at = i;
-      }
-    }
-    if (best == INT_MAX) break;
-    sym[at] += sym[at + 1];
-    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  // BPE in O(n log n): the symbols form a linked list, candidate merges a min-heap ordered by
+  // (rank, position), so the lowest-ranked, leftmost pair merges first, as in the quadratic
+  // definition. A merge adds at most two candidates (with its neighbours); entries whose
+  // symbols changed since they were pushed are recognized by the symbols' versions and skipped.
+  const std::size_t n = word.size();
+  std::vector<std::string> sym(n);
+  std::vector<std::int32_t> prev(n), next(n);
+  std::vector<std::uint32_t> version(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    sym[i] = byte_sym_[static_cast<unsigned char>(word[i])];
+    prev[i] = static_cast<std::int32_t>(i) - 1;
+    next[i] = i + 1 < n ? static_cast<std::int32_t>(i + 1) : -1;
   }
+  struct candidate {
+    std::int32_t rank, left, right;
+    std::uint32_t left_version, right_version;
+    bool operator>(const candidate& o) const {
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  std::priority_queue<candidate, std::vector<candidate>, std::greater<>> heap;
+  std::string key;
+  auto push = [&](std::int32_t l, std::int32_t r) {
+    if (l < 0 || r < 0) return;
+    key.assign(sym[static_cast<std::size_t>(l)]);
+    key += ' ';
+    key += sym[static_cast<std::size_t>(r)];
+    const auto it = ranks_.find(key);
+    if (it != ranks_.end())
+      heap.push({it->second, l, r, version[static_cast<std::size_t>(l)],
+                 version[static_cast<std::size_t>(r)]});
+  };
+  for (std::size_t i = 0; i + 1 < n; ++i)
+    push(static_cast<std::int32_t>(i), static_cast<std::int32_t>(i + 1));
+  while (!heap.empty()) {
+    const candidate c = heap.top();
+    heap.pop();
+    const auto l = static_cast<std::size_t>(c.left), r = static_cast<std::size_t>(c.right);
+    if (next[l] != c.right || version[l] != c.left_version || version[r] != c.right_version)
+      continue;  // stale: one of the two symbols has merged since
+    sym[l] += sym[r];
+    sym[r].clear();
+    ++version[l];
+    ++version[r];  // r is gone: any entry naming it is stale
+    next[l] = next[r];
+    if (next[r] >= 0) prev[static_cast<std::size_t>(next[r])] = c.left;
+    push(prev[l], c.left);
+    push(c.left, next[l]);
+  }
+  std::vector<std::string> merged;
+  for (std::int32_t i = n == 0 ? -1 : 0; i >= 0; i = next[static_cast<std::size_t>(i)])
+    merged.push_back(std::move(sym[static_cast<std::size_t>(i)]));
+  sym = std::move(merged);
   for (const std::string& s : sym) {
     const auto it = ids_.find(s);
     if (it != ids_.end()) {
@@ -155,23 +206,27 @@ void bpe_tokenizer::encode_word(const std::string& word, std::vector<relokv::tok
 
 std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text) const {
   std::vector<relokv::token_t> out;
+  // Where each special token next occurs at or after i: searched again only once passed, so
+  // the text is scanned once per special token, however many of them it holds.
+  std::vector<std::size_t> at(specials_.size(), 0);
   std::size_t i = 0;
+  bool first = true;
   while (i < text.size()) {
-    // Next special token (if any) splits the text.
     std::size_t best = std::string::npos;
-    const std::string* which = nullptr;
-    for (const std::string& sp : specials_) {
-      const std::size_t p = text.find(sp, i);
-      if (p < best) {
-        best = p;
-        which = &sp;
+    std::size_t which = specials_.size();
+    for (std::size_t k = 0; k < specials_.size(); ++k) {
+      if (first || (at[k] != std::string::npos && at[k] < i)) at[k] = text.find(specials_[k], i);
+      if (at[k] < best) {  // ties: the longer special (sorted first) wins
+        best = at[k];
+        which = k;
       }
     }
+    first = false;
     const std::size_t end = best == std::string::npos ? text.size() : best;
     for (const std::string& w : split_words(text.substr(i, end - i))) encode_word(w, out);
-    if (which == nullptr) break;
-    out.push_back(ids_.at(*which));
-    i = best + which->size();
+    if (which == specials_.size()) break;
+    out.push_back(ids_.at(specials_[which]));
+    i = best + specials_[which].size();
   }
   return out;
 }

@@ -63,7 +63,8 @@ class gguf_writer {
   // resize + memcpy rather than insert: GCC 12 reports a false -Wstringop-overflow on
   // vector<uint8_t>::insert of small ranges.
   static void append(std::vector<std::uint8_t>& o, const void* p, std::size_t n) {
-    if (n == 0) return;
+    // (The bound also tells GCC that n is no wrapped-around size.)
+    if (n == 0 || n > (std::size_t{1} << 40)) return;
     const std::size_t at = o.size();
     o.resize(at + n);
     std::memcpy(o.data() + at, p, n);

@@ -5,7 +5,8 @@ RELOKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Debian 12 packages the build needs. Installed with apt-get when running as root; otherwise
 # the exact command is printed and the script stops.
 RELOKV_DEB_PACKAGES=(cmake ninja-build g++ clang libclang-rt-dev clang-format libxxhash-dev
-  catch2 libbenchmark-dev libssl-dev libopenblas-dev ccache)
+  catch2 libbenchmark-dev libssl-dev libopenblas-dev ccache
+  nlohmann-json3-dev)
 
 relokv_ensure_packages() {
   local missing=() p

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "rag.hpp"
@@ -269,19 +271,25 @@ int main(int argc, char** argv) {
           << ',' << r.f1 << '\n';
     }
     if (!json_out.empty()) {
+      nlohmann::json doc = {{"source", w.source},
+                            {"requests", w.requests.size()},
+                            {"placement", opt.placement},
+                            {"variants", nlohmann::json::array()}};
+      for (const auto& r : rows)
+        doc["variants"].push_back({{"name", r.name},
+                                   {"ttft_p50_ms", r.p50},
+                                   {"ttft_p95_ms", r.p95},
+                                   {"tokens_computed", r.computed},
+                                   {"exact_hit_pct", r.exact},
+                                   {"relocated_hit_pct", r.reloc},
+                                   {"requests_per_s", r.rps},
+                                   {"kv_mib", r.kv_mib},
+                                   {"kl", r.kl},
+                                   {"agreement_pct", r.agree},
+                                   {"f1_pct", r.f1}});
       std::ofstream o(json_out);
-      o << "{\"source\": \"" << w.source << "\", \"requests\": " << w.requests.size()
-        << ", \"placement\": \"" << opt.placement << "\", \"variants\": [\n";
-      for (std::size_t i = 0; i < rows.size(); ++i) {
-        const auto& r = rows[i];
-        o << "  {\"name\": \"" << r.name << "\", \"ttft_p50_ms\": " << r.p50
-          << ", \"ttft_p95_ms\": " << r.p95 << ", \"tokens_computed\": " << r.computed
-          << ", \"exact_hit_pct\": " << r.exact << ", \"relocated_hit_pct\": " << r.reloc
-          << ", \"requests_per_s\": " << r.rps << ", \"kv_mib\": " << r.kv_mib
-          << ", \"kl\": " << r.kl << ", \"agreement_pct\": " << r.agree << ", \"f1_pct\": " << r.f1
-          << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
-      }
-      o << "]}\n";
+      o << doc.dump(1) << "\n";
+      if (!o) throw std::runtime_error(json_out + ": cannot write");
     }
     if (!svg_out.empty()) write_svg(svg_out, rows, res);
     return 0;

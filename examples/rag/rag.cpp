@@ -12,7 +12,7 @@
 
 #include <relokv/layout/builder.hpp>
 
-#include "json.hpp"
+#include <nlohmann/json.hpp>
 
 namespace relokv_rag {
 
@@ -33,6 +33,65 @@ std::string text_codec::decode(const std::vector<relokv::token_t>& t) const {
   return s;
 }
 
+namespace {
+
+using json = nlohmann::json;
+constexpr std::size_t kMaxDepth = 32;
+
+const json& field(const json& j, const char* name, const std::string& where) {
+  if (!j.is_object()) throw std::runtime_error(where + ": the record is not an object");
+  const auto it = j.find(name);
+  if (it == j.end()) throw std::runtime_error(where + ": field '" + name + "' is missing");
+  return *it;
+}
+const std::string& text_of(const json& j, const std::string& path, const std::string& where) {
+  if (!j.is_string())
+    throw std::runtime_error(where + ": " + path + " is " + j.type_name() + ", not a string");
+  return j.get_ref<const std::string&>();
+}
+const json::array_t& list_of(const json& j, const std::string& path, const std::string& where) {
+  if (!j.is_array())
+    throw std::runtime_error(where + ": " + path + " is " + j.type_name() + ", not a list");
+  return j.get_ref<const json::array_t&>();
+}
+
+}  // namespace
+
+qa_record parse_qa_line(const std::string& line, const std::string& where) {
+  json j;
+  try {
+    // The callback sees every value with its depth before it is built: deep nesting stops at
+    // the limit instead of growing without bound.
+    j = json::parse(line, [&](int depth, json::parse_event_t, json&) {
+      if (static_cast<std::size_t>(depth) > kMaxDepth)
+        throw std::runtime_error(where + ": nesting deeper than " + std::to_string(kMaxDepth));
+      return true;
+    });
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(where + ": column " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const json::exception& e) {  // a number out of range (1e999)
+    throw std::runtime_error(where + ": " + e.what());
+  }
+  qa_record r;
+  r.question = text_of(field(j, "question", where), "question", where);
+  r.answer = text_of(field(j, "answer", where), "answer", where);
+  const auto& ctx = list_of(field(j, "context", where), "context", where);
+  for (std::size_t i = 0; i < ctx.size(); ++i) {
+    const std::string at = "context[" + std::to_string(i) + "]";
+    const auto& item = list_of(ctx[i], at, where);
+    if (item.size() != 2)
+      throw std::runtime_error(where + ": " + at + " has " + std::to_string(item.size()) +
+                               " elements, not [title, [sentences]]");
+    std::pair<std::string, std::string> p;
+    p.first = text_of(item[0], at + "[0]", where);
+    const auto& sentences = list_of(item[1], at + "[1]", where);
+    for (std::size_t k = 0; k < sentences.size(); ++k)
+      p.second += text_of(sentences[k], at + "[1][" + std::to_string(k) + "]", where);
+    r.passages.push_back(std::move(p));
+  }
+  return r;
+}
+
 workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint32_t seed,
                     const text_codec& codec) {
   std::ifstream in(path);
@@ -47,24 +106,16 @@ workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint
   std::string line;
   for (std::size_t lineno = 1; std::getline(in, line) && w.requests.size() < max_requests;
        ++lineno) {
-    if (line.empty()) continue;
-    const std::string where = path + ":" + std::to_string(lineno);
-    const json j = json::parse(line, where);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+    const qa_record rec = parse_qa_line(line, path + ":" + std::to_string(lineno));
     qa_request r;
-    r.question = j.at("question").str;
-    r.answer = j.at("answer").str;
-    const json& ctx = j.at("context");
-    if (ctx.k != json::kind::kArray) throw std::runtime_error(where + ": context is not a list");
-    for (const json& item : ctx.arr) {
-      if (item.k != json::kind::kArray || item.arr.size() != 2)
-        throw std::runtime_error(where + ": a context entry is not [title, [sentences]]");
-      std::string text;
-      for (const json& s : item.arr[1].arr) text += s.str;
-      const std::string key = item.arr[0].str + "\n" + text;
+    r.question = rec.question;
+    r.answer = rec.answer;
+    for (const auto& [title, text] : rec.passages) {
+      const std::string key = title + "\n" + text;
       auto it = index.find(key);
       if (it == index.end()) {
-        passage p{item.arr[0].str, text,
-                  codec.encode("Document: " + item.arr[0].str + "\n" + text + "\n")};
+        passage p{title, text, codec.encode("Document: " + title + "\n" + text + "\n")};
         it = index.emplace(key, w.corpus.size()).first;
         w.corpus.push_back(std::move(p));
       }
@@ -76,6 +127,7 @@ workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint
     r.answer_tokens = codec.encode(r.answer);
     w.requests.push_back(std::move(r));
   }
+  if (in.bad()) throw std::runtime_error(path + ": read error");
   if (w.requests.empty()) throw std::runtime_error(path + ": no requests");
   return w;
 }

@@ -4,21 +4,50 @@
 #include <fstream>
 #include <string>
 
-#include "json.hpp"
 #include "support/catch.hpp"
 
-TEST_CASE("rag: the JSON reader", "[rag]") {
-  const auto j = relokv_rag::json::parse(
-      R"({"q": "caf\u00e9 \"x\"", "n": -1.5e2, "a": [true, false, null, ["t", ["s1", "s2"]]]})",
-      "line");
-  CHECK(j.at("q").str == "café \"x\"");
-  CHECK(j.at("n").num == -150.0);
-  CHECK(j.at("a").arr.size() == 4);
-  CHECK(j.at("a").arr[3].arr[1].arr[1].str == "s2");
-  CHECK_THROWS_WITH(relokv_rag::json::parse(R"({"a": [1, 2)", "f.jsonl:3"),
-                    Catch::Contains("f.jsonl:3"));
-  CHECK_THROWS(relokv_rag::json::parse(R"({"a" 1})", "x"));
-  CHECK_THROWS(relokv_rag::json::parse(R"("open)", "x"));
+namespace {
+/// The message parse_qa_line throws for a line, or "" when it parses.
+std::string complaint(const std::string& line) {
+  try {
+    (void)relokv_rag::parse_qa_line(line, "f.jsonl:7");
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return {};
+}
+const std::string kGood =
+    R"({"question": "caf\u00e9 \"x\"", "answer": "A", "context": [["T", ["s1", "s2"]]]})";
+std::string with_question(const std::string& value) {
+  return R"({"question": )" + value + R"(, "answer": "A", "context": []})";
+}
+}  // namespace
+
+TEST_CASE("rag: dataset lines are parsed strictly", "[rag]") {
+  const auto r = relokv_rag::parse_qa_line(kGood, "x");
+  CHECK(r.question == "café \"x\"");
+  REQUIRE(r.passages.size() == 1);
+  CHECK(r.passages[0].second == "s1s2");
+  // Every malformed line is an error that names the file and line.
+  for (const std::string& bad :
+       {std::string(R"({"a": [1, 2)"), std::string(R"({"a" 1})"), std::string(R"("open)"),
+        with_question("1.2.3"), with_question("01"), with_question("+1"),
+        with_question(R"("\ud800")"), with_question(R"("\uzzzz")"), with_question("\"tab\there\""),
+        with_question("\"\xff\xfe\""), std::string(5000, '[') + std::string(5000, ']')}) {
+    const std::string msg = complaint(bad);
+    INFO(bad.substr(0, 60) << " -> " << msg);
+    CHECK(msg.find("f.jsonl:7") != std::string::npos);
+  }
+  CHECK(complaint(std::string(100, '[') + std::string(100, ']')).find("nesting") !=
+        std::string::npos);
+  // Fields: missing, of the wrong type, or a number where text belongs.
+  CHECK(complaint(R"({"answer": "A", "context": []})").find("'question'") != std::string::npos);
+  CHECK(complaint(with_question("1e999")).find("f.jsonl:7: ") != std::string::npos);
+  CHECK(complaint(with_question("12")).find("question is number") != std::string::npos);
+  CHECK(complaint(R"({"question": "q", "answer": "A", "context": [["T", ["s", 3]]]})")
+            .find("context[0][1][1]") != std::string::npos);
+  CHECK(complaint(R"({"question": "q", "answer": "A", "context": [["T"]]})")
+            .find("context[0] has 1") != std::string::npos);
 }
 
 TEST_CASE("rag: answer F1 as in SQuAD/CacheBlend", "[rag]") {

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <optional>
 #include <random>
 #include <stdexcept>
+#include <string>
 
 #include <relokv/attention/host_attention.hpp>
 #include <relokv/attention/kv_append.hpp>
@@ -112,7 +114,8 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                 std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
                 std::int32_t no_write, std::vector<std::uint8_t>* mask,
                 const std::vector<std::uint8_t>* reused,
-                const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden) {
+                const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden,
+                std::int64_t* token_layers = nullptr) {
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
   auto n = static_cast<int>(positions.size());
@@ -193,6 +196,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     for (std::size_t i = 0; i < N * F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     matmul(g.data(), n, F, L.w_down, D, o.data());
     for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
+    if (token_layers) *token_layers += n;
     if (dynamic) {  // keep the rows the next layer still computes
       int w = 0;
       for (int i = 0; i < n; ++i) {
@@ -220,38 +224,85 @@ std::vector<float> head(const llama_model& m, const std::vector<float>& hidden) 
 
 }  // namespace
 
+void check_tokens(const llama_model& m, std::span<const relokv::token_t> tokens,
+                  const char* where) {
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= m.cfg.vocab)
+      throw std::out_of_range(std::string(where) + ": token " + std::to_string(i) + " = " +
+                              std::to_string(tokens[i]) + " outside the vocabulary [0, " +
+                              std::to_string(m.cfg.vocab) + ")");
+}
+
 llama_model llama_model::from_gguf(const gguf_file& f) {
   const std::string arch = f.get_string("general.architecture");
   if (arch != "llama")
     throw gguf_error(f.name(), 0, "architecture '" + arch + "' is not supported (llama is)");
   llama_model m;
   llama_config& c = m.cfg;
-  c.n_layers = static_cast<std::int32_t>(f.get_int("llama.block_count"));
-  c.dim = static_cast<std::int32_t>(f.get_int("llama.embedding_length"));
-  c.n_heads = static_cast<std::int32_t>(f.get_int("llama.attention.head_count"));
-  c.n_kv_heads = static_cast<std::int32_t>(f.get_int("llama.attention.head_count_kv", c.n_heads));
-  c.ffn = static_cast<std::int32_t>(f.get_int("llama.feed_forward_length"));
-  if (c.n_heads <= 0 || c.dim % c.n_heads != 0 || c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads)
-    throw gguf_error(f.name(), 0, "inconsistent attention head counts");
+  // Every hyperparameter is checked where it is read, with the key and the value it had.
+  auto bad = [&](const std::string& key, const std::string& value, const char* want) {
+    throw gguf_error(f.name(), 0, key + " = " + value + ": " + want);
+  };
+  auto int_key = [&](const std::string& key, std::int64_t lo, std::int64_t hi,
+                     std::optional<std::int64_t> fallback = std::nullopt) {
+    const std::int64_t v = fallback ? f.get_int(key, *fallback) : f.get_int(key);
+    if (v < lo || v > hi)
+      bad(key, std::to_string(v),
+          ("must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
+    return static_cast<std::int32_t>(v);
+  };
+  auto float_key = [&](const std::string& key, double fallback, double above) {
+    const double v = f.get_float(key, fallback);
+    if (!std::isfinite(v) || !(v > above))
+      bad(key, std::to_string(v), ("must be finite and > " + std::to_string(above)).c_str());
+    return v;
+  };
+  constexpr std::int64_t kMaxDim = 1 << 16;
+  c.n_layers = int_key("llama.block_count", 1, 4096);
+  c.dim = int_key("llama.embedding_length", 1, kMaxDim);
+  c.n_heads = int_key("llama.attention.head_count", 1, 4096);
+  c.n_kv_heads = int_key("llama.attention.head_count_kv", 1, c.n_heads, c.n_heads);
+  c.ffn = int_key("llama.feed_forward_length", 1, 1 << 20);
+  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads)
+    throw gguf_error(f.name(), 0,
+                     "inconsistent attention head counts: embedding_length " +
+                         std::to_string(c.dim) + ", head_count " + std::to_string(c.n_heads) +
+                         ", head_count_kv " + std::to_string(c.n_kv_heads));
   c.head_dim = c.dim / c.n_heads;
-  c.rms_eps = static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5));
+  if (c.head_dim > relokv::kMaxHeadDim)
+    bad("llama.embedding_length / llama.attention.head_count", std::to_string(c.head_dim),
+        "head dimension above relokv::kMaxHeadDim");
+  c.rms_eps = static_cast<float>(float_key("llama.attention.layer_norm_rms_epsilon", 1e-5, 0.0));
   const auto& emb = f.tensor("token_embd.weight");
-  c.vocab = static_cast<std::int32_t>(emb.dims.size() == 2 ? emb.dims[1] : 0);
+  if (emb.dims.size() != 2 || emb.dims[1] == 0 || emb.dims[1] > (1u << 24))
+    throw gguf_error(f.name(), emb.offset,
+                     "token_embd.weight must be [dim, vocab], vocab in [1, 2^24]");
+  c.vocab = static_cast<std::int32_t>(emb.dims[1]);
   c.rope.head_dim = c.head_dim;
-  c.rope.rotary_dim =
-      static_cast<std::int32_t>(f.get_int("llama.rope.dimension_count", c.head_dim));
-  c.rope.theta = f.get_float("llama.rope.freq_base", 10000.0);
+  c.rope.rotary_dim = int_key("llama.rope.dimension_count", 2, c.head_dim, c.head_dim);
+  if (c.rope.rotary_dim % 2 != 0)
+    bad("llama.rope.dimension_count", std::to_string(c.rope.rotary_dim), "must be even");
+  c.rope.theta = float_key("llama.rope.freq_base", 10000.0, 1.0);
   // GGUF llama checkpoints permute Q and K at conversion so that pairs are adjacent.
   c.rope.layout = relokv::rope_layout::kGPTJ;
   if (f.has("llama.rope.scaling.type")) {
     const std::string t = f.get_string("llama.rope.scaling.type");
-    c.rope.factor = f.get_float("llama.rope.scaling.factor", 1.0);
-    if (t == "linear") c.rope.scaling = relokv::rope_scaling::kLinear;
-    if (t == "yarn") {
+    if (t == "linear" || t == "yarn")
+      c.rope.factor = float_key("llama.rope.scaling.factor", 1.0, 0.0);
+    if (t == "linear") {
+      c.rope.scaling = relokv::rope_scaling::kLinear;
+    } else if (t == "yarn") {
       c.rope.scaling = relokv::rope_scaling::kYaRN;
       c.rope.original_max_position =
-          static_cast<std::int32_t>(f.get_int("llama.rope.scaling.original_context_length", 4096));
+          int_key("llama.rope.scaling.original_context_length", 1, 1 << 24, 4096);
+    } else if (t != "none") {
+      bad("llama.rope.scaling.type", "'" + t + "'", "is not none, linear or yarn");
     }
+  }
+  try {
+    c.rope.validate();
+  } catch (const relokv::error& e) {
+    throw gguf_error(f.name(), 0, e.what());
   }
   const auto D = static_cast<std::uint64_t>(c.dim), F = static_cast<std::uint64_t>(c.ffn);
   const auto Q = static_cast<std::uint64_t>(c.n_heads * c.head_dim);
@@ -341,6 +392,7 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
                                             const relokv::recompute::any_strategy& strategy,
                                             prefill_stats* stats) {
   if (live_) throw std::logic_error("llama_engine: end() the live request first");
+  check_tokens(*model_, layout.tokens, "llama_engine::prefill");
   auto r = std::make_unique<live_request>();
   r->plan = cache_.plan(layout, strategy);
   if (!r->plan.ok())
@@ -377,8 +429,10 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
     stats->misses = r->plan.misses;
   }
   std::vector<float> hidden;
+  std::int64_t token_layers = 0;
   run_layers<P>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
-                &reused, &strategy, hidden);
+                &reused, &strategy, hidden, &token_layers);
+  if (stats) stats->token_layers = token_layers;
   live_ = std::move(r);
   return head(*model_, hidden);
 }
@@ -386,6 +440,7 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
 template <class P>
 std::vector<float> llama_engine<P>::decode(relokv::token_t token) {
   if (!live_) throw std::logic_error("llama_engine: decode needs a prefilled request");
+  check_tokens(*model_, {&token, 1}, "llama_engine::decode");
   live_request& r = *live_;
   const auto pos = static_cast<std::int32_t>(r.tokens.size());
   r.tokens.push_back(token);
@@ -432,6 +487,7 @@ template class llama_engine<relokv::at_attention>;
 template class llama_engine<relokv::block_relative>;
 
 std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv::token_t>& tokens) {
+  check_tokens(m, tokens, "plain_prefill");
   const auto n = static_cast<std::int32_t>(tokens.size());
   const relokv::rope_table rope(m.cfg.rope, std::max(n, 1));
   // One contiguous buffer per layer: a single "block" as long as the prompt.

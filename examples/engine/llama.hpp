@@ -4,6 +4,7 @@
 // refined layer by layer), fp32 activations, GEMMs through BLAS.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,8 @@ struct llama_model {
 /// What one prefill did.
 struct prefill_stats {
   std::int32_t tokens = 0;
-  std::int32_t computed = 0;  ///< tokens computed at the first layer
+  std::int32_t computed = 0;      ///< tokens computed at the first layer
+  std::int64_t token_layers = 0;  ///< tokens computed, summed over the layers (the work done)
   std::int32_t exact_hits = 0, relocated_hits = 0, misses = 0;
 };
 
@@ -109,6 +111,9 @@ extern template class llama_engine<relokv::block_relative>;
 /// Prefill with a plain contiguous KV buffer and no cache at all: the baseline that
 /// engine_relokv_overhead divides by. Returns the logits of the last token.
 std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv::token_t>& tokens);
+/// @throws std::out_of_range naming `where`, the index and the id of the first token outside
+///         [0, vocab). The engine's entry points (prefill, decode, plain_prefill) call it.
+void check_tokens(const llama_model& m, std::span<const relokv::token_t> tokens, const char* where);
 
 /// Index of the largest logit.
 relokv::token_t argmax(const std::vector<float>& logits);

@@ -94,7 +94,7 @@ bpe_tokenizer::bpe_tokenizer(const gguf_file& f) {
                            "tokenizer.ggml.tokens[" + std::to_string(i) +
                                "] is a special token (tokenizer.ggml.token_type " +
                                std::to_string(types[i]) + ") and empty");
-        specials_.push_back(tokens_[i]);
+        special_pairs_.emplace_back(tokens_[i], static_cast<relokv::token_t>(i));
       }
   }
   build(merges);
@@ -103,9 +103,14 @@ bpe_tokenizer::bpe_tokenizer(const gguf_file& f) {
 bpe_tokenizer::bpe_tokenizer(std::vector<std::string> tokens,
                              const std::vector<std::string>& merges,
                              std::vector<std::string> specials)
-    : tokens_(std::move(tokens)), specials_(std::move(specials)) {
-  for (const std::string& sp : specials_)
+    : tokens_(std::move(tokens)) {
+  for (const std::string& sp : specials) {
     if (sp.empty()) throw std::invalid_argument("tokenizer: a special token is empty");
+    const auto it = std::find(tokens_.begin(), tokens_.end(), sp);
+    if (it == tokens_.end())
+      throw std::invalid_argument("tokenizer: special token '" + sp + "' is not in the vocabulary");
+    special_pairs_.emplace_back(sp, static_cast<relokv::token_t>(it - tokens_.begin()));
+  }
   build(merges);
 }
 
@@ -122,12 +127,15 @@ void bpe_tokenizer::build(const std::vector<std::string>& merges) {
     byte_sym_[b] = utf8(printable ? static_cast<std::uint32_t>(b) : next++);
     sym_byte_[byte_sym_[b]] = static_cast<unsigned char>(b);
   }
-  for (const std::string& sp : specials_)
-    if (ids_.count(sp) == 0)
-      throw std::invalid_argument("tokenizer: special token '" + sp + "' is not in the vocabulary");
+  // Special tokens are known by id: text reaches them only by their literal string, never
+  // through BPE (a vocabulary whose special token is also a byte's symbol cannot hand that
+  // byte a special id), and decode writes them as they are.
+  is_special_.assign(tokens_.size(), 0);
+  for (const auto& [sp, id] : special_pairs_) is_special_[static_cast<std::size_t>(id)] = 1;
   // Longest specials first, so that one that contains another wins.
-  std::sort(specials_.begin(), specials_.end(),
-            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  std::stable_sort(special_pairs_.begin(), special_pairs_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const auto& [sp, id] : special_pairs_) specials_.push_back(sp);
 }
 
 relokv::token_t bpe_tokenizer::id(const std::string& token) const {
@@ -189,17 +197,27 @@ void bpe_tokenizer::encode_word(const std::string& word, std::vector<relokv::tok
   for (std::int32_t i = n == 0 ? -1 : 0; i >= 0; i = next[static_cast<std::size_t>(i)])
     merged.push_back(std::move(sym[static_cast<std::size_t>(i)]));
   sym = std::move(merged);
-  for (const std::string& s : sym) {
+  // A symbol's id, unless it is missing or special (specials come only from their literal).
+  auto plain_id = [&](const std::string& s) -> relokv::token_t {
     const auto it = ids_.find(s);
-    if (it != ids_.end()) {
-      out.push_back(it->second);
+    return it == ids_.end() || is_special_[static_cast<std::size_t>(it->second)] ? -1 : it->second;
+  };
+  for (const std::string& s : sym) {
+    if (const relokv::token_t id = plain_id(s); id >= 0) {
+      out.push_back(id);
       continue;
     }
-    // Not in the vocabulary as a whole: fall back to its bytes.
-    for (unsigned char b : s) {
-      const auto bt = ids_.find(byte_sym_[b]);
-      if (bt == ids_.end()) throw std::runtime_error("tokenizer: byte without a token");
-      out.push_back(bt->second);
+    // Not in the vocabulary as a whole: fall back to its bytes' symbols (UTF-8 pieces of s).
+    for (std::size_t i = 0; i < s.size();) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      const std::size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : 3;  // byte symbols are < U+0144
+      const relokv::token_t id = plain_id(s.substr(i, len));
+      if (id < 0)
+        throw std::runtime_error("tokenizer: byte " +
+                                 std::to_string(sym_byte_.at(s.substr(i, len))) +
+                                 " has no (non-special) token");
+      out.push_back(id);
+      i += len;
     }
   }
 }
@@ -225,7 +243,7 @@ std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text) cons
     const std::size_t end = best == std::string::npos ? text.size() : best;
     for (const std::string& w : split_words(text.substr(i, end - i))) encode_word(w, out);
     if (which == specials_.size()) break;
-    out.push_back(ids_.at(specials_[which]));
+    out.push_back(special_pairs_[which].second);
     i = best + specials_[which].size();
   }
   return out;
@@ -237,7 +255,7 @@ std::string bpe_tokenizer::decode(const std::vector<relokv::token_t>& ids) const
     if (t < 0 || static_cast<std::size_t>(t) >= tokens_.size())
       throw std::out_of_range("tokenizer: id " + std::to_string(t) + " outside the vocabulary");
     const std::string& s = tokens_[static_cast<std::size_t>(t)];
-    if (std::find(specials_.begin(), specials_.end(), s) != specials_.end()) {
+    if (is_special_[static_cast<std::size_t>(t)]) {
       out += s;
       continue;
     }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <relokv/types.hpp>
@@ -40,9 +41,11 @@ class bpe_tokenizer {
 
   std::vector<std::string> tokens_;
   std::unordered_map<std::string, relokv::token_t> ids_;
-  std::unordered_map<std::string, std::int32_t> ranks_;  // "left right" -> rank
-  std::vector<std::string> specials_;
-  std::string byte_sym_[256];  // byte -> its symbol (UTF-8)
+  std::unordered_map<std::string, std::int32_t> ranks_;                 // "left right" -> rank
+  std::vector<std::pair<std::string, relokv::token_t>> special_pairs_;  // longest first
+  std::vector<std::string> specials_;     // their strings, in the same order
+  std::vector<std::uint8_t> is_special_;  // per id
+  std::string byte_sym_[256];             // byte -> its symbol (UTF-8)
   std::unordered_map<std::string, unsigned char> sym_byte_;
 };
 

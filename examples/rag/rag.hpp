@@ -11,6 +11,7 @@
 #include <relokv/recompute/any_strategy.hpp>
 #include <relokv/types.hpp>
 
+#include "dataset.hpp"
 #include "llama.hpp"
 #include "tokenizer.hpp"
 
@@ -39,17 +40,6 @@ struct text_codec {
   [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& s) const;
   [[nodiscard]] std::string decode(const std::vector<relokv::token_t>& t) const;
 };
-
-/// One dataset record as it stands in the file.
-struct qa_record {
-  std::string question, answer;
-  std::vector<std::pair<std::string, std::string>> passages;  // title, text (sentences joined)
-};
-/// Parses one JSONL line strictly (RFC 8259 through nlohmann/json: no leading zeros, signs,
-/// lone surrogates, raw control characters or invalid UTF-8; nesting at most 32 deep).
-/// @throws std::runtime_error "WHERE: ..." naming the column or the field
-///         (context[3][1][0], say) and what is wrong.
-qa_record parse_qa_line(const std::string& line, const std::string& where);
 
 /// 2WikiMultihopQA-style JSONL: question, answer, context = [[title, [sentences...]], ...].
 /// Passages are pooled across questions; each request shows its passages in a seeded random

@@ -1,5 +1,9 @@
 #include "gguf.hpp"
 
+#include <string>
+
+#include "llama.hpp"
+
 #include <relokv/dtype.hpp>
 
 #include <cmath>
@@ -164,4 +168,78 @@ TEST_CASE("gguf: malformed files name the offset and the problem", "[engine]") {
     }
   }
   CHECK_THROWS_AS(gguf_file::open("/nonexistent/model.gguf"), gguf_error);
+}
+
+namespace {
+/// A llama GGUF header (token embeddings only) whose hyperparameters a test overrides; the
+/// checks read them before any other tensor.
+struct llama_keys {
+  std::uint32_t block_count = 2;
+  std::uint32_t head_count = 2;
+  float eps = 1e-5f;
+  float freq_base = 10000.0f;
+  std::uint32_t rope_dims = 4;
+  std::string scaling = "";
+  std::uint32_t yarn_original = 4096;
+};
+std::string llama_load_error(const llama_keys& k) {
+  relokv_test::gguf_writer w;
+  w.kv_str("general.architecture", "llama");
+  w.kv_u32("llama.block_count", k.block_count);
+  w.kv_u32("llama.embedding_length", 8);
+  w.kv_u32("llama.attention.head_count", k.head_count);
+  w.kv_u32("llama.feed_forward_length", 16);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", k.eps);
+  w.kv_f32("llama.rope.freq_base", k.freq_base);
+  w.kv_u32("llama.rope.dimension_count", k.rope_dims);
+  if (!k.scaling.empty()) {
+    w.kv_str("llama.rope.scaling.type", k.scaling);
+    w.kv_f32("llama.rope.scaling.factor", 2.0f);
+    w.kv_u32("llama.rope.scaling.original_context_length", k.yarn_original);
+  }
+  w.tensor_f32("token_embd.weight", {8, 4}, std::vector<float>(32, 0.5f));
+  try {
+    (void)relokv_engine::llama_model::from_gguf(gguf_file::from_memory(w.bytes(), "m.gguf"));
+  } catch (const gguf_error& e) {
+    return e.what();
+  }
+  return {};
+}
+}  // namespace
+
+TEST_CASE("gguf: hyperparameters are checked at load, naming the key", "[engine]") {
+  auto fails_on = [](const llama_keys& k, const char* key) {
+    const std::string msg = llama_load_error(k);
+    INFO(msg);
+    return msg.find(key) != std::string::npos && msg.find("m.gguf") != std::string::npos;
+  };
+  llama_keys k;
+  // The good header passes the checks and fails later, at the first missing layer tensor.
+  CHECK(llama_load_error(k).find("output_norm.weight") != std::string::npos);
+  k = {};
+  k.eps = std::nanf("");
+  CHECK(fails_on(k, "layer_norm_rms_epsilon"));
+  k.eps = -1.0f;
+  CHECK(fails_on(k, "layer_norm_rms_epsilon"));
+  k = {};
+  k.block_count = 0;
+  CHECK(fails_on(k, "llama.block_count = 0"));
+  k.block_count = 0xFFFFFFFFu;
+  CHECK(fails_on(k, "llama.block_count = 4294967295"));
+  k = {};
+  k.rope_dims = 3;
+  CHECK(fails_on(k, "llama.rope.dimension_count = 3"));
+  k = {};
+  k.freq_base = std::nanf("");
+  CHECK(fails_on(k, "llama.rope.freq_base"));
+  k = {};
+  k.scaling = "yarn";
+  k.yarn_original = 0;
+  CHECK(fails_on(k, "original_context_length = 0"));
+  k = {};
+  k.scaling = "longrope";
+  CHECK(fails_on(k, "llama.rope.scaling.type = 'longrope'"));
+  k = {};
+  k.head_count = 3;  // 8 is not a multiple of 3
+  CHECK(fails_on(k, "head_count 3"));
 }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -49,6 +50,8 @@ TEMPLATE_TEST_CASE("engine: prefill through relokv equals a plain contiguous pre
   const auto l2 = rag(kB, kA);
   const auto want2 = relokv_engine::plain_prefill(*model(), l2.tokens);
   const auto full = eng.prefill(l2, relokv::recompute::full{}, &st);
+  const std::int64_t full_work = st.token_layers;
+  CHECK(full_work == std::int64_t{l2.num_tokens()} * model()->cfg.n_layers);
   CHECK(st.relocated_hits > 0);
   CHECK(st.computed == l2.num_tokens());
   CHECK(max_diff(full, want2) < 1e-3);
@@ -61,6 +64,24 @@ TEMPLATE_TEST_CASE("engine: prefill through relokv equals a plain contiguous pre
   // A dynamic strategy runs end to end and computes fewer tokens than full.
   const auto dyn = eng.prefill(l2, relokv::recompute::deviation_topk(0.3f), &st);
   CHECK(dyn.size() == want2.size());
+  CHECK(st.token_layers < full_work);
+  CHECK(st.token_layers > std::int64_t{st.computed});  // more than one layer's worth
+  eng.end(false);
+}
+
+TEST_CASE("engine: token ids outside the vocabulary are rejected at the entry points", "[engine]") {
+  llama_engine<relokv::block_relative> eng(model(), 64);
+  const std::int32_t vocab = model()->cfg.vocab;
+  for (const token_t bad : {vocab, -1, 1 << 30}) {
+    auto l = rag(kA, kB);
+    l.tokens[30] = bad;
+    CHECK_THROWS_AS(eng.prefill(l, relokv::recompute::none{}), std::out_of_range);
+    CHECK_THROWS_AS(relokv_engine::plain_prefill(*model(), l.tokens), std::out_of_range);
+  }
+  (void)eng.prefill(rag(kA, kB), relokv::recompute::none{});
+  CHECK_THROWS_AS(eng.decode(vocab), std::out_of_range);
+  CHECK_THROWS_AS(eng.decode(-3), std::out_of_range);
+  CHECK(eng.decode(5).size() == static_cast<std::size_t>(vocab));  // the request lives on
   eng.end(false);
 }
 

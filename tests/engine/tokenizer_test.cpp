@@ -106,3 +106,21 @@ TEST_CASE("tokenizer: specials split the text however many there are", "[engine]
   for (int i = 0; i < 2000; ++i) many += "a<s>";
   CHECK(tok.encode(many).size() == 4000);
 }
+
+TEST_CASE("tokenizer: a merge missing from the vocabulary falls back to its bytes' tokens",
+          "[engine]") {
+  // "\xc4\xa0" is GPT-2's symbol for the space byte; the merge's result is not a token.
+  const bpe_tokenizer tok({"\xc4\xa0", "a"}, {"\xc4\xa0 a"}, {});
+  CHECK(tok.encode(" a") == std::vector<relokv::token_t>{0, 1});
+  CHECK(tok.decode({0, 1}) == " a");
+}
+
+TEST_CASE("tokenizer: special tokens are reached by their literal only (found by fuzzing)",
+          "[engine]") {
+  // A hostile vocabulary whose special token is the space byte's symbol: BPE must not hand the
+  // space that id (decode would write the symbol, not the space).
+  const bpe_tokenizer tok({"a", "\xc4\xa0"}, {}, {"\xc4\xa0"});
+  CHECK_THROWS_AS(tok.encode("a a"), std::runtime_error);
+  CHECK(tok.encode("a\xc4\xa0") == std::vector<relokv::token_t>{0, 1});
+  CHECK(tok.decode({0, 1}) == "a\xc4\xa0");
+}

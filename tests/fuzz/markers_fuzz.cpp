@@ -14,7 +14,7 @@ void check(bool cond) {
   if (!cond) std::abort();
 }
 
-void check_layout(const relokv::request_layout& l) {
+void check_invariants(const relokv::request_layout& l) {
   check(!l.tokens.empty());
   relokv::pos_t next = 0;
   for (std::size_t b = 0; b < l.blocks.size(); ++b) {
@@ -54,7 +54,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(e.offset() >= 0 && e.offset() <= static_cast<std::int64_t>(stream.size()));
     return 0;
   }
-  check_layout(l);
+  check_invariants(l);
+  relokv::check_layout(l);  // what plan() checks: every parsed layout passes it
   static relokv::relocatable_cache<> cache(relokv::lru_block_pool(512), 16);
   if (l.block_size == 16) {
     auto p = cache.plan(l);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -55,11 +56,9 @@ TEST_CASE("real model: shapes and tokenizer", "[model]") {
   CHECK(ids.front() == 1);  // <|im_start|> is one token
 }
 
-TEST_CASE("real model: logits agree with the numpy reference", "[model]") {
-  if (std::system("python3 -c 'import numpy' 2>/dev/null") != 0) {
-    WARN("SKIPPED: python3 with numpy is not available for the reference forward pass");
-    return;
-  }
+// Hidden from the default run: ctest runs it as its own entry (relokv_numpy_reference_test),
+// which main() reports as skipped (77) when python3 with numpy is missing.
+TEST_CASE("real model: logits agree with the numpy reference", "[.][numpy]") {
   const auto& m = model();
   for (const std::string prompt : {"The capital of France is", "1, 2, 3, 4,"}) {
     const auto ids = m.tok.encode(prompt);
@@ -128,5 +127,11 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("model: %s\n", g_model.c_str());
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]).find("[numpy]") != std::string::npos &&
+        std::system("python3 -c 'import numpy' 2>/dev/null") != 0) {
+      std::printf("SKIPPED: python3 with numpy is not available for the reference forward pass\n");
+      return 77;
+    }
   return Catch::Session().run(argc, argv);
 }

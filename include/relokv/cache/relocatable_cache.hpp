@@ -54,6 +54,12 @@ struct cache_stats {
 /// parent block, checked by generation; for a relocated hit, the interned context tokens and
 /// extra keys). A colliding hash can only turn a hit into a miss.
 ///
+/// Threads: the cache is not internally synchronized. One thread (the engine's scheduler)
+/// owns it and makes every call, const ones included; it keeps no global state, so caches on
+/// different threads are independent. Kernels may run on other threads meanwhile: a block held
+/// by a live request is never handed to another, so new blocks can be written while other
+/// threads read live ones.
+///
 /// @tparam HashScheme        models hash_scheme (xxh3_128 by default)
 /// @tparam BlockAllocator    models block_allocator (lru_block_pool by default)
 /// @tparam RopePlacement     models rope_placement (at_attention by default)

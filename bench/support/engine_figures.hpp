@@ -18,23 +18,30 @@ namespace relokv_bench {
 
 /// BPE encode of one long word (the merge is O(n log n)): milliseconds for 8,000 characters,
 /// and the time ratio 8,000 / 2,000 characters (4 is linear; quadratic would be 16).
-inline void tokenizer_figures(int reps, std::vector<std::pair<std::string, double>>& out) {
+/// A BPE vocabulary over a..z grown by 2,000 merges of existing tokens (up to 8 letters).
+inline relokv_engine::bpe_tokenizer bench_tokenizer() {
   std::mt19937 rng(3);
   std::vector<std::string> tokens, merges;
   for (char c = 'a'; c <= 'z'; ++c) tokens.emplace_back(1, c);
-  while (merges.size() < 2000) {  // a vocabulary grown by merging existing tokens
+  while (merges.size() < 2000) {
     const std::string l = tokens[rng() % tokens.size()], r = tokens[rng() % tokens.size()];
     if (l.size() + r.size() > 8) continue;
     merges.push_back(l + " " + r);
     tokens.push_back(l + r);
   }
-  const relokv_engine::bpe_tokenizer tok(tokens, merges, {});
-  auto word = [&](int n) {
-    std::string w;
-    for (int i = 0; i < n; ++i) w += static_cast<char>('a' + rng() % 26);
-    return w;
-  };
-  const std::string w2k = word(2000), w8k = word(8000);
+  return relokv_engine::bpe_tokenizer(tokens, merges, {});
+}
+/// One word of n random letters (no pre-tokenizer split inside it).
+inline std::string bench_word(int n, std::uint32_t seed = 4) {
+  std::mt19937 rng(seed);
+  std::string w;
+  for (int i = 0; i < n; ++i) w += static_cast<char>('a' + rng() % 26);
+  return w;
+}
+
+inline void tokenizer_figures(int reps, std::vector<std::pair<std::string, double>>& out) {
+  const auto tok = bench_tokenizer();
+  const std::string w2k = bench_word(2000), w8k = bench_word(8000);
   const int r = reps < 5 ? 5 : reps;
   auto enc2 = [&] { keep(tok.encode(w2k)); };
   auto enc8 = [&] { keep(tok.encode(w8k)); };

@@ -95,8 +95,7 @@ TEST_CASE("threads: the scheduler plans and writes while workers attend over liv
         const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(j.table.size())};
         relokv::decode_attention<relokv::at_attention>(rope, kv.layer(0),
                                                        {j.table.data(), indptr, 1}, q.data(),
-                                                       &j.query_pos, 2 * kHeads, 0.25f,
-                                                       out.data());
+                                                       &j.query_pos, 2 * kHeads, 0.25f, out.data());
         done.push(j.id);
       }
     });

@@ -154,8 +154,12 @@ class layout_error : public error {
 /// @throws layout_error (rule kMalformedLayout) whose offset is the index of the offending
 /// segment or block and whose message names the field.
 inline void check_layout(const request_layout& l) {
+  // Messages are built only on failure: plan() runs this on every request.
   auto fail = [](std::int64_t at, const std::string& what) {
     throw layout_error(at, layout_rule::kMalformedLayout, what);
+  };
+  auto name = [](const char* array, std::int64_t i, const char* field) {
+    return std::string(array) + "[" + std::to_string(i) + "]." + field + " ";
   };
   const std::int32_t bs = l.block_size;
   if (bs <= 0 || bs > kMaxBlockSize || (bs & (bs - 1)) != 0)
@@ -164,55 +168,61 @@ inline void check_layout(const request_layout& l) {
   if (l.tokens.empty()) fail(0, "tokens is empty");
   if (l.tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     fail(0, "tokens holds more than 2^31 - 1 tokens");
-  for (std::size_t i = 0; i < l.tokens.size(); ++i)
-    if (l.tokens[i] < 0)
-      fail(static_cast<std::int64_t>(i),
-           "tokens[" + std::to_string(i) + "] = " + std::to_string(l.tokens[i]) + " is negative");
+  token_t lowest = 0;
+  for (const token_t t : l.tokens) lowest = t < lowest ? t : lowest;  // vectorizes
+  if (lowest < 0)
+    for (std::size_t i = 0; i < l.tokens.size(); ++i)
+      if (l.tokens[i] < 0)
+        fail(static_cast<std::int64_t>(i),
+             "tokens[" + std::to_string(i) + "] = " + std::to_string(l.tokens[i]) + " is negative");
   if (l.segments.empty()) fail(0, "segments is empty");
   const auto nb = static_cast<std::int64_t>(l.blocks.size());
   std::int64_t next_token = 0, next_block = 0;
   for (std::size_t si = 0; si < l.segments.size(); ++si) {
     const segment& s = l.segments[si];
     const auto at = static_cast<std::int64_t>(si);
-    const std::string f = "segments[" + std::to_string(si) + "].";
     if (s.kind != segment_kind::kPrefix && s.kind != segment_kind::kSpan &&
         s.kind != segment_kind::kDependent)
-      fail(at, f + "kind " + std::to_string(static_cast<int>(s.kind)) + " is not a segment_kind");
-    if (s.kind == segment_kind::kPrefix && si != 0) fail(at, f + "kind: a prefix must come first");
+      fail(at, name("segments", at, "kind") + std::to_string(static_cast<int>(s.kind)) +
+                   " is not a segment_kind");
+    if (s.kind == segment_kind::kPrefix && si != 0)
+      fail(at, name("segments", at, "kind") + "prefix: a prefix must come first");
     if (s.first_token != next_token)
-      fail(at, f + "first_token " + std::to_string(s.first_token) + " should be " +
+      fail(at, name("segments", at, "first_token") + std::to_string(s.first_token) + " should be " +
                    std::to_string(next_token));
     if (s.first_block != next_block)
-      fail(at, f + "first_block " + std::to_string(s.first_block) + " should be " +
+      fail(at, name("segments", at, "first_block") + std::to_string(s.first_block) + " should be " +
                    std::to_string(next_block));
-    if (s.num_tokens <= 0) fail(at, f + "num_tokens " + std::to_string(s.num_tokens) + " <= 0");
+    if (s.num_tokens <= 0)
+      fail(at, name("segments", at, "num_tokens") + std::to_string(s.num_tokens) + " <= 0");
     if (s.num_blocks <= 0 || next_block + s.num_blocks > nb)
-      fail(at, f + "num_blocks " + std::to_string(s.num_blocks) + " not in [1, " +
+      fail(at, name("segments", at, "num_blocks") + std::to_string(s.num_blocks) + " not in [1, " +
                    std::to_string(nb - next_block) + "]");
     if (s.dep_window < 0 || s.dep_window > kMaxDepWindow ||
         (s.dep_window != 0 && s.kind != segment_kind::kDependent))
-      fail(at, f + "dep_window " + std::to_string(s.dep_window) +
+      fail(at, name("segments", at, "dep_window") + std::to_string(s.dep_window) +
                    " (only dependent segments have one, in [0, " + std::to_string(kMaxDepWindow) +
                    "])");
     std::int64_t seg_tokens = 0;
     for (std::int64_t b = next_block; b < next_block + s.num_blocks; ++b) {
       const block_extent& e = l.blocks[static_cast<std::size_t>(b)];
-      const std::string g = "blocks[" + std::to_string(b) + "].";
       if (e.segment != static_cast<std::int32_t>(si))
-        fail(b, g + "segment " + std::to_string(e.segment) + " should be " + std::to_string(si));
+        fail(b, name("blocks", b, "segment") + std::to_string(e.segment) + " should be " +
+                    std::to_string(si));
       if (e.pos0 != next_token + seg_tokens)
-        fail(b, g + "pos0 " + std::to_string(e.pos0) + " should be " +
+        fail(b, name("blocks", b, "pos0") + std::to_string(e.pos0) + " should be " +
                     std::to_string(next_token + seg_tokens));
       if (e.len <= 0 || e.len > bs)
-        fail(b, g + "len " + std::to_string(e.len) + " not in [1, block_size " +
+        fail(b, name("blocks", b, "len") + std::to_string(e.len) + " not in [1, block_size " +
                     std::to_string(bs) + "]");
       if (!e.sealed && (b != nb - 1 || e.len == bs))
-        fail(b, g + "sealed is false (only the last block may be open, and only when not full)");
+        fail(b, name("blocks", b, "sealed") +
+                    "is false (only the last block may be open, and only when not full)");
       seg_tokens += e.len;
     }
     if (seg_tokens != s.num_tokens)
-      fail(at, f + "num_tokens " + std::to_string(s.num_tokens) + " differs from its blocks' " +
-                   std::to_string(seg_tokens));
+      fail(at, name("segments", at, "num_tokens") + std::to_string(s.num_tokens) +
+                   " differs from its blocks' " + std::to_string(seg_tokens));
     next_token += s.num_tokens;
     next_block += s.num_blocks;
   }

@@ -221,8 +221,9 @@ run_outcome run_model(std::uint32_t seed, const run_config& cfg) {
           }
         }
       }
-      if (pb.status != block_status::kMiss) {
-        MODEL_CHECK(pb.fresh || pb.copy_on_write || pb.physical == src, "shared hit moved");
+      if (pb.status != block_status::kMiss && !pb.fresh) {
+        // A hit the request reads (shared or copied) is held; one recomputed whole is not.
+        MODEL_CHECK(pb.copy_on_write || pb.physical == src, "shared hit moved");
         r.held.push_back(src);
       }
       if (pb.copy_on_write) {
@@ -231,14 +232,16 @@ run_outcome run_model(std::uint32_t seed, const run_config& cfg) {
           listed = listed || (c.src == src && c.dst == pb.physical);
         MODEL_CHECK(listed, "copy on write of block " << bi << " not in plan.copies");
       }
+      if (pb.status != block_status::kExactHit) chain_exact = false;
+    }
+    // Then the blocks handed out (after every lookup was checked: one may be the unheld source
+    // of a hit recomputed whole). None may be in use; whatever it held is gone.
+    for (const auto& pb : r.plan.blocks)
       if (pb.fresh || pb.copy_on_write) {
-        // A block handed out must not be in use by anyone; whatever it held is gone.
         MODEL_CHECK(m.refs[pb.physical] == 0, "block " << pb.physical << " handed out twice");
         m.evict(pb.physical);
         r.held.push_back(pb.physical);
       }
-      if (pb.status != block_status::kExactHit) chain_exact = false;
-    }
     for (block_id h : r.held) ++m.refs[h];
     return true;
   };

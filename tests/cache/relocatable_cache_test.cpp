@@ -334,3 +334,26 @@ TEST_CASE("cache: a hit recomputed whole is what later blocks chain to", "[cache
   CHECK(again.exact_hits == other.num_blocks() - 1);
   CHECK(again.relocated_hits == 0);
 }
+
+TEST_CASE("cache: a hit recomputed whole does not hold its source block", "[cache]") {
+  relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, relokv::at_attention,
+                            relokv::recompute::any_strategy>
+      cache(relokv::lru_block_pool(6), 16);
+  const auto l = relokv::layout_builder(16).prefix(kSys).span(kA).build();  // 4 blocks
+  auto p = cache.plan(l, relokv::recompute::none{});
+  REQUIRE(p.ok());
+  cache.commit(p.id);
+  cache.release(p.id);
+  // Every block hits and `full` rewrites every one: 4 new blocks, none of the 4 sources read.
+  // Holding the sources as well would need 8 of the 6 blocks.
+  auto f = cache.plan(l, relokv::recompute::full{});
+  REQUIRE(f.ok());
+  CHECK(f.exact_hits == 4);
+  CHECK(cache.allocator().num_free() == 2);
+  for (const auto& pb : f.blocks) CHECK(pb.fresh);
+  cache.commit(f.id);
+  cache.release(f.id);
+  auto again = cache.plan(l, relokv::recompute::none{});
+  CHECK(again.exact_hits == 4);
+  cache.release(again.id);
+}

@@ -214,7 +214,8 @@ class relocatable_cache {
       // stay, so their blocks are copied, never rebuilt from nothing.
       pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !strategy.dynamic());
       pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb));
-      if (pb.status != block_status::kMiss) {
+      // Hits the request reads are held; a hit it recomputes whole only names its source.
+      if (pb.status != block_status::kMiss && !pb.fresh) {
         if (alloc_.ref_count(pb.physical) == 0 && !counted_free(pb.physical)) ++hits_now_free;
       }
       if (pb.fresh || pb.copy_on_write) ++need;
@@ -230,7 +231,7 @@ class relocatable_cache {
 
     // 4. Take the blocks: shared ones first (so that allocation cannot evict them).
     for (planned_block& pb : p.blocks)
-      if (pb.status != block_status::kMiss) {
+      if (pb.status != block_status::kMiss && !pb.fresh) {
         alloc_.retain(pb.physical);
         rs.held.push_back(pb.physical);
       }

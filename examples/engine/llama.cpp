@@ -115,7 +115,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                 std::int32_t no_write, std::vector<std::uint8_t>* mask,
                 const std::vector<std::uint8_t>* reused,
                 const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden,
-                std::int64_t* token_layers = nullptr) {
+                prefill_stats* trace = nullptr) {
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
   auto n = static_cast<int>(positions.size());
@@ -147,7 +147,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     matmul(h.data(), n, D, L.wk, Hk * hd, k.data());
     matmul(h.data(), n, D, L.wv, Hk * hd, v.data());
     auto layer_kv = kv.layer(l);
-    if (dynamic && step < strategy->steps()) {
+    if (dynamic && step < strategy->steps() && strategy->check_layer(step) == l) {
       // Deviation of the fresh K/V (in storage form) from the cached ones, before they are
       // overwritten; the mask for the next layer follows.
       std::vector<float> dev(mask->size(), 0.0f);
@@ -172,7 +172,12 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
         }
         dev[static_cast<std::size_t>(pos)] = total;
       }
-      strategy->refine(step++, dev, *reused, *mask);
+      strategy->refine(step, dev, *reused, *mask);
+      if (trace && step == 0) {
+        trace->check_deviation = dev;
+        trace->check_kept = *mask;
+      }
+      ++step;
     }
     for (int i = 0; i < n; ++i) {
       const auto pos = positions[static_cast<std::size_t>(i)];
@@ -196,7 +201,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     for (std::size_t i = 0; i < N * F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     matmul(g.data(), n, F, L.w_down, D, o.data());
     for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
-    if (token_layers) *token_layers += n;
+    if (trace) trace->token_layers += n;
     if (dynamic) {  // keep the rows the next layer still computes
       int w = 0;
       for (int i = 0; i < n; ++i) {
@@ -429,10 +434,13 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
     stats->misses = r->plan.misses;
   }
   std::vector<float> hidden;
-  std::int64_t token_layers = 0;
+  if (stats) {
+    stats->token_layers = 0;
+    stats->check_deviation.clear();
+    stats->check_kept.clear();
+  }
   run_layers<P>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
-                &reused, &strategy, hidden, &token_layers);
-  if (stats) stats->token_layers = token_layers;
+                &reused, &strategy, hidden, stats);
   live_ = std::move(r);
   return head(*model_, hidden);
 }

@@ -60,6 +60,10 @@ struct prefill_stats {
   std::int32_t tokens = 0;
   std::int32_t computed = 0;      ///< tokens computed at the first layer
   std::int64_t token_layers = 0;  ///< tokens computed, summed over the layers (the work done)
+  /// Dynamic strategies, per logical position: the deviation measured at the first check
+  /// layer (0 where not measured), and the tokens still computed after that check.
+  std::vector<float> check_deviation;
+  std::vector<std::uint8_t> check_kept;
   std::int32_t exact_hits = 0, relocated_hits = 0, misses = 0;
 };
 
@@ -92,6 +96,8 @@ class llama_engine {
 
   [[nodiscard]] cache_type& cache() noexcept { return cache_; }
   [[nodiscard]] const llama_model& model() const noexcept { return *model_; }
+  /// The KV pool ([layer][block][k|v][head][slot][dim]), for tests and tools that inspect it.
+  [[nodiscard]] const relokv::host_kv_storage<float>& kv() const noexcept { return kv_; }
 
  private:
   struct live_request;

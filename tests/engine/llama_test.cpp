@@ -1,13 +1,17 @@
 #include "llama.hpp"
 
 #include <relokv/layout/builder.hpp>
+#include <relokv/recompute/deviation.hpp>
 #include <relokv/rope/at_attention.hpp>
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/rope/pre_rotated.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -134,4 +138,81 @@ TEST_CASE("engine: a document cached on its own is reused whole, its last block 
   CHECK(st.relocated_hits == 3);
   CHECK(st.computed == static_cast<int>(kB.size() + kQ.size()));
   eng.end(false);
+}
+
+TEST_CASE("engine: CacheBlend measures at its check layer, where context has mixed in",
+          "[engine]") {
+  using P = relokv::block_relative;
+  const auto alone = relokv::layout_builder(16).prefix(kSys).span(kA).build();
+  const auto moved = rag(kB, kA);  // kA after kB: relocated
+  const auto& cfg = model()->cfg;
+  const int hd = cfg.head_dim, Hk = cfg.n_kv_heads;
+  // The blocks that hold a layout's K/V once it is cached (all exact hits of a fresh plan).
+  auto blocks_of = [](llama_engine<P>& e, const relokv::request_layout& l) {
+    auto p = e.cache().plan(l, relokv::recompute::none{});
+    REQUIRE(p.ok());
+    e.cache().release(p.id);
+    return p.block_table();
+  };
+  auto slot_of = [](const std::vector<relokv::block_entry>& t, int pos) {
+    for (const auto& e : t)
+      if (pos >= e.pos0 && pos < e.pos0 + e.len) return std::pair{e.block, pos - e.pos0};
+    FAIL("position not in the table");
+    return std::pair{relokv::kNoBlock, 0};
+  };
+  // Cached: kA computed after the system prompt alone. Truth: the moved request recomputed in
+  // full (another engine), whose layer-1 K/V are what a check at layer 1 should compare.
+  llama_engine<P> eng(model(), 64), truth(model(), 64);
+  (void)eng.prefill(alone, relokv::recompute::none{});
+  eng.end(true);
+  (void)truth.prefill(moved, relokv::recompute::full{});
+  truth.end(true);
+  const auto cached_t = blocks_of(eng, alone), true_t = blocks_of(truth, moved);
+  const int a0 = static_cast<int>(kSys.size() + kB.size());  // kA's first position in moved
+  std::vector<std::pair<float, int>> true_dev;
+  for (int i = 0; i < static_cast<int>(kA.size()); ++i) {
+    const auto [cb, cs] = slot_of(cached_t, static_cast<int>(kSys.size()) + i);
+    const auto [tb, ts] = slot_of(true_t, a0 + i);
+    float total = 0.0f, d = 0.0f;
+    for (int h = 0; h < Hk; ++h) {
+      relokv::token_deviation(relokv::deviation_metric::kL2, eng.kv().tile(1, cb, 0, h) + cs * hd,
+                              eng.kv().tile(1, cb, 1, h) + cs * hd,
+                              truth.kv().tile(1, tb, 0, h) + ts * hd,
+                              truth.kv().tile(1, tb, 1, h) + ts * hd, 1, hd, &d);
+      total += d;
+    }
+    true_dev.emplace_back(total, a0 + i);
+  }
+  std::sort(true_dev.begin(), true_dev.end(), std::greater<>());
+
+  relokv_engine::prefill_stats st;
+  (void)eng.prefill(moved, relokv::recompute::deviation_topk(0.15f), &st);  // layer 1 (LMCache)
+  eng.end(false);
+  REQUIRE(st.check_deviation.size() == moved.tokens.size());
+  float measured_max = 0.0f;
+  std::vector<int> kept;
+  for (int i = 0; i < static_cast<int>(kA.size()); ++i) {
+    measured_max = std::max(measured_max, st.check_deviation[static_cast<std::size_t>(a0 + i)]);
+    if (st.check_kept[static_cast<std::size_t>(a0 + i)]) kept.push_back(a0 + i);
+  }
+  CHECK(measured_max > 1e-2f);  // context has mixed in: far above rounding
+  CHECK(measured_max == Approx(true_dev.front().first).epsilon(1e-3));
+  // The kept tokens are the true top-k by deviation at the check layer.
+  const auto reused = static_cast<double>(kSys.size() + kA.size());
+  const auto keep = static_cast<std::size_t>(std::ceil(0.15 * reused - 1e-9));
+  REQUIRE(kept.size() == keep);
+  std::vector<int> want;
+  for (std::size_t i = 0; i < keep; ++i) want.push_back(true_dev[i].second);
+  std::sort(want.begin(), want.end());
+  CHECK(kept == want);
+
+  // What a check at layer 0 sees: K and V of a token's own embedding, equal up to rounding in
+  // both contexts, so its top-k is arbitrary (the bug this schedule fixes).
+  relokv_engine::prefill_stats st0;
+  (void)eng.prefill(moved, relokv::recompute::deviation_topk({{0, 0.15f}}), &st0);
+  eng.end(false);
+  float layer0_max = 0.0f;
+  for (int i = 0; i < static_cast<int>(kA.size()); ++i)
+    layer0_max = std::max(layer0_max, st0.check_deviation[static_cast<std::size_t>(a0 + i)]);
+  CHECK(layer0_max < 1e-4f);
 }

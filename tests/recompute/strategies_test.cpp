@@ -160,6 +160,27 @@ TEST_CASE("deviation_topk: budgets at the edges and gradual filtering", "[recomp
       relokv::error);
 }
 
+TEST_CASE("deviation_topk: check layers (LMCache's default: layer 1, 15%)", "[recompute]") {
+  using relokv::recompute::deviation_check;
+  using relokv::recompute::deviation_topk;
+  const deviation_topk def;
+  REQUIRE(def.steps() == 1);
+  CHECK(def.check_layer(0) == 1);  // never layer 0, where K/V see no context yet
+  CHECK(def.ratio(0) == 0.15f);
+  const deviation_topk sched(0.5f, relokv::deviation_metric::kL2, {0.5f, 0.3f, 0.1f});
+  CHECK(sched.checks() == std::vector<deviation_check>{{1, 0.5f}, {2, 0.3f}, {3, 0.1f}});
+  const deviation_topk explicit_checks({{1, 0.3f}, {8, 0.15f}});
+  CHECK(explicit_checks.check_layer(1) == 8);
+  CHECK_THROWS_AS(deviation_topk({{2, 0.3f}, {2, 0.1f}}), relokv::error);  // not increasing
+  CHECK_THROWS_AS(deviation_topk({{-1, 0.3f}}), relokv::error);
+  CHECK_THROWS_AS(deviation_topk({{1, 0.1f}, {2, 0.3f}}), relokv::error);  // ratio grows
+  CHECK_THROWS_AS(deviation_topk(std::vector<deviation_check>{}), relokv::error);
+  const relokv::recompute::any_strategy a(explicit_checks);
+  CHECK(a.check_layer(1) == 8);
+  CHECK_THROWS_AS(relokv::recompute::any_strategy(relokv::recompute::first_k(2)).check_layer(0),
+                  relokv::error);
+}
+
 TEST_CASE("token_deviation: L2 and cosine on crafted rows", "[recompute]") {
   // Two tokens of width 2. Token 0: K equal, V differs by (3, 4) -> L2 5; token 1: K scaled
   // by 2 (cosine 0, L2 |k|), V opposite (cosine 2).

@@ -41,6 +41,11 @@ class any_strategy {
     if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->steps();
     return 0;
   }
+  /// The layer check step `step` measures (see deviation_topk::check_layer).
+  [[nodiscard]] std::int32_t check_layer(std::int32_t step) const {
+    if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->check_layer(step);
+    throw error("any_strategy::check_layer: the selected strategy is static (no check steps)");
+  }
   /// Forwards to the dynamic alternative; a static one has no steps, so any call is an error.
   void refine(std::int32_t step, std::span<const float> deviation,
               std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask) const {

@@ -3,19 +3,27 @@
 /// CacheBlend's selective recompute: the reused tokens with the highest KV deviation, chosen
 /// layer by layer with gradual filtering.
 ///
+/// Check layers. At layer 0 a token's K and V are functions of its own embedding only: no
+/// attention has mixed any context in yet, so the deviation there is rounding and a top-k
+/// over it is arbitrary. CacheBlend (and LMCache's blender: check layer 1, ratio 0.15)
+/// computes every candidate through the first check layer's K/V, measures the deviation
+/// there, and narrows the set at later check layers (gradual filtering).
+///
 /// Engine loop (dynamic strategies refine the mask as prefill goes):
 /// @code
-///   auto plan = cache.plan(layout, strategy);          // plan.compute: the check-layer set
+///   auto plan = cache.plan(layout, strategy);          // plan.compute: every candidate
 ///   const auto reused = plan.reused_mask();            // tokens whose KV came from the cache
 ///   std::vector<std::uint8_t> mask = plan.compute;
 ///   for (int layer = 0, step = 0; layer < num_layers; ++layer) {
-///     // compute Q/K/V, attention and MLP of this layer for the tokens with mask[t] == 1,
-///     // writing their K/V into the plan's (copied-on-write) blocks; attention reads all
-///     if (step < strategy.steps()) {
-///       // deviation of the fresh K/V from the cached K/V, for the masked reused tokens
+///     // compute Q/K/V of this layer for the tokens with mask[t] == 1
+///     if (step < strategy.steps() && strategy.check_layer(step) == layer) {
+///       // deviation of the fresh K/V from the cached K/V (before they are overwritten), for
+///       // the masked reused tokens
 ///       relokv::token_deviation(metric, cached_k, cached_v, fresh_k, fresh_v, n, width, dev);
-///       strategy.refine(step++, dev_per_token, reused, mask);   // mask for the next layer
+///       strategy.refine(step++, dev_per_token, reused, mask);   // from here on
 ///     }
+///     // write the K/V of this layer, attention (over all blocks) and MLP for the tokens still
+///     // masked; those dropped keep their cached K/V from this layer on
 ///   }
 /// @endcode
 #include <algorithm>
@@ -33,23 +41,36 @@
 RELOKV_NAMESPACE_BEGIN
 namespace recompute {
 
-/// Selects, at each check step, the top r_step fraction of the reused tokens by deviation
-/// (CacheBlend; default r = 15%). The first step measures every token of the relocated spans;
-/// with a schedule r1 >= r2 >= ... the set shrinks step by step (gradual filtering). The metric
-/// is a hint for the engine's token_deviation call: L2 (CacheBlend) or cosine (KVBoost).
+/// One check: at `layer`, keep the top `ratio` of the reused tokens by deviation.
+struct deviation_check {
+  std::int32_t layer = 1;
+  float ratio = 0.15f;
+  friend bool operator==(const deviation_check&, const deviation_check&) = default;
+};
+
+/// Selects, at each check layer, the top r fraction of the reused tokens by deviation
+/// (CacheBlend; default: layer 1, r = 15%, as LMCache's blender). Every token of the relocated
+/// spans is computed up to and including the first check layer's K/V; with later checks
+/// r1 >= r2 >= ... the set shrinks layer by layer (gradual filtering). The metric is a hint for
+/// the engine's token_deviation call: L2 (CacheBlend) or cosine (KVBoost). A check layer at or
+/// past the model's last layer is never reached: every candidate is then computed throughout.
 class deviation_topk {
  public:
+  /// Checks at layers 1, 2, ...: `schedule` (r1 >= r2 >= ...), or `ratio` alone at layer 1.
   explicit deviation_topk(float ratio = 0.15f, deviation_metric metric = deviation_metric::kL2,
                           std::vector<float> schedule = {})
-      : metric_(metric), schedule_(std::move(schedule)) {
-    if (schedule_.empty()) schedule_.push_back(ratio);
-    for (std::size_t i = 0; i < schedule_.size(); ++i) {
-      const float r = schedule_[i];
-      if (!(r >= 0.0f && r <= 1.0f))
-        throw error("deviation_topk: ratios must be in [0, 1], got " + std::to_string(r));
-      if (i > 0 && r > schedule_[i - 1])
-        throw error("deviation_topk: the schedule must not grow (gradual filtering)");
-    }
+      : metric_(metric) {
+    if (schedule.empty()) schedule.push_back(ratio);
+    for (std::size_t i = 0; i < schedule.size(); ++i)
+      checks_.push_back({static_cast<std::int32_t>(i) + 1, schedule[i]});
+    validate();
+  }
+  /// An explicit schedule of (layer, ratio): layers strictly increasing from 0, ratios in
+  /// [0, 1] and not increasing.
+  explicit deviation_topk(std::vector<deviation_check> checks,
+                          deviation_metric metric = deviation_metric::kL2)
+      : metric_(metric), checks_(std::move(checks)) {
+    validate();
   }
 
   /// Candidates for the first check: every token of every relocated span.
@@ -63,12 +84,17 @@ class deviation_topk {
   [[nodiscard]] constexpr bool dynamic() const noexcept { return true; }
   /// Number of refine steps (check layers).
   [[nodiscard]] std::int32_t steps() const noexcept {
-    return static_cast<std::int32_t>(schedule_.size());
+    return static_cast<std::int32_t>(checks_.size());
   }
   [[nodiscard]] deviation_metric metric() const noexcept { return metric_; }
   [[nodiscard]] float ratio(std::int32_t step) const {
-    return schedule_.at(static_cast<std::size_t>(step));
+    return checks_.at(static_cast<std::size_t>(step)).ratio;
   }
+  /// The layer whose fresh K/V check step `step` measures.
+  [[nodiscard]] std::int32_t check_layer(std::int32_t step) const {
+    return checks_.at(static_cast<std::size_t>(step)).layer;
+  }
+  [[nodiscard]] const std::vector<deviation_check>& checks() const noexcept { return checks_; }
 
   /// After check step `step`: keeps every token that is not reused (it has no cached value) and
   /// the ceil(r_step * reused) masked reused tokens with the highest deviation; clears the rest.
@@ -84,7 +110,7 @@ class deviation_topk {
       throw error("deviation_topk::refine: deviation, reused and mask sizes differ");
     const auto n_reused = std::count(reused.begin(), reused.end(), std::uint8_t{1});
     const auto keep = static_cast<std::int64_t>(std::ceil(
-        static_cast<double>(schedule_[static_cast<std::size_t>(step)]) * n_reused - 1e-9));
+        static_cast<double>(checks_[static_cast<std::size_t>(step)].ratio) * n_reused - 1e-9));
     std::vector<std::uint8_t> eligible(mask.size());
     for (std::size_t t = 0; t < mask.size(); ++t) {
       eligible[t] = mask[t] && reused[t];
@@ -94,8 +120,23 @@ class deviation_topk {
   }
 
  private:
+  void validate() const {
+    if (checks_.empty()) throw error("deviation_topk: at least one check");
+    for (std::size_t i = 0; i < checks_.size(); ++i) {
+      const deviation_check& c = checks_[i];
+      if (!(c.ratio >= 0.0f && c.ratio <= 1.0f))
+        throw error("deviation_topk: ratios must be in [0, 1], got " + std::to_string(c.ratio));
+      if (c.layer < 0) throw error("deviation_topk: check layer " + std::to_string(c.layer));
+      if (i > 0 && c.layer <= checks_[i - 1].layer)
+        throw error("deviation_topk: check layers must increase, got " +
+                    std::to_string(checks_[i - 1].layer) + " then " + std::to_string(c.layer));
+      if (i > 0 && c.ratio > checks_[i - 1].ratio)
+        throw error("deviation_topk: the schedule must not grow (gradual filtering)");
+    }
+  }
+
   deviation_metric metric_ = deviation_metric::kL2;
-  std::vector<float> schedule_;
+  std::vector<deviation_check> checks_;
 };
 static_assert(recompute_strategy<deviation_topk>,
               "recompute::deviation_topk must model recompute_strategy");

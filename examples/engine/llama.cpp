@@ -115,7 +115,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                 std::int32_t no_write, std::vector<std::uint8_t>* mask,
                 const std::vector<std::uint8_t>* reused,
                 const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden,
-                prefill_stats* trace = nullptr) {
+                prefill_stats* trace = nullptr, const std::vector<std::uint8_t>* pinned = nullptr) {
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
   auto n = static_cast<int>(positions.size());
@@ -172,7 +172,9 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
         }
         dev[static_cast<std::size_t>(pos)] = total;
       }
-      strategy->refine(step, dev, *reused, *mask);
+      strategy->refine(
+          step, dev, *reused, *mask,
+          pinned ? std::span<const std::uint8_t>(*pinned) : std::span<const std::uint8_t>());
       if (trace && step == 0) {
         trace->check_deviation = dev;
         trace->check_kept = *mask;
@@ -439,8 +441,13 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
     stats->check_deviation.clear();
     stats->check_kept.clear();
   }
+  // Tokens a combined strategy computes at every layer (EPIC's first k of first_k_and_topk).
+  std::vector<std::uint8_t> pinned(mask.size(), 0);
+  std::vector<relokv::block_status> status;
+  for (const auto& pb : r->plan.blocks) status.push_back(pb.status);
+  strategy.pin(layout, status, pinned);
   run_layers<P>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
-                &reused, &strategy, hidden, stats);
+                &reused, &strategy, hidden, stats, &pinned);
   live_ = std::move(r);
   return head(*model_, hidden);
 }

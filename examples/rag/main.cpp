@@ -42,7 +42,7 @@ Model
                     at most 32)
   --topk R          CacheBlend's recompute ratio in [0, 1] (default 0.15)
   --variants LIST   comma-separated subset of full, prefix, naive, block, epic, kvboost,
-                    cacheblend (default: all); full always runs first, as the reference
+                    cacheblend, union (default: all); full always runs first, as the reference
 Output
   --json FILE       results as JSON     --csv FILE   results as CSV
   --svg FILE        plot: TTFT against agreement per variant, tokens computed per request

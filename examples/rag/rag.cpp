@@ -119,6 +119,8 @@ std::vector<variant> default_variants(std::int32_t first_k, float topk) {
       {"EPIC first_k=" + k, rc::first_k(first_k), true, "", "epic"},
       {"KVBoost seam_window=" + k, rc::seam_window(first_k), true, "", "kvboost"},
       {"CacheBlend topk=" + r + "%", rc::deviation_topk(topk), true, "", "cacheblend"},
+      {"EPIC+CacheBlend k=" + k + " " + r + "%", rc::first_k_and_topk(first_k, topk), true,
+       "first k pinned, top-k at the check layer", "union"},
   };
 }
 

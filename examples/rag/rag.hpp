@@ -58,8 +58,9 @@ struct variant {
   std::string note;
   std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
 };
-/// The seven variants, reference first. first_k sets EPIC's k and KVBoost's window; topk is
-/// CacheBlend's recompute ratio. @throws relokv::error for values the strategies reject.
+/// The eight variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k).
+/// first_k sets EPIC's k and KVBoost's window; topk is CacheBlend's recompute ratio. @throws
+/// relokv::error for values the strategies reject.
 std::vector<variant> default_variants(std::int32_t first_k = 16, float topk = 0.15f);
 
 struct variant_result {

@@ -71,6 +71,18 @@ TEMPLATE_TEST_CASE("engine: prefill through relokv equals a plain contiguous pre
   CHECK(st.token_layers < full_work);
   CHECK(st.token_layers > std::int64_t{st.computed});  // more than one layer's worth
   eng.end(false);
+  // EPIC's first tokens pinned beside the top-k: more work than the top-k alone, less than full.
+  // (The synthetic model has two layers, so these check at layer 0 to leave one after it.)
+  const relokv::recompute::deviation_topk at0({{0, 0.3f}});
+  (void)eng.prefill(l2, at0, &st);
+  const std::int64_t topk_work = st.token_layers;
+  eng.end(false);
+  const auto both =
+      eng.prefill(l2, relokv::recompute::first_k_and_topk(relokv::recompute::first_k(4), at0), &st);
+  CHECK(both.size() == want2.size());
+  CHECK(st.token_layers > topk_work);
+  CHECK(st.token_layers < full_work);
+  eng.end(false);
 }
 
 TEST_CASE("engine: token ids outside the vocabulary are rejected at the entry points", "[engine]") {

@@ -168,13 +168,17 @@ TEST_CASE("deviation_topk: check layers (LMCache's default: layer 1, 15%)", "[re
   CHECK(def.check_layer(0) == 1);  // never layer 0, where K/V see no context yet
   CHECK(def.ratio(0) == 0.15f);
   const deviation_topk sched(0.5f, relokv::deviation_metric::kL2, {0.5f, 0.3f, 0.1f});
-  CHECK(sched.checks() == std::vector<deviation_check>{{1, 0.5f}, {2, 0.3f}, {3, 0.1f}});
+  const auto c = sched.checks();
+  CHECK(std::vector<deviation_check>(c.begin(), c.end()) ==
+        std::vector<deviation_check>{{1, 0.5f}, {2, 0.3f}, {3, 0.1f}});
   const deviation_topk explicit_checks({{1, 0.3f}, {8, 0.15f}});
   CHECK(explicit_checks.check_layer(1) == 8);
   CHECK_THROWS_AS(deviation_topk({{2, 0.3f}, {2, 0.1f}}), relokv::error);  // not increasing
   CHECK_THROWS_AS(deviation_topk({{-1, 0.3f}}), relokv::error);
   CHECK_THROWS_AS(deviation_topk({{1, 0.1f}, {2, 0.3f}}), relokv::error);  // ratio grows
-  CHECK_THROWS_AS(deviation_topk(std::vector<deviation_check>{}), relokv::error);
+  CHECK_THROWS_AS(deviation_topk(std::span<const deviation_check>{}), relokv::error);
+  CHECK_THROWS_AS(deviation_topk(0.1f, relokv::deviation_metric::kL2, std::vector<float>(9, 0.1f)),
+                  relokv::error);
   const relokv::recompute::any_strategy a(explicit_checks);
   CHECK(a.check_layer(1) == 8);
   CHECK_THROWS_AS(relokv::recompute::any_strategy(relokv::recompute::first_k(2)).check_layer(0),
@@ -215,4 +219,54 @@ TEST_CASE("any_strategy: one type, every shipped strategy", "[recompute]") {
   std::vector<float> dev(24, 0.0f);
   std::vector<std::uint8_t> reused(24, 0), m(24, 0);
   CHECK_THROWS_AS(any_strategy(relokv::recompute::none{}).refine(0, dev, reused, m), relokv::error);
+}
+
+TEST_CASE("first_k_and_topk: EPIC's first tokens stay, CacheBlend's top-k joins them",
+          "[recompute]") {
+  using relokv::recompute::first_k_and_topk;
+  // Prefix (exact), two relocated spans, a question (miss).
+  const auto l = relokv::layout_builder(4)
+                     .prefix(std::vector<token_t>{1, 2, 3, 4})
+                     .span(std::vector<token_t>{10, 11, 12, 13, 14, 15})
+                     .span(std::vector<token_t>{20, 21, 22, 23, 24, 25, 26, 27})
+                     .question(std::vector<token_t>{30, 31})
+                     .build();
+  std::vector<S> status(static_cast<std::size_t>(l.num_blocks()), S::kRelocatedHit);
+  status.front() = S::kExactHit;
+  status.back() = S::kMiss;
+  const first_k_and_topk s(2, 0.25f);
+  CHECK(s.dynamic());
+  CHECK(s.check_layer(0) == 1);
+  std::vector<std::uint8_t> mask(l.tokens.size(), 0), pinned(l.tokens.size(), 0);
+  for (std::size_t t = 18; t < 20; ++t) mask[t] = 1;  // the missed question
+  s.select(l, status, mask);
+  s.pin(l, status, pinned);
+  // Pinned: the first 2 tokens of each span (positions 4, 5 and 10, 11).
+  std::vector<std::size_t> pins;
+  for (std::size_t t = 0; t < pinned.size(); ++t)
+    if (pinned[t]) pins.push_back(t);
+  CHECK(pins == std::vector<std::size_t>{4, 5, 10, 11});
+  // Deviation highest at 7 and 15, zero at the pinned ones.
+  std::vector<float> dev(l.tokens.size(), 0.1f);
+  dev[7] = 5.0f;
+  dev[15] = 4.0f;
+  dev[9] = 3.0f;
+  std::vector<std::uint8_t> reused(l.tokens.size(), 0);
+  for (std::size_t t = 0; t < 18; ++t) reused[t] = 1;  // prefix and spans (18 tokens)
+  s.refine(0, dev, reused, mask, pinned);
+  std::vector<std::size_t> kept;
+  for (std::size_t t = 0; t < mask.size(); ++t)
+    if (mask[t]) kept.push_back(t);
+  // ceil(0.25 * 18) = 5 by deviation (7, 15, 9 and two of the 0.1s), plus the 4 pinned,
+  // plus the question.
+  CHECK(kept.size() == 5 + 4 + 2);
+  for (std::size_t t : {4u, 5u, 10u, 11u, 7u, 15u, 9u, 18u, 19u})
+    CHECK(std::find(kept.begin(), kept.end(), t) != kept.end());
+  CHECK_THROWS_AS(s.refine(0, dev, reused, mask, {}), relokv::error);
+  // Selectable at run time, like the others.
+  const relokv::recompute::any_strategy a(s);
+  CHECK(a.steps() == 1);
+  std::vector<std::uint8_t> pinned2(l.tokens.size(), 0);
+  a.pin(l, status, pinned2);
+  CHECK(pinned2 == pinned);
 }

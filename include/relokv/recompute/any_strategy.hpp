@@ -16,12 +16,13 @@
 RELOKV_NAMESPACE_BEGIN
 namespace recompute {
 
-/// Holds one of none, first_k, seam_window, deviation_topk, full. Cost beside the static
-/// form: one std::visit (a jump through a small table) per select/refine call, that is per
+/// Holds one of none, first_k, seam_window, deviation_topk, full, first_k_and_topk. Cost beside the
+/// static form: one std::visit (a jump through a small table) per select/refine call, that is per
 /// request or per check layer, never per token; and the size of the largest alternative.
 class any_strategy {
  public:
-  using variant_type = std::variant<none, first_k, seam_window, deviation_topk, full>;
+  using variant_type =
+      std::variant<none, first_k, seam_window, deviation_topk, full, first_k_and_topk>;
 
   any_strategy() = default;
   template <class S>
@@ -39,18 +40,32 @@ class any_strategy {
   /// Check steps of a dynamic alternative (0 for static ones).
   [[nodiscard]] std::int32_t steps() const noexcept {
     if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->steps();
+    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return u->steps();
     return 0;
   }
   /// The layer check step `step` measures (see deviation_topk::check_layer).
   [[nodiscard]] std::int32_t check_layer(std::int32_t step) const {
     if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->check_layer(step);
+    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return u->check_layer(step);
     throw error("any_strategy::check_layer: the selected strategy is static (no check steps)");
   }
+  /// Marks the tokens the strategy computes at every layer (first_k_and_topk's first k); the
+  /// others pin nothing. Call once per request, before the first refine.
+  void pin(const request_layout& l, std::span<const block_status> status,
+           std::span<std::uint8_t> pinned) const {
+    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) u->pin(l, status, pinned);
+  }
   /// Forwards to the dynamic alternative; a static one has no steps, so any call is an error.
+  /// @param pinned  what pin() marked (may be empty for deviation_topk)
   void refine(std::int32_t step, std::span<const float> deviation,
-              std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask) const {
+              std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask,
+              std::span<const std::uint8_t> pinned = {}) const {
     if (const auto* d = std::get_if<deviation_topk>(&v_)) {
-      d->refine(step, deviation, reused, mask);
+      d->refine(step, deviation, reused, mask, pinned);
+      return;
+    }
+    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) {
+      u->refine(step, deviation, reused, mask, pinned);
       return;
     }
     throw error("any_strategy::refine: the selected strategy is static (no check steps)");

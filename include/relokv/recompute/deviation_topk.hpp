@@ -27,8 +27,10 @@
 ///   }
 /// @endcode
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <utility>
@@ -61,17 +63,28 @@ class deviation_topk {
                           std::vector<float> schedule = {})
       : metric_(metric) {
     if (schedule.empty()) schedule.push_back(ratio);
+    if (schedule.size() > kMaxChecks) too_many(schedule.size());
     for (std::size_t i = 0; i < schedule.size(); ++i)
-      checks_.push_back({static_cast<std::int32_t>(i) + 1, schedule[i]});
+      checks_[i] = {static_cast<std::int32_t>(i) + 1, schedule[i]};
+    n_ = static_cast<std::int32_t>(schedule.size());
     validate();
   }
   /// An explicit schedule of (layer, ratio): layers strictly increasing from 0, ratios in
   /// [0, 1] and not increasing.
-  explicit deviation_topk(std::vector<deviation_check> checks,
+  explicit deviation_topk(std::span<const deviation_check> checks,
                           deviation_metric metric = deviation_metric::kL2)
-      : metric_(metric), checks_(std::move(checks)) {
+      : metric_(metric) {
+    if (checks.size() > kMaxChecks) too_many(checks.size());
+    std::copy(checks.begin(), checks.end(), checks_.begin());
+    n_ = static_cast<std::int32_t>(checks.size());
     validate();
   }
+  deviation_topk(std::initializer_list<deviation_check> checks,
+                 deviation_metric metric = deviation_metric::kL2)
+      : deviation_topk(std::span<const deviation_check>(checks.begin(), checks.size()), metric) {}
+
+  /// At most this many checks (held inline: a strategy is a small value, copied per variant).
+  static constexpr std::size_t kMaxChecks = 8;
 
   /// Candidates for the first check: every token of every relocated span.
   void select(const request_layout& l, std::span<const block_status> status,
@@ -83,46 +96,58 @@ class deviation_topk {
   }
   [[nodiscard]] constexpr bool dynamic() const noexcept { return true; }
   /// Number of refine steps (check layers).
-  [[nodiscard]] std::int32_t steps() const noexcept {
-    return static_cast<std::int32_t>(checks_.size());
-  }
+  [[nodiscard]] std::int32_t steps() const noexcept { return n_; }
   [[nodiscard]] deviation_metric metric() const noexcept { return metric_; }
-  [[nodiscard]] float ratio(std::int32_t step) const {
-    return checks_.at(static_cast<std::size_t>(step)).ratio;
-  }
+  [[nodiscard]] float ratio(std::int32_t step) const { return at(step).ratio; }
   /// The layer whose fresh K/V check step `step` measures.
-  [[nodiscard]] std::int32_t check_layer(std::int32_t step) const {
-    return checks_.at(static_cast<std::size_t>(step)).layer;
+  [[nodiscard]] std::int32_t check_layer(std::int32_t step) const { return at(step).layer; }
+  [[nodiscard]] std::span<const deviation_check> checks() const noexcept {
+    return {checks_.data(), static_cast<std::size_t>(n_)};
   }
-  [[nodiscard]] const std::vector<deviation_check>& checks() const noexcept { return checks_; }
 
-  /// After check step `step`: keeps every token that is not reused (it has no cached value) and
-  /// the ceil(r_step * reused) masked reused tokens with the highest deviation; clears the rest.
+  /// After check step `step`: keeps every token that is not reused (it has no cached value),
+  /// every pinned token, and the ceil(r_step * reused) masked, reused, unpinned tokens with the
+  /// highest deviation; clears the rest.
   /// @param deviation per token (logical position); read only where mask and reused are set
   /// @param reused    per token: 1 if its KV came from the cache (reuse_plan::reused_mask)
   /// @param mask      per token, in: computed at this layer; out: computed at the next
+  /// @param pinned    per token (or empty): tokens another strategy keeps at every layer (see
+  ///                  first_k_and_topk); they do not count against the budget
   void refine(std::int32_t step, std::span<const float> deviation,
-              std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask) const {
+              std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask,
+              std::span<const std::uint8_t> pinned = {}) const {
     if (step < 0 || step >= steps())
       throw error("deviation_topk::refine: step " + std::to_string(step) + " outside [0, " +
                   std::to_string(steps()) + ")");
-    if (deviation.size() != mask.size() || reused.size() != mask.size())
-      throw error("deviation_topk::refine: deviation, reused and mask sizes differ");
+    if (deviation.size() != mask.size() || reused.size() != mask.size() ||
+        (!pinned.empty() && pinned.size() != mask.size()))
+      throw error("deviation_topk::refine: deviation, reused, mask and pinned sizes differ");
     const auto n_reused = std::count(reused.begin(), reused.end(), std::uint8_t{1});
     const auto keep = static_cast<std::int64_t>(std::ceil(
         static_cast<double>(checks_[static_cast<std::size_t>(step)].ratio) * n_reused - 1e-9));
     std::vector<std::uint8_t> eligible(mask.size());
     for (std::size_t t = 0; t < mask.size(); ++t) {
-      eligible[t] = mask[t] && reused[t];
+      const bool pin = !pinned.empty() && pinned[t];
+      eligible[t] = mask[t] && reused[t] && !pin;
       if (eligible[t]) mask[t] = 0;
     }
     select_topk(deviation, eligible, keep, mask);
   }
 
  private:
+  [[noreturn]] static void too_many(std::size_t n) {
+    throw error("deviation_topk: " + std::to_string(n) + " checks, at most " +
+                std::to_string(kMaxChecks));
+  }
+  const deviation_check& at(std::int32_t step) const {
+    if (step < 0 || step >= n_)
+      throw error("deviation_topk: check step " + std::to_string(step) + " outside [0, " +
+                  std::to_string(n_) + ")");
+    return checks_[static_cast<std::size_t>(step)];
+  }
   void validate() const {
-    if (checks_.empty()) throw error("deviation_topk: at least one check");
-    for (std::size_t i = 0; i < checks_.size(); ++i) {
+    if (n_ == 0) throw error("deviation_topk: at least one check");
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n_); ++i) {
       const deviation_check& c = checks_[i];
       if (!(c.ratio >= 0.0f && c.ratio <= 1.0f))
         throw error("deviation_topk: ratios must be in [0, 1], got " + std::to_string(c.ratio));
@@ -136,10 +161,54 @@ class deviation_topk {
   }
 
   deviation_metric metric_ = deviation_metric::kL2;
-  std::vector<deviation_check> checks_;
+  std::array<deviation_check, kMaxChecks> checks_{};
+  std::int32_t n_ = 0;
 };
 static_assert(recompute_strategy<deviation_topk>,
               "recompute::deviation_topk must model recompute_strategy");
+
+/// EPIC and CacheBlend together: the first k tokens of every relocated span are recomputed at
+/// every layer (they absorb attention as sinks of the new context), and among the other
+/// relocated tokens the highest-deviation ones are chosen at the check layers. The two target
+/// different errors, so their union beats either at the same budget or close to it.
+class first_k_and_topk {
+ public:
+  first_k_and_topk(first_k pin, deviation_topk topk) : pin_(pin), topk_(std::move(topk)) {}
+  explicit first_k_and_topk(std::int32_t k = 16, float ratio = 0.15f) : pin_(k), topk_(ratio) {}
+
+  /// Candidates: every token of every relocated span (the first k among them are pinned).
+  void select(const request_layout& l, std::span<const block_status> status,
+              std::span<std::uint8_t> mask) const {
+    topk_.select(l, status, mask);
+    pin_.select(l, status, mask);
+  }
+  [[nodiscard]] constexpr bool dynamic() const noexcept { return true; }
+  /// Marks the tokens computed at every layer whatever their deviation: EPIC's first k.
+  void pin(const request_layout& l, std::span<const block_status> status,
+           std::span<std::uint8_t> pinned) const {
+    pin_.select(l, status, pinned);
+  }
+  [[nodiscard]] std::int32_t steps() const noexcept { return topk_.steps(); }
+  [[nodiscard]] std::int32_t check_layer(std::int32_t step) const {
+    return topk_.check_layer(step);
+  }
+  [[nodiscard]] deviation_metric metric() const noexcept { return topk_.metric(); }
+  void refine(std::int32_t step, std::span<const float> deviation,
+              std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask,
+              std::span<const std::uint8_t> pinned) const {
+    if (pinned.size() != mask.size())
+      throw error("first_k_and_topk::refine: pass the mask of pin() (one entry per token)");
+    topk_.refine(step, deviation, reused, mask, pinned);
+  }
+  [[nodiscard]] const first_k& pinned_strategy() const noexcept { return pin_; }
+  [[nodiscard]] const deviation_topk& topk() const noexcept { return topk_; }
+
+ private:
+  first_k pin_;
+  deviation_topk topk_;
+};
+static_assert(recompute_strategy<first_k_and_topk>,
+              "recompute::first_k_and_topk must model recompute_strategy");
 
 }  // namespace recompute
 RELOKV_NAMESPACE_END

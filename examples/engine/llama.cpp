@@ -135,9 +135,29 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(map.table.size())};
   const relokv::block_table_view view{map.table.data(), indptr, 1};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Keeps the rows the mask still computes (and the last token's, which gives the logits):
+  // their residual, and their queries when called between the K/V write and attention.
+  auto compact = [&](bool with_queries) {
+    int w = 0;
+    const std::size_t qrow = static_cast<std::size_t>(H) * hd;
+    for (int i = 0; i < n; ++i) {
+      const auto pos = positions[static_cast<std::size_t>(i)];
+      if (!(*mask)[static_cast<std::size_t>(pos)] && i != n - 1) continue;
+      positions[static_cast<std::size_t>(w)] = pos;
+      if (w != i) {
+        std::copy_n(&x[static_cast<std::size_t>(i) * D], D, &x[static_cast<std::size_t>(w) * D]);
+        if (with_queries) std::copy_n(&q[i * qrow], qrow, &q[w * qrow]);
+      }
+      ++w;
+    }
+    n = w;
+    positions.resize(static_cast<std::size_t>(n));
+    x.resize(static_cast<std::size_t>(n) * D);
+  };
   for (int l = 0; l < c.n_layers; ++l) {
     const llama_layer& L = m.layers[static_cast<std::size_t>(l)];
-    const auto N = static_cast<std::size_t>(n);
+    auto N = static_cast<std::size_t>(n);
+    bool refined = false;
     h.resize(N * D);
     for (int i = 0; i < n; ++i) rmsnorm(&x[i * D], L.attn_norm, D, c.rms_eps, &h[i * D]);
     q.resize(N * H * hd);
@@ -180,6 +200,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
         trace->check_kept = *mask;
       }
       ++step;
+      refined = true;
     }
     for (int i = 0; i < n; ++i) {
       const auto pos = positions[static_cast<std::size_t>(i)];
@@ -188,6 +209,12 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                            map.slot_of[static_cast<std::size_t>(pos)], pos,
                            &k[static_cast<std::size_t>(i) * Hk * hd],
                            &v[static_cast<std::size_t>(i) * Hk * hd]);
+    }
+    if (refined) {
+      // Every candidate's K/V of the check layer are written; the rows dropped there need no
+      // attention or MLP (nothing reads their hidden state again).
+      compact(true);
+      N = static_cast<std::size_t>(n);
     }
     att.resize(N * H * hd);
     attention<P>(rope, relokv::paged_kv_view<const float>(layer_kv), view, q.data(),
@@ -204,19 +231,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     matmul(g.data(), n, F, L.w_down, D, o.data());
     for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
     if (trace) trace->token_layers += n;
-    if (dynamic) {  // keep the rows the next layer still computes
-      int w = 0;
-      for (int i = 0; i < n; ++i) {
-        const auto pos = positions[static_cast<std::size_t>(i)];
-        if (!(*mask)[static_cast<std::size_t>(pos)] && i != n - 1) continue;
-        positions[static_cast<std::size_t>(w)] = pos;
-        if (w != i) std::copy_n(&x[i * D], D, &x[w * D]);
-        ++w;
-      }
-      n = w;
-      positions.resize(static_cast<std::size_t>(n));
-      x.resize(static_cast<std::size_t>(n) * D);
-    }
+    if (dynamic) compact(false);  // keep the rows the next layer still computes
   }
   last_hidden.assign(x.end() - D, x.end());
 }

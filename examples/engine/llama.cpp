@@ -104,6 +104,27 @@ struct layer_workspace {
   std::vector<float> x, h, q, k, v, att, o, g, u, fk;
 };
 
+/// Keeps the rows the mask still computes (and the last one, whose hidden state gives the
+/// logits): their residual in x, and their queries in q when given (between the K/V write and
+/// attention). Returns the new row count.
+int compact_rows(std::vector<float>& x, std::vector<float>* q, std::vector<std::int32_t>& positions,
+                 const std::vector<std::uint8_t>& mask, int n, int D, std::size_t qrow) {
+  int w = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto pos = positions[static_cast<std::size_t>(i)];
+    if (!mask[static_cast<std::size_t>(pos)] && i != n - 1) continue;
+    positions[static_cast<std::size_t>(w)] = pos;
+    if (w != i) {
+      std::copy_n(&x[static_cast<std::size_t>(i) * D], D, &x[static_cast<std::size_t>(w) * D]);
+      if (q) std::copy_n(&(*q)[i * qrow], qrow, &(*q)[w * qrow]);
+    }
+    ++w;
+  }
+  positions.resize(static_cast<std::size_t>(w));
+  x.resize(static_cast<std::size_t>(w) * D);
+  return w;
+}
+
 /// The layer loop, shared by the relokv engine and the plain baseline. Computes the tokens at
 /// `positions` (ascending; their K/V are written where `map` says, except where `no_write`),
 /// attends over every block of `map`, and leaves the last token's hidden state in last_hidden.
@@ -135,24 +156,10 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(map.table.size())};
   const relokv::block_table_view view{map.table.data(), indptr, 1};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Keeps the rows the mask still computes (and the last token's, which gives the logits):
-  // their residual, and their queries when called between the K/V write and attention.
-  auto compact = [&](bool with_queries) {
-    int w = 0;
-    const std::size_t qrow = static_cast<std::size_t>(H) * hd;
-    for (int i = 0; i < n; ++i) {
-      const auto pos = positions[static_cast<std::size_t>(i)];
-      if (!(*mask)[static_cast<std::size_t>(pos)] && i != n - 1) continue;
-      positions[static_cast<std::size_t>(w)] = pos;
-      if (w != i) {
-        std::copy_n(&x[static_cast<std::size_t>(i) * D], D, &x[static_cast<std::size_t>(w) * D]);
-        if (with_queries) std::copy_n(&q[i * qrow], qrow, &q[w * qrow]);
-      }
-      ++w;
-    }
-    n = w;
-    positions.resize(static_cast<std::size_t>(n));
-    x.resize(static_cast<std::size_t>(n) * D);
+  // (compact_rows: a function, not a lambda: clang 14 cannot capture structured bindings.)
+  auto compact = [&, &xs = x, &qs = q](bool with_queries) {
+    n = compact_rows(xs, with_queries ? &qs : nullptr, positions, *mask, n, D,
+                     static_cast<std::size_t>(H) * hd);
   };
   for (int l = 0; l < c.n_layers; ++l) {
     const llama_layer& L = m.layers[static_cast<std::size_t>(l)];

@@ -156,11 +156,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(map.table.size())};
   const relokv::block_table_view view{map.table.data(), indptr, 1};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // (compact_rows: a function, not a lambda: clang 14 cannot capture structured bindings.)
-  auto compact = [&, &xs = x, &qs = q](bool with_queries) {
-    n = compact_rows(xs, with_queries ? &qs : nullptr, positions, *mask, n, D,
-                     static_cast<std::size_t>(H) * hd);
-  };
+  const auto qrow = static_cast<std::size_t>(H) * hd;
   for (int l = 0; l < c.n_layers; ++l) {
     const llama_layer& L = m.layers[static_cast<std::size_t>(l)];
     auto N = static_cast<std::size_t>(n);
@@ -220,7 +216,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     if (refined) {
       // Every candidate's K/V of the check layer are written; the rows dropped there need no
       // attention or MLP (nothing reads their hidden state again).
-      compact(true);
+      n = compact_rows(x, &q, positions, *mask, n, D, qrow);
       N = static_cast<std::size_t>(n);
     }
     att.resize(N * H * hd);
@@ -238,7 +234,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     matmul(g.data(), n, F, L.w_down, D, o.data());
     for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
     if (trace) trace->token_layers += n;
-    if (dynamic) compact(false);  // keep the rows the next layer still computes
+    if (dynamic) n = compact_rows(x, nullptr, positions, *mask, n, D, qrow);  // next layer's rows
   }
   last_hidden.assign(x.end() - D, x.end());
 }
@@ -269,7 +265,7 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
   llama_model m;
   llama_config& c = m.cfg;
   // Every hyperparameter is checked where it is read, with the key and the value it had.
-  auto bad = [&](const std::string& key, const std::string& value, const char* want) {
+  auto bad = [&](const std::string& key, const std::string& value, const std::string& want) {
     throw gguf_error(f.name(), 0, key + " = " + value + ": " + want);
   };
   auto int_key = [&](const std::string& key, std::int64_t lo, std::int64_t hi,
@@ -277,13 +273,13 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
     const std::int64_t v = fallback ? f.get_int(key, *fallback) : f.get_int(key);
     if (v < lo || v > hi)
       bad(key, std::to_string(v),
-          ("must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
+          "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     return static_cast<std::int32_t>(v);
   };
   auto float_key = [&](const std::string& key, double fallback, double above) {
     const double v = f.get_float(key, fallback);
     if (!std::isfinite(v) || !(v > above))
-      bad(key, std::to_string(v), ("must be finite and > " + std::to_string(above)).c_str());
+      bad(key, std::to_string(v), "must be finite and > " + std::to_string(above));
     return v;
   };
   constexpr std::int64_t kMaxDim = 1 << 16;

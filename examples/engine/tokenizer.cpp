@@ -135,7 +135,6 @@ void bpe_tokenizer::build(const std::vector<std::string>& merges) {
   // Longest specials first, so that one that contains another wins.
   std::stable_sort(special_pairs_.begin(), special_pairs_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  for (const auto& [sp, id] : special_pairs_) specials_.push_back(sp);
 }
 
 relokv::token_t bpe_tokenizer::id(const std::string& token) const {
@@ -226,14 +225,15 @@ std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text) cons
   std::vector<relokv::token_t> out;
   // Where each special token next occurs at or after i: searched again only once passed, so
   // the text is scanned once per special token, however many of them it holds.
-  std::vector<std::size_t> at(specials_.size(), 0);
+  std::vector<std::size_t> at(special_pairs_.size(), 0);
   std::size_t i = 0;
   bool first = true;
   while (i < text.size()) {
     std::size_t best = std::string::npos;
-    std::size_t which = specials_.size();
-    for (std::size_t k = 0; k < specials_.size(); ++k) {
-      if (first || (at[k] != std::string::npos && at[k] < i)) at[k] = text.find(specials_[k], i);
+    std::size_t which = special_pairs_.size();
+    for (std::size_t k = 0; k < special_pairs_.size(); ++k) {
+      if (first || (at[k] != std::string::npos && at[k] < i))
+        at[k] = text.find(special_pairs_[k].first, i);
       if (at[k] < best) {  // ties: the longer special (sorted first) wins
         best = at[k];
         which = k;
@@ -242,9 +242,9 @@ std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text) cons
     first = false;
     const std::size_t end = best == std::string::npos ? text.size() : best;
     for (const std::string& w : split_words(text.substr(i, end - i))) encode_word(w, out);
-    if (which == specials_.size()) break;
+    if (which == special_pairs_.size()) break;
     out.push_back(special_pairs_[which].second);
-    i = best + specials_[which].size();
+    i = best + special_pairs_[which].first.size();
   }
   return out;
 }

@@ -43,9 +43,8 @@ class bpe_tokenizer {
   std::unordered_map<std::string, relokv::token_t> ids_;
   std::unordered_map<std::string, std::int32_t> ranks_;                 // "left right" -> rank
   std::vector<std::pair<std::string, relokv::token_t>> special_pairs_;  // longest first
-  std::vector<std::string> specials_;     // their strings, in the same order
-  std::vector<std::uint8_t> is_special_;  // per id
-  std::string byte_sym_[256];             // byte -> its symbol (UTF-8)
+  std::vector<std::uint8_t> is_special_;                                // per id
+  std::string byte_sym_[256];  // byte -> its symbol (UTF-8)
   std::unordered_map<std::string, unsigned char> sym_byte_;
 };
 

@@ -1478,28 +1478,6 @@ void check_shapes(const rope_table& rope, const paged_kv_view<const T>& kv,
                 " differs from the KV head_dim " + std::to_string(kv.head_dim));
 }
 
-/// Block tables are checked once per call, before any kernel reads: CSR offsets ordered, every
-/// block inside the view, every length a valid slot count.
-inline void check_table(block_table_view table, std::int32_t num_blocks, std::int32_t block_size) {
-  if (table.num_seqs < 0) throw error("attention: negative num_seqs");
-  if (table.num_seqs == 0) return;
-  if (table.indptr == nullptr || table.indptr[0] != 0)
-    throw error("attention: block table indptr must start at 0");
-  for (std::int32_t s = 0; s < table.num_seqs; ++s)
-    if (table.indptr[s + 1] < table.indptr[s])
-      throw error("attention: block table indptr decreases at sequence " + std::to_string(s));
-  const std::int32_t n = table.indptr[table.num_seqs];
-  if (n > 0 && table.entries == nullptr) throw error("attention: null block table entries");
-  for (std::int32_t i = 0; i < n; ++i) {
-    const block_entry& e = table.entries[i];
-    if (e.block < 0 || e.block >= num_blocks || e.len < 0 || e.len > block_size)
-      throw error("attention: block table entry " + std::to_string(i) + " {block " +
-                  std::to_string(e.block) + ", len " + std::to_string(e.len) +
-                  "} outside the view of " + std::to_string(num_blocks) + " blocks of " +
-                  std::to_string(block_size));
-  }
-}
-
 }  // namespace detail
 
 /// Decode attention: one query per sequence.
@@ -1520,7 +1498,7 @@ void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_t
                       float* out, kv_head_range heads = {}, float* lse = nullptr) {
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   detail::check_shapes(rope, kv, num_q_heads, heads);
-  detail::check_table(table, kv.num_blocks, kv.block_size);
+  check_block_table(table, kv.num_blocks, kv.block_size);
   const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
   for (std::int32_t s = 0; s < table.num_seqs; ++s)
     detail::attend_group<P>(
@@ -1544,7 +1522,7 @@ void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_
                        float* lse = nullptr) {
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   detail::check_shapes(rope, kv, num_q_heads, heads);
-  detail::check_table(table, kv.num_blocks, kv.block_size);
+  check_block_table(table, kv.num_blocks, kv.block_size);
   const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
   // Queries of a sequence in groups that share each block while it is in cache.
   constexpr std::int32_t kGroup = 16;

@@ -163,7 +163,9 @@ bool type_supported(std::uint32_t id) noexcept {
     case ggml_type::kBF16:
     case ggml_type::kQ4_0:
     case ggml_type::kQ4_1:
+    case ggml_type::kQ5_0:
     case ggml_type::kQ8_0:
+    case ggml_type::kQ4_K:
     case ggml_type::kQ6_K:
       return true;
   }
@@ -182,8 +184,12 @@ type_traits traits_of(ggml_type t) noexcept {
       return {32, 18, "Q4_0"};
     case ggml_type::kQ4_1:
       return {32, 20, "Q4_1"};
+    case ggml_type::kQ5_0:
+      return {32, 22, "Q5_0"};
     case ggml_type::kQ8_0:
       return {32, 34, "Q8_0"};
+    case ggml_type::kQ4_K:
+      return {256, 144, "Q4_K"};
     case ggml_type::kQ6_K:
       return {256, 210, "Q6_K"};
   }
@@ -271,7 +277,7 @@ void gguf_file::parse() {
     const auto type = c.get<std::uint32_t>("tensor type");
     if (!type_supported(type))
       c.fail(at, "tensor '" + t.name + "' has unsupported type " + std::to_string(type) +
-                     " (supported: F32 F16 BF16 Q4_0 Q4_1 Q8_0 Q6_K)");
+                     " (supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K)");
     t.type = static_cast<ggml_type>(type);
     t.offset = c.get<std::uint64_t>("tensor offset");
     const type_traits tr = traits_of(t.type);
@@ -387,6 +393,54 @@ void gguf_file::dequantize_row(const gguf_tensor& t, std::uint64_t row, float* o
         for (int j = 0; j < 16; ++j) {
           out[j] = d * static_cast<float>(q[j] & 0xF) + m;
           out[j + 16] = d * static_cast<float>(q[j] >> 4) + m;
+        }
+      }
+      return;
+    case ggml_type::kQ5_0:
+      // Block: fp16 scale d, 32 high bits (bit j for element j), then 16 bytes of low nibbles
+      // laid out as in Q4_0; element value (5-bit unsigned - 16) * d.
+      for (std::uint64_t b = 0; b < n / 32; ++b, p += 22, out += 32) {
+        const float d = half(p);
+        std::uint32_t qh = 0;
+        std::memcpy(&qh, p + 2, 4);
+        const std::uint8_t* q = p + 6;
+        for (int j = 0; j < 16; ++j) {
+          const int lo = static_cast<int>((q[j] & 0xF) | (((qh >> j) & 1u) << 4)) - 16;
+          const int hi = static_cast<int>((q[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+          out[j] = d * static_cast<float>(lo);
+          out[j + 16] = d * static_cast<float>(hi);
+        }
+      }
+      return;
+    case ggml_type::kQ4_K:
+      // Super-block of 256: fp16 d and dmin, 12 bytes packing eight 6-bit (scale, min) pairs,
+      // then 128 bytes of nibbles. Each 64 elements use 32 bytes: low nibbles for the first
+      // 32 (pair 2i), high nibbles for the next 32 (pair 2i + 1); value d*sc*q - dmin*m.
+      for (std::uint64_t b = 0; b < n / 256; ++b, p += 144, out += 256) {
+        const float d = half(p), dmin = half(p + 2);
+        const std::uint8_t* s = p + 4;
+        const std::uint8_t* q = p + 16;
+        const auto pair = [s](int j, int& sc, int& mn) {
+          if (j < 4) {
+            sc = s[j] & 63;
+            mn = s[j + 4] & 63;
+          } else {
+            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+          }
+        };
+        for (int c = 0; c < 4; ++c) {
+          int sc0 = 0, m0 = 0, sc1 = 0, m1 = 0;
+          pair(2 * c, sc0, m0);
+          pair(2 * c + 1, sc1, m1);
+          const float d0 = d * static_cast<float>(sc0), o0 = dmin * static_cast<float>(m0);
+          const float d1 = d * static_cast<float>(sc1), o1 = dmin * static_cast<float>(m1);
+          const std::uint8_t* qc = q + 32 * c;
+          float* y = out + 64 * c;
+          for (int i = 0; i < 32; ++i) {
+            y[i] = d0 * static_cast<float>(qc[i] & 0xF) - o0;
+            y[i + 32] = d1 * static_cast<float>(qc[i] >> 4) - o1;
+          }
         }
       }
       return;

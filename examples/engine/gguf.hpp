@@ -19,7 +19,9 @@ enum class ggml_type : std::uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
   kQ8_0 = 8,
+  kQ4_K = 12,
   kQ6_K = 14,
   kBF16 = 30,
 };

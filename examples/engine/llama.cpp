@@ -22,14 +22,20 @@
 namespace relokv_engine {
 namespace {
 
-/// Y[n][out] = X[n][in] * W[out][in]^T, the output features split between the two lanes.
-void matmul(const float* x, int n, int in, const std::vector<float>& w, int out, float* y) {
+/// Y[n][out] = X[n][in] * W[out][in]^T (+ bias[out] when given), the output features split
+/// between the two lanes.
+void matmul(const float* x, int n, int in, const std::vector<float>& w, int out, float* y,
+            const std::vector<float>* bias = nullptr) {
   const int mid = std::min(out, (out / 2 + 15) / 16 * 16);
   lanes::get().run([&](int lane) {
     const int o0 = lane == 0 ? 0 : mid, o1 = lane == 0 ? mid : out;
-    if (o1 > o0)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
-                  w.data() + static_cast<std::size_t>(o0) * in, in, 0.0f, y + o0, out);
+    if (o1 <= o0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
+                w.data() + static_cast<std::size_t>(o0) * in, in, 0.0f, y + o0, out);
+    if (bias != nullptr && !bias->empty())
+      for (int r = 0; r < n; ++r)
+        for (int o = o0; o < o1; ++o)
+          y[static_cast<std::size_t>(r) * out + o] += (*bias)[static_cast<std::size_t>(o)];
   });
 }
 
@@ -166,9 +172,9 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     q.resize(N * H * hd);
     k.resize(N * Hk * hd);
     v.resize(N * Hk * hd);
-    matmul(h.data(), n, D, L.wq, H * hd, q.data());
-    matmul(h.data(), n, D, L.wk, Hk * hd, k.data());
-    matmul(h.data(), n, D, L.wv, Hk * hd, v.data());
+    matmul(h.data(), n, D, L.wq, H * hd, q.data(), &L.bq);
+    matmul(h.data(), n, D, L.wk, Hk * hd, k.data(), &L.bk);
+    matmul(h.data(), n, D, L.wv, Hk * hd, v.data(), &L.bv);
     auto layer_kv = kv.layer(l);
     if (dynamic && step < strategy->steps() && strategy->check_layer(step) == l) {
       // Deviation of the fresh K/V (in storage form) from the cached ones, before they are
@@ -260,10 +266,14 @@ void check_tokens(const llama_model& m, std::span<const relokv::token_t> tokens,
 
 llama_model llama_model::from_gguf(const gguf_file& f) {
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama")
-    throw gguf_error(f.name(), 0, "architecture '" + arch + "' is not supported (llama is)");
+  if (arch != "llama" && arch != "qwen2")
+    throw gguf_error(f.name(), 0,
+                     "architecture '" + arch + "' is not supported (llama and qwen2 are)");
+  const bool qwen2 = arch == "qwen2";
+  const std::string a = arch + ".";  // hyperparameter keys are prefixed by the architecture
   llama_model m;
   llama_config& c = m.cfg;
+  c.arch = arch;
   // Every hyperparameter is checked where it is read, with the key and the value it had.
   auto bad = [&](const std::string& key, const std::string& value, const std::string& want) {
     throw gguf_error(f.name(), 0, key + " = " + value + ": " + want);
@@ -283,11 +293,11 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
     return v;
   };
   constexpr std::int64_t kMaxDim = 1 << 16;
-  c.n_layers = int_key("llama.block_count", 1, 4096);
-  c.dim = int_key("llama.embedding_length", 1, kMaxDim);
-  c.n_heads = int_key("llama.attention.head_count", 1, 4096);
-  c.n_kv_heads = int_key("llama.attention.head_count_kv", 1, c.n_heads, c.n_heads);
-  c.ffn = int_key("llama.feed_forward_length", 1, 1 << 20);
+  c.n_layers = int_key(a + "block_count", 1, 4096);
+  c.dim = int_key(a + "embedding_length", 1, kMaxDim);
+  c.n_heads = int_key(a + "attention.head_count", 1, 4096);
+  c.n_kv_heads = int_key(a + "attention.head_count_kv", 1, c.n_heads, c.n_heads);
+  c.ffn = int_key(a + "feed_forward_length", 1, 1 << 20);
   if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads)
     throw gguf_error(f.name(), 0,
                      "inconsistent attention head counts: embedding_length " +
@@ -295,33 +305,34 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
                          ", head_count_kv " + std::to_string(c.n_kv_heads));
   c.head_dim = c.dim / c.n_heads;
   if (c.head_dim > relokv::kMaxHeadDim)
-    bad("llama.embedding_length / llama.attention.head_count", std::to_string(c.head_dim),
+    bad(a + "embedding_length / llama.attention.head_count", std::to_string(c.head_dim),
         "head dimension above relokv::kMaxHeadDim");
-  c.rms_eps = static_cast<float>(float_key("llama.attention.layer_norm_rms_epsilon", 1e-5, 0.0));
+  c.rms_eps = static_cast<float>(float_key(a + "attention.layer_norm_rms_epsilon", 1e-5, 0.0));
   const auto& emb = f.tensor("token_embd.weight");
   if (emb.dims.size() != 2 || emb.dims[1] == 0 || emb.dims[1] > (1u << 24))
     throw gguf_error(f.name(), emb.offset,
                      "token_embd.weight must be [dim, vocab], vocab in [1, 2^24]");
   c.vocab = static_cast<std::int32_t>(emb.dims[1]);
   c.rope.head_dim = c.head_dim;
-  c.rope.rotary_dim = int_key("llama.rope.dimension_count", 2, c.head_dim, c.head_dim);
+  c.rope.rotary_dim = int_key(a + "rope.dimension_count", 2, c.head_dim, c.head_dim);
   if (c.rope.rotary_dim % 2 != 0)
-    bad("llama.rope.dimension_count", std::to_string(c.rope.rotary_dim), "must be even");
-  c.rope.theta = float_key("llama.rope.freq_base", 10000.0, 1.0);
-  // GGUF llama checkpoints permute Q and K at conversion so that pairs are adjacent.
-  c.rope.layout = relokv::rope_layout::kGPTJ;
-  if (f.has("llama.rope.scaling.type")) {
-    const std::string t = f.get_string("llama.rope.scaling.type");
+    bad(a + "rope.dimension_count", std::to_string(c.rope.rotary_dim), "must be even");
+  c.rope.theta = float_key(a + "rope.freq_base", 10000.0, 1.0);
+  // GGUF llama checkpoints permute Q and K at conversion so that pairs are adjacent; qwen2
+  // keeps the checkpoint's layout, whose pairs are half a rotary dimension apart.
+  c.rope.layout = qwen2 ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
+  if (f.has(a + "rope.scaling.type")) {
+    const std::string t = f.get_string(a + "rope.scaling.type");
     if (t == "linear" || t == "yarn")
-      c.rope.factor = float_key("llama.rope.scaling.factor", 1.0, 0.0);
+      c.rope.factor = float_key(a + "rope.scaling.factor", 1.0, 0.0);
     if (t == "linear") {
       c.rope.scaling = relokv::rope_scaling::kLinear;
     } else if (t == "yarn") {
       c.rope.scaling = relokv::rope_scaling::kYaRN;
       c.rope.original_max_position =
-          int_key("llama.rope.scaling.original_context_length", 1, 1 << 24, 4096);
+          int_key(a + "rope.scaling.original_context_length", 1, 1 << 24, 4096);
     } else if (t != "none") {
-      bad("llama.rope.scaling.type", "'" + t + "'", "is not none, linear or yarn");
+      bad(a + "rope.scaling.type", "'" + t + "'", "is not none, linear or yarn");
     }
   }
   try {
@@ -343,6 +354,11 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
     L.wq = tensor_as(f, p + "attn_q.weight", {D, Q});
     L.wk = tensor_as(f, p + "attn_k.weight", {D, K});
     L.wv = tensor_as(f, p + "attn_v.weight", {D, K});
+    if (qwen2) {
+      L.bq = tensor_as(f, p + "attn_q.bias", {Q});
+      L.bk = tensor_as(f, p + "attn_k.bias", {K});
+      L.bv = tensor_as(f, p + "attn_v.bias", {K});
+    }
     L.wo = tensor_as(f, p + "attn_output.weight", {Q, D});
     L.ffn_norm = tensor_as(f, p + "ffn_norm.weight", {D});
     L.w_gate = tensor_as(f, p + "ffn_gate.weight", {D, F});

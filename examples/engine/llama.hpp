@@ -31,11 +31,13 @@ struct llama_config {
   std::int32_t ffn = 128;
   std::int32_t vocab = 256;
   float rms_eps = 1e-5f;
+  std::string arch = "llama";  ///< general.architecture
   relokv::rope_config rope;
 };
 
 struct llama_layer {
   std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  std::vector<float> bq, bk, bv;  ///< Q/K/V biases (qwen2); empty for llama
 };
 
 /// Weights in fp32, each matrix row-major [out][in].
@@ -46,7 +48,9 @@ struct llama_model {
   std::vector<float> out_norm;
   std::vector<llama_layer> layers;
 
-  /// Reads a GGUF llama model (architecture "llama"); throws gguf_error naming what is wrong.
+  /// Reads a GGUF model of architecture "llama" (GPT-J pair layout: the converter permutes Q
+  /// and K) or "qwen2" (Q/K/V biases, NeoX half-split RoPE on unpermuted weights, untied
+  /// output); throws gguf_error naming what is wrong.
   static llama_model from_gguf(const gguf_file& f);
   /// A small model with deterministic pseudo-random weights, so that everything runs offline.
   static llama_model synthetic(const llama_config& cfg = {}, std::uint32_t seed = 1);

@@ -1,10 +1,13 @@
 // Byte-level BPE (see tokenizer.hpp).
 #include "tokenizer.hpp"
+#include "unicode_tables.hpp"
 
 #include <algorithm>
 #include <functional>
 #include <queue>
+#include <span>
 #include <stdexcept>
+#include <string_view>
 
 namespace relokv_engine {
 namespace {
@@ -24,64 +27,189 @@ std::string utf8(std::uint32_t cp) {
   return s;
 }
 
-enum class cls { kSpace, kLetter, kDigit, kOther };
-cls class_of(unsigned char c) {
-  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') return cls::kSpace;
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) return cls::kLetter;
-  if (c >= '0' && c <= '9') return cls::kDigit;
+// Character classes of the pre-tokenizer regexes: \p{L}, \p{N}, \s (White_Space) and the
+// rest, by the code point a byte belongs to (so a curly quote is punctuation, not a letter).
+enum class cls : std::uint8_t { kSpace, kLetter, kNumber, kOther };
+
+bool in(std::span<const unicode::code_range> table, std::uint32_t cp) {
+  const auto it =
+      std::upper_bound(table.begin(), table.end(), cp,
+                       [](std::uint32_t c, const unicode::code_range& r) { return c < r.lo; });
+  return it != table.begin() && cp <= (it - 1)->hi;
+}
+
+cls class_of(std::uint32_t cp) {
+  if (cp < 0x80) {
+    if (cp == ' ' || (cp >= '\t' && cp <= '\r')) return cls::kSpace;
+    if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return cls::kLetter;
+    if (cp >= '0' && cp <= '9') return cls::kNumber;
+    return cls::kOther;
+  }
+  if (cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+      cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000)
+    return cls::kSpace;
+  if (in(unicode::kLetters, cp)) return cls::kLetter;
+  if (in(unicode::kNumbers, cp)) return cls::kNumber;
   return cls::kOther;
 }
 
-/// GPT-2's pre-tokenization: contractions, optional space + letters / digits / other symbols,
-/// and whitespace (a run of spaces leaves its last one to the following word).
-std::vector<std::string> split_words(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t i = 0;
-  const std::size_t n = s.size();
-  static const char* contractions[] = {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"};
-  while (i < n) {
-    bool matched = false;
-    if (s[i] == '\'')
-      for (const char* c : contractions) {
-        const std::size_t len = std::char_traits<char>::length(c);
-        if (s.compare(i, len, c) == 0) {
-          out.push_back(s.substr(i, len));
-          i += len;
-          matched = true;
+/// The text as code points: for each, its byte offset and class (a byte that does not start
+/// a valid UTF-8 sequence is one code point of class kOther, so any bytes tokenize).
+struct code_points {
+  std::vector<std::size_t> at;  // byte offset of each code point, then the end
+  std::vector<cls> kind;
+  std::vector<std::uint32_t> cp;
+  explicit code_points(std::string_view s) {
+    for (std::size_t i = 0; i < s.size();) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      std::size_t len = c < 0x80         ? 1
+                        : (c >> 5) == 6  ? 2
+                        : (c >> 4) == 14 ? 3
+                        : (c >> 3) == 30 ? 4
+                                         : 0;
+      std::uint32_t v = len == 1 ? c : len == 2 ? c & 0x1Fu : len == 3 ? c & 0x0Fu : c & 0x07u;
+      for (std::size_t k = 1; k < len; ++k) {
+        const auto cc = i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0;
+        if ((cc & 0xC0) != 0x80) {
+          len = 0;
           break;
         }
+        v = (v << 6) | (cc & 0x3Fu);
       }
-    if (matched) continue;
-    const auto c0 = static_cast<unsigned char>(s[i]);
-    std::size_t j = i;
-    if (class_of(c0) == cls::kSpace) {
-      while (j < n && class_of(static_cast<unsigned char>(s[j])) == cls::kSpace) ++j;
-      // keep one plain space for the next word when a word follows
-      if (j < n && j - i > 1 && s[j - 1] == ' ')
-        --j;
-      else if (j < n && j - i == 1 && s[i] == ' ') {
-        ++j;  // " word": the space joins the word
-        const cls k = class_of(static_cast<unsigned char>(s[i + 1]));
-        while (j < n && class_of(static_cast<unsigned char>(s[j])) == k && k != cls::kSpace) ++j;
-      }
-      out.push_back(s.substr(i, j - i));
-      i = j;
-      continue;
+      const bool valid = len != 0 && !(len == 2 && v < 0x80) && !(len == 3 && v < 0x800) &&
+                         !(len == 4 && (v < 0x10000 || v > 0x10FFFF)) &&
+                         !(v >= 0xD800 && v <= 0xDFFF);
+      at.push_back(i);
+      cp.push_back(valid ? v : 0xFFFFFFFFu);
+      kind.push_back(valid ? class_of(v) : cls::kOther);
+      i += valid ? len : 1;
     }
-    const cls k = class_of(c0);
-    while (j < n && class_of(static_cast<unsigned char>(s[j])) == k) ++j;
-    out.push_back(s.substr(i, j - i));
-    i = j;
+    at.push_back(s.size());
   }
-  return out;
+  [[nodiscard]] std::size_t size() const noexcept { return kind.size(); }
+};
+
+/// Length (in code points) of the contraction ('s 't 're 've 'm 'll 'd) at i, or 0.
+std::size_t contraction(const code_points& t, std::size_t i, bool any_case) {
+  if (t.cp[i] != '\'' || i + 1 >= t.size()) return 0;
+  auto lower = [&](std::size_t k) -> std::uint32_t {
+    if (k >= t.size()) return 0;
+    const std::uint32_t c = t.cp[k];
+    return any_case && c >= 'A' && c <= 'Z' ? c | 0x20 : c;
+  };
+  const std::uint32_t a = lower(i + 1), b = lower(i + 2);
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
+/// Length of the whitespace run at i.
+std::size_t space_run(const code_points& t, std::size_t i) {
+  std::size_t j = i;
+  while (j < t.size() && t.kind[j] == cls::kSpace) ++j;
+  return j - i;
+}
+
+/// \s+(?!\S)|\s+ : a run that ends the text is taken whole; one followed by a word leaves its
+/// last character to what follows (taken alone when it is the whole run).
+std::size_t trailing_space(const code_points& t, std::size_t i) {
+  const std::size_t r = space_run(t, i);
+  if (i + r == t.size() || r == 1) return r;
+  return r - 1;
+}
+
+/// GPT-2's pattern, one match at i (in code points):
+///   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+std::size_t match_gpt2(const code_points& t, std::size_t i) {
+  if (const std::size_t c = contraction(t, i, false)) return c;
+  const std::size_t n = t.size();
+  const bool space = t.cp[i] == ' ' && i + 1 < n && t.kind[i + 1] != cls::kSpace;
+  const std::size_t s = space ? i + 1 : i;
+  const cls k = t.kind[s];
+  if (k != cls::kSpace) {
+    std::size_t j = s;
+    while (j < n && t.kind[j] == k) ++j;
+    return j - i;
+  }
+  return trailing_space(t, i);
+}
+
+/// Qwen2's pattern, one match at i:
+///   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+///   \s*[\r\n]+|\s+(?!\S)|\s+
+std::size_t match_qwen2(const code_points& t, std::size_t i) {
+  if (const std::size_t c = contraction(t, i, true)) return c;
+  const std::size_t n = t.size();
+  auto newline = [&](std::size_t k) { return t.cp[k] == '\r' || t.cp[k] == '\n'; };
+  const cls k0 = t.kind[i];
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  std::size_t s = i;
+  if (k0 != cls::kLetter && k0 != cls::kNumber && !newline(i) && i + 1 < n &&
+      t.kind[i + 1] == cls::kLetter)
+    s = i + 1;
+  if (t.kind[s] == cls::kLetter) {
+    std::size_t j = s;
+    while (j < n && t.kind[j] == cls::kLetter) ++j;
+    return j - i;
+  }
+  if (k0 == cls::kNumber) return 1;
+  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+  s = t.cp[i] == ' ' && i + 1 < n && t.kind[i + 1] == cls::kOther ? i + 1 : i;
+  if (t.kind[s] == cls::kOther) {
+    std::size_t j = s;
+    while (j < n && t.kind[j] == cls::kOther) ++j;
+    while (j < n && newline(j)) ++j;
+    return j - i;
+  }
+  // \s*[\r\n]+ : up to the run's last newline
+  const std::size_t r = space_run(t, i);
+  for (std::size_t j = i + r; j > i; --j)
+    if (newline(j - 1)) return j - i;
+  return trailing_space(t, i);
 }
 
 }  // namespace
+
+std::vector<std::string_view> pre_tokenize(std::string_view s, pre_tokenizer pre) {
+  std::vector<std::string_view> out;
+  const code_points t(s);
+  auto piece = [&](std::size_t a, std::size_t b) { return s.substr(t.at[a], t.at[b] - t.at[a]); };
+  if (pre == pre_tokenizer::kSmolLM) {
+    // SmolLM2 isolates every digit first, then runs GPT-2's pattern on each stretch between
+    // digits on its own (so a lookahead never sees past a digit).
+    for (std::size_t i = 0; i < t.size();) {
+      std::size_t j = i;
+      while (j < t.size() && t.kind[j] != cls::kNumber) ++j;
+      if (j > i)
+        for (std::string_view w : pre_tokenize(piece(i, j), pre_tokenizer::kGPT2)) out.push_back(w);
+      if (j < t.size()) out.push_back(piece(j, j + 1));
+      i = j + 1;
+    }
+    return out;
+  }
+  for (std::size_t i = 0; i < t.size();) {
+    const std::size_t len = pre == pre_tokenizer::kQwen2 ? match_qwen2(t, i) : match_gpt2(t, i);
+    out.push_back(piece(i, i + len));
+    i += len;
+  }
+  return out;
+}
 
 bpe_tokenizer::bpe_tokenizer(const gguf_file& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
   if (model != "gpt2")
     throw gguf_error(f.name(), 0, "tokenizer model '" + model + "' is not supported (gpt2 is)");
+  const std::string pre = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "gpt2";
+  if (pre == "gpt2")
+    pre_ = pre_tokenizer::kGPT2;
+  else if (pre == "smollm")
+    pre_ = pre_tokenizer::kSmolLM;
+  else if (pre == "qwen2")
+    pre_ = pre_tokenizer::kQwen2;
+  else
+    throw gguf_error(
+        f.name(), 0,
+        "tokenizer.ggml.pre = '" + pre + "' is not supported (gpt2, smollm, qwen2 are)");
   tokens_ = f.get_strings("tokenizer.ggml.tokens");
   const auto merges = f.get_strings("tokenizer.ggml.merges");
   if (f.has("tokenizer.ggml.token_type")) {
@@ -102,8 +230,8 @@ bpe_tokenizer::bpe_tokenizer(const gguf_file& f) {
 
 bpe_tokenizer::bpe_tokenizer(std::vector<std::string> tokens,
                              const std::vector<std::string>& merges,
-                             std::vector<std::string> specials)
-    : tokens_(std::move(tokens)) {
+                             std::vector<std::string> specials, pre_tokenizer pre)
+    : pre_(pre), tokens_(std::move(tokens)) {
   for (const std::string& sp : specials) {
     if (sp.empty()) throw std::invalid_argument("tokenizer: a special token is empty");
     const auto it = std::find(tokens_.begin(), tokens_.end(), sp);
@@ -142,7 +270,7 @@ relokv::token_t bpe_tokenizer::id(const std::string& token) const {
   return it == ids_.end() ? -1 : it->second;
 }
 
-void bpe_tokenizer::encode_word(const std::string& word, std::vector<relokv::token_t>& out) const {
+void bpe_tokenizer::encode_word(std::string_view word, std::vector<relokv::token_t>& out) const {
   // BPE in O(n log n): the symbols form a linked list, candidate merges a min-heap ordered by
   // (rank, position), so the lowest-ranked, leftmost pair merges first, as in the quadratic
   // definition. A merge adds at most two candidates (with its neighbours); entries whose
@@ -241,7 +369,8 @@ std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text) cons
     }
     first = false;
     const std::size_t end = best == std::string::npos ? text.size() : best;
-    for (const std::string& w : split_words(text.substr(i, end - i))) encode_word(w, out);
+    for (std::string_view w : pre_tokenize(std::string_view(text).substr(i, end - i), pre_))
+      encode_word(w, out);
     if (which == special_pairs_.size()) break;
     out.push_back(special_pairs_[which].second);
     i = best + special_pairs_[which].first.size();

@@ -1,8 +1,9 @@
 #pragma once
-// GPT-2-style byte-level BPE read from a GGUF (what SmolLM2 uses): encode, decode, special
-// tokens and the chat template's role markers.
+// GPT-2-style byte-level BPE read from a GGUF (what SmolLM2 and Qwen2 use): the model's
+// pre-tokenizer, encode, decode, special tokens and the ChatML role markers.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -13,13 +14,23 @@
 
 namespace relokv_engine {
 
+/// How text is cut into pieces before BPE (GGUF tokenizer.ggml.pre): GPT-2's pattern;
+/// SmolLM2's (every digit alone, then GPT-2's); Qwen2's (single digits, newlines kept with
+/// the punctuation before them, a non-letter may lead a word).
+enum class pre_tokenizer : std::uint8_t { kGPT2, kSmolLM, kQwen2 };
+
+/// Splits text into the pieces BPE runs on, as `pre` does (views into `text`). Bytes >= 0x80
+/// are classified by the Unicode category of the code point they belong to; bytes that are not
+/// valid UTF-8 count as punctuation, one each.
+[[nodiscard]] std::vector<std::string_view> pre_tokenize(std::string_view text, pre_tokenizer pre);
+
 class bpe_tokenizer {
  public:
   /// @throws gguf_error when the file has no (or an unsupported) tokenizer.
   explicit bpe_tokenizer(const gguf_file& f);
   /// From parts (tests, the synthetic model): byte-level token strings, "a b" merges, specials.
   bpe_tokenizer(std::vector<std::string> tokens, const std::vector<std::string>& merges,
-                std::vector<std::string> specials);
+                std::vector<std::string> specials, pre_tokenizer pre = pre_tokenizer::kGPT2);
 
   /// Text to ids; special tokens written literally in the text become their ids.
   [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& text) const;
@@ -28,6 +39,8 @@ class bpe_tokenizer {
   [[nodiscard]] std::int32_t vocab_size() const noexcept {
     return static_cast<std::int32_t>(tokens_.size());
   }
+  /// The end-of-turn token of ChatML (<|im_end|>), or -1 when the vocabulary has none.
+  [[nodiscard]] relokv::token_t end_of_turn() const { return id("<|im_end|>"); }
   /// Id of an exact token string, or -1.
   [[nodiscard]] relokv::token_t id(const std::string& token) const;
 
@@ -37,8 +50,9 @@ class bpe_tokenizer {
 
  private:
   void build(const std::vector<std::string>& merges);
-  void encode_word(const std::string& word, std::vector<relokv::token_t>& out) const;
+  void encode_word(std::string_view word, std::vector<relokv::token_t>& out) const;
 
+  pre_tokenizer pre_ = pre_tokenizer::kGPT2;
   std::vector<std::string> tokens_;
   std::unordered_map<std::string, relokv::token_t> ids_;
   std::unordered_map<std::string, std::int32_t> ranks_;                 // "left right" -> rank

@@ -72,8 +72,9 @@ TEST_CASE("gguf: metadata and tensor infos", "[engine]") {
 
 TEST_CASE("gguf: every supported type dequantizes to its closed form", "[engine]") {
   relokv_test::gguf_writer w;
-  std::vector<float> want_q40, want_q41, want_q80, want_f16, want_bf16, want_q6k;
-  std::vector<std::uint8_t> q40, q41, q80, f16, bf16, q6k;
+  std::vector<float> want_q40, want_q41, want_q80, want_f16, want_bf16, want_q6k, want_q50,
+      want_q4k;
+  std::vector<std::uint8_t> q40, q41, q80, f16, bf16, q6k, q50, q4k;
   // Q4_0: d = 0.5, nibble j -> (j - 8) * d; element j from the low nibble of byte j (value
   // j % 16), element j + 16 from its high nibble (value 15 - j).
   put_half(q40, 0.5f);
@@ -115,6 +116,46 @@ TEST_CASE("gguf: every supported type dequantizes to its closed form", "[engine]
   for (int i = 0; i < 16; ++i) q6k.push_back(static_cast<std::uint8_t>(i + 1));
   put_half(q6k, 0.5f);
   for (int e = 0; e < 256; ++e) want_q6k.push_back(0.5f * static_cast<float>(e / 16 + 1));
+  // Q5_0: d = 0.5, nibbles as Q4_0, high bit of element e = bit e of qh = e odd; value
+  // (5-bit - 16) * d.
+  put_half(q50, 0.5f);
+  for (int b = 0; b < 4; ++b) q50.push_back(0xAA);
+  for (int j = 0; j < 16; ++j)
+    q50.push_back(static_cast<std::uint8_t>((j & 0xF) | ((15 - j) << 4)));
+  want_q50.resize(32);
+  for (int j = 0; j < 16; ++j) {
+    want_q50[static_cast<std::size_t>(j)] = 0.5f * static_cast<float>((j | (j % 2) << 4) - 16);
+    const int e = j + 16;
+    want_q50[static_cast<std::size_t>(e)] =
+        0.5f * static_cast<float>(((15 - j) | (e % 2) << 4) - 16);
+  }
+  // Q4_K: d = 1, dmin = 0.5, pair j has scale 8j + 1 and min 7j (6 bits each, the high two
+  // bits of pairs 4..7 packed into the top of bytes 0..7); nibble of element e = e % 16;
+  // value d * scale(e / 32) * (e % 16) - dmin * min(e / 32).
+  put_half(q4k, 1.0f);
+  put_half(q4k, 0.5f);
+  {
+    std::uint8_t sc[12] = {};
+    for (int j = 0; j < 8; ++j) {
+      const int scale = 8 * j + 1, mn = 7 * j;
+      if (j < 4) {
+        sc[j] = static_cast<std::uint8_t>(sc[j] | scale);
+        sc[j + 4] = static_cast<std::uint8_t>(sc[j + 4] | mn);
+      } else {
+        sc[j + 4] = static_cast<std::uint8_t>((scale & 0xF) | ((mn & 0xF) << 4));
+        sc[j - 4] = static_cast<std::uint8_t>(sc[j - 4] | ((scale >> 4) << 6));
+        sc[j] = static_cast<std::uint8_t>(sc[j] | ((mn >> 4) << 6));
+      }
+    }
+    q4k.insert(q4k.end(), sc, sc + 12);
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 32; ++i) q4k.push_back(static_cast<std::uint8_t>((i % 16) * 0x11));
+    for (int e = 0; e < 256; ++e)
+      want_q4k.push_back(static_cast<float>(8 * (e / 32) + 1) * static_cast<float>(e % 16) -
+                         0.5f * static_cast<float>(7 * (e / 32)));
+  }
+  w.tensor("q50", {32}, 6, q50);
+  w.tensor("q4k", {256}, 12, q4k);
   w.tensor("q40", {32}, 2, q40);
   w.tensor("q41", {32}, 3, q41);
   w.tensor("q80", {32}, 8, q80);
@@ -128,6 +169,8 @@ TEST_CASE("gguf: every supported type dequantizes to its closed form", "[engine]
   CHECK(f.dequantize(f.tensor("f16")) == want_f16);
   CHECK(f.dequantize(f.tensor("bf16")) == want_bf16);
   CHECK(f.dequantize(f.tensor("q6k")) == want_q6k);
+  CHECK(f.dequantize(f.tensor("q50")) == want_q50);
+  CHECK(f.dequantize(f.tensor("q4k")) == want_q4k);
 }
 
 TEST_CASE("gguf: malformed files name the offset and the problem", "[engine]") {
@@ -146,13 +189,13 @@ TEST_CASE("gguf: malformed files name the offset and the problem", "[engine]") {
   CHECK(error_offset(bad) == 4);
   try {
     relokv_test::gguf_writer w;
-    w.tensor("q5", {32}, 6, std::vector<std::uint8_t>(22));  // Q5_0: not supported
+    w.tensor("q5", {32}, 7, std::vector<std::uint8_t>(24));  // Q5_1: not supported
     (void)gguf_file::from_memory(w.bytes(), "model.gguf");
     FAIL("no error");
   } catch (const gguf_error& e) {
     const std::string msg = e.what();
     CHECK(msg.find("model.gguf") != std::string::npos);
-    CHECK(msg.find("unsupported type 6") != std::string::npos);
+    CHECK(msg.find("unsupported type 7") != std::string::npos);
     CHECK(msg.find("'q5'") != std::string::npos);
   }
   {  // data past the end of the file

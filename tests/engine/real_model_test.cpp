@@ -1,15 +1,19 @@
-// Tests on the real model (SmolLM2-135M-Instruct, fetched by scripts/get-model). Without it the
-// binary says so and exits with 77, which ctest reports as skipped; the synthetic-model tests
-// (relokv_engine_test) always run.
+// Tests on a real model, named by the first argument (smollm2: SmolLM2-135M-Instruct, llama;
+// qwen2.5-0.5b: Qwen2.5-Coder-0.5B-Instruct, qwen2), as scripts/get-model fetches them. Without
+// the model the binary says so and exits with 77, which ctest reports as skipped; the
+// synthetic-model tests (relokv_engine_test) always run.
 #define CATCH_CONFIG_RUNNER
 #include <relokv/layout/builder.hpp>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "gguf.hpp"
 #include "llama.hpp"
@@ -18,7 +22,8 @@
 #include "tokenizer.hpp"
 
 namespace {
-std::string g_model;
+std::string g_name = "smollm2", g_model;
+bool qwen() { return g_name == "qwen2.5-0.5b"; }
 
 struct loaded {
   relokv_engine::gguf_file file;
@@ -47,13 +52,60 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("real model: shapes and tokenizer", "[model]") {
   const auto& m = model();
-  CHECK(m.model->cfg.n_layers == 30);
-  CHECK(m.model->cfg.vocab == 49152);
-  CHECK(m.tok.id("<|im_start|>") == 1);
+  const auto& c = m.model->cfg;
+  if (qwen()) {
+    CHECK(c.arch == "qwen2");
+    CHECK(c.n_layers == 24);
+    CHECK(c.vocab == 151936);
+    CHECK(c.n_kv_heads == 2);
+    CHECK(c.rope.layout == relokv::rope_layout::kNeoX);
+    CHECK(c.rope.theta == 1e6);
+    CHECK(!m.model->output.empty());  // untied
+    CHECK(m.model->layers[0].bq.size() == 896);
+  } else {
+    CHECK(c.arch == "llama");
+    CHECK(c.n_layers == 30);
+    CHECK(c.vocab == 49152);
+    CHECK(m.tok.id("<|im_start|>") == 1);
+  }
   for (const std::string s : {"Hello world, it's 2026!", "  spaces\tand\nlines  ", "café ü 東京"})
     CHECK(m.tok.decode(m.tok.encode(s)) == s);
   const auto ids = m.tok.encode(relokv_engine::bpe_tokenizer::chat("sys", "hi"));
-  CHECK(ids.front() == 1);  // <|im_start|> is one token
+  CHECK(ids.front() == m.tok.id("<|im_start|>"));  // one token
+  CHECK(m.tok.end_of_turn() == m.tok.id("<|im_end|>"));
+  CHECK(m.tok.end_of_turn() >= 0);
+}
+
+// Ids the reference implementation (Hugging Face tokenizers, tests/reference/tokenizer_ref.py)
+// produced for tests/engine/data/tokenizer_strings.txt: non-ASCII punctuation, paragraph
+// breaks, tabs, digits, contractions, CJK, emoji, specials.
+TEST_CASE("real model: token ids equal the reference tokenizer's", "[model]") {
+  const auto& m = model();
+  std::ifstream strings(RELOKV_SOURCE_DIR "/tests/engine/data/tokenizer_strings.txt");
+  std::ifstream ref(RELOKV_SOURCE_DIR "/tests/engine/data/tokenizer_ref_ids.tsv");
+  REQUIRE(strings);
+  REQUIRE(ref);
+  std::vector<std::string> texts;
+  for (std::string line; std::getline(strings, line);)
+    if (!line.empty()) texts.push_back(nlohmann::json::parse(line).get<std::string>());
+  std::size_t i = 0, checked = 0;
+  for (std::string line; std::getline(ref, line);) {
+    const auto tab = line.find('\t');
+    REQUIRE(tab != std::string::npos);
+    const bool mine = line.substr(0, tab) == g_name;
+    if (!mine) {
+      ++i;
+      continue;
+    }
+    const std::string& text = texts.at(i++ % texts.size());
+    std::vector<relokv::token_t> want;
+    std::istringstream is(line.substr(tab + 1));
+    for (relokv::token_t t; is >> t;) want.push_back(t);
+    INFO(nlohmann::json(text).dump());
+    CHECK(m.tok.encode(text) == want);
+    ++checked;
+  }
+  CHECK(checked == texts.size());
 }
 
 // Hidden from the default run: ctest runs it as its own entry (relokv_numpy_reference_test),
@@ -71,7 +123,7 @@ TEST_CASE("real model: logits agree with the numpy reference", "[.][numpy]") {
     float v;
     while (std::fscanf(p, "%f", &v) == 1) want.push_back(v);
     REQUIRE(pclose(p) == 0);
-    REQUIRE(want.size() == 49152);
+    REQUIRE(want.size() == static_cast<std::size_t>(m.model->cfg.vocab));
     relokv_engine::llama_engine<relokv::block_relative> eng(m.model, 64);
     const auto got =
         eng.prefill(relokv::layout_builder(16).prefix(ids).build(), relokv::recompute::none{});
@@ -85,11 +137,12 @@ TEST_CASE("real model: a coherent greedy answer", "[model]") {
   const auto& m = model();
   relokv_engine::llama_engine<relokv::at_attention> eng(m.model, 256);
   const auto prompt = m.tok.encode(relokv_engine::bpe_tokenizer::chat(
-      "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+      qwen() ? "You are a helpful assistant."
+             : "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
       "What is the capital of France?"));
   const auto out = eng.generate(
       eng.prefill(relokv::layout_builder(16).prefix(prompt).build(), relokv::recompute::none{}), 24,
-      m.tok.id("<|im_end|>"));
+      m.tok.end_of_turn());
   const std::string answer = m.tok.decode(out);
   INFO(answer);
   CHECK(answer.find("Paris") != std::string::npos);
@@ -119,11 +172,18 @@ TEST_CASE("real model: full recompute after reuse equals no reuse; placements ag
 }
 
 int main(int argc, char** argv) {
-  g_model = relokv_engine::default_model_path();
+  // The first argument names the model when it is not a Catch option or tag.
+  if (argc > 1 && argv[1][0] != '-' && argv[1][0] != '[') {
+    g_name = argv[1];
+    argv[1] = argv[0];
+    ++argv;
+    --argc;
+  }
+  g_model = relokv_engine::default_model_path(g_name);
   if (g_model.empty()) {
     std::printf(
-        "SKIPPED: no model (set RELOKV_MODEL or run scripts/get-model): the real-model "
-        "tests did not run\n");
+        "SKIPPED: no %s model (run scripts/get-model %s): the real-model tests did not run\n",
+        g_name.c_str(), g_name.c_str());
     return 77;
   }
   std::printf("model: %s\n", g_model.c_str());

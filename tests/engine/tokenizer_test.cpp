@@ -124,3 +124,46 @@ TEST_CASE("tokenizer: special tokens are reached by their literal only (found by
   CHECK(tok.encode("a\xc4\xa0") == std::vector<relokv::token_t>{0, 1});
   CHECK(tok.decode({0, 1}) == "a\xc4\xa0");
 }
+
+namespace {
+std::vector<std::string> pieces(const std::string& s, relokv_engine::pre_tokenizer p) {
+  std::vector<std::string> out;
+  for (auto w : relokv_engine::pre_tokenize(s, p)) out.emplace_back(w);
+  return out;
+}
+using V = std::vector<std::string>;
+}  // namespace
+
+// The patterns' rules, each of which the old ASCII-only split got wrong or never had; the
+// real-model test checks whole strings against the reference tokenizer's ids.
+TEST_CASE("pre-tokenizer: GPT-2's pattern by Unicode category", "[engine]") {
+  using enum relokv_engine::pre_tokenizer;
+  // A whitespace run leaves its last character to what follows, whatever kind it is.
+  CHECK(pieces("a\n\nb", kGPT2) == V{"a", "\n", "\n", "b"});
+  CHECK(pieces("a  b", kGPT2) == V{"a", " ", " b"});
+  CHECK(pieces("a\t\tb", kGPT2) == V{"a", "\t", "\t", "b"});
+  CHECK(pieces("end  ", kGPT2) == V{"end", "  "});
+  // Curly quotes and dashes are punctuation, accented letters letters, CJK letters.
+  CHECK(pieces("\xE2\x80\x9Cyes\xE2\x80\x9D", kGPT2) == V{"\xE2\x80\x9C", "yes", "\xE2\x80\x9D"});
+  CHECK(pieces("caf\xC3\xA9 \xE2\x80\x94 x", kGPT2) == V{"caf\xC3\xA9", " \xE2\x80\x94", " x"});
+  CHECK(pieces("it's 1987", kGPT2) == V{"it", "'s", " 1987"});
+  // A no-break space is whitespace, not a letter.
+  CHECK(pieces("a\xC2\xA0"
+               "b",
+               kGPT2) == V{"a", "\xC2\xA0", "b"});
+  // Invalid UTF-8: each stray byte is one punctuation code point, nothing is lost.
+  CHECK(pieces("a\xFF\xFE"
+               "b",
+               kGPT2) == V{"a", "\xFF\xFE", "b"});
+}
+
+TEST_CASE("pre-tokenizer: SmolLM2 isolates digits; Qwen2's pattern", "[engine]") {
+  using enum relokv_engine::pre_tokenizer;
+  CHECK(pieces("in 1987.", kSmolLM) == V{"in", " ", "1", "9", "8", "7", "."});
+  CHECK(pieces("a  1", kSmolLM) == V{"a", "  ", "1"});  // the lookahead stops at the digit
+  CHECK(pieces("in 1987.", kQwen2) == V{"in", " ", "1", "9", "8", "7", "."});
+  CHECK(pieces("a\n\nb", kQwen2) == V{"a", "\n\n", "b"});
+  CHECK(pieces("(x).\n\nNext", kQwen2) == V{"(x", ").\n\n", "Next"});
+  CHECK(pieces("I'M DON'T", kQwen2) == V{"I", "'M", " DON", "'T"});
+  CHECK(pieces("\ttab", kQwen2) == V{"\ttab"});
+}

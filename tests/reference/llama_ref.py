@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Independent reference forward pass for GGUF Llama models, in numpy.
+"""Independent reference forward pass for GGUF llama and qwen2 models, in numpy.
 
-Reads the GGUF itself (no code shared with the C++ engine), dequantizes F32/F16/Q4_0/Q4_1/Q8_0,
-and runs a plain causal forward pass over the given token ids, printing the last token's
-logits, one per line.
+Reads the GGUF itself (no code shared with the C++ engine), dequantizes
+F32/F16/Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K, and runs a plain causal forward pass over the given
+token ids, printing the last token's logits, one per line. qwen2 adds Q/K/V biases and rotates
+pairs half a head apart (NeoX) where llama's converted weights pair adjacent elements.
 
     python3 tests/reference/llama_ref.py MODEL.gguf 1 2 3 ...
 """
@@ -87,6 +88,45 @@ def dequant(raw, start, dims, ttype, off):
             else:
                 out = d * (q - 8)
         out = out.reshape(-1)
+    elif ttype == 6:  # Q5_0: d, 32 high bits, 16 bytes of low nibbles
+        nb = n // 32
+        blk = np.frombuffer(raw, np.uint8, nb * 22, base).reshape(nb, 22)
+        d = blk[:, 0:2].copy().view(np.float16).astype(np.float32)
+        qh = blk[:, 2:6].copy().view(np.uint32)
+        bits = (qh >> np.arange(32, dtype=np.uint32)[None, :]) & 1
+        qs = blk[:, 6:]
+        lo = np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int32)
+        out = (d * ((lo | (bits.astype(np.int32) << 4)) - 16)).reshape(-1)
+    elif ttype == 12:  # Q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+        nb = n // 256
+        blk = np.frombuffer(raw, np.uint8, nb * 144, base).reshape(nb, 144)
+        d = blk[:, 0:2].copy().view(np.float16).astype(np.float32)
+        dmin = blk[:, 2:4].copy().view(np.float16).astype(np.float32)
+        sc = blk[:, 4:16].astype(np.int32)
+        scale = np.zeros((nb, 8), np.int32)
+        mins = np.zeros((nb, 8), np.int32)
+        scale[:, :4] = sc[:, 0:4] & 63
+        mins[:, :4] = sc[:, 4:8] & 63
+        scale[:, 4:] = (sc[:, 8:12] & 0xF) | ((sc[:, 0:4] >> 6) << 4)
+        mins[:, 4:] = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
+        qs = blk[:, 16:].reshape(nb, 4, 32)
+        q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(nb, 8, 32).astype(np.float32)
+        out = (d[:, :, None] * scale[:, :, None] * q - dmin[:, :, None] * mins[:, :, None])
+        out = out.reshape(-1)
+    elif ttype == 14:  # Q6_K: 128 low-nibble bytes, 64 high-2-bit bytes, 16 int8 scales, d
+        nb = n // 256
+        blk = np.frombuffer(raw, np.uint8, nb * 210, base).reshape(nb, 210)
+        ql = blk[:, 0:128].reshape(nb, 2, 64).astype(np.int32)
+        qh = blk[:, 128:192].reshape(nb, 2, 32).astype(np.int32)
+        sc = blk[:, 192:208].copy().view(np.int8).astype(np.float32).reshape(nb, 2, 8)
+        d = blk[:, 208:210].copy().view(np.float16).astype(np.float32).reshape(nb, 1, 1)
+        q = np.empty((nb, 2, 128), np.int32)
+        q[:, :, 0:32] = (ql[:, :, 0:32] & 0xF) | (((qh >> 0) & 3) << 4)
+        q[:, :, 32:64] = (ql[:, :, 32:64] & 0xF) | (((qh >> 2) & 3) << 4)
+        q[:, :, 64:96] = (ql[:, :, 0:32] >> 4) | (((qh >> 4) & 3) << 4)
+        q[:, :, 96:128] = (ql[:, :, 32:64] >> 4) | (((qh >> 6) & 3) << 4)
+        scale = np.repeat(sc, 16, axis=2)  # one scale per 16 elements
+        out = (d * scale * (q - 32)).reshape(-1)
     else:
         raise SystemExit(f"reference: tensor type {ttype} not handled")
     return out.reshape(list(reversed(dims))).astype(np.float32)
@@ -97,14 +137,17 @@ def main():
     tokens = [int(t) for t in sys.argv[2:]]
     raw, meta, infos, start = read_gguf(path)
     w = {name: dequant(raw, start, dims, t, off) for name, dims, t, off in infos}
-    L = meta["llama.block_count"]
-    D = meta["llama.embedding_length"]
-    H = meta["llama.attention.head_count"]
-    Hk = meta.get("llama.attention.head_count_kv", H)
+    arch = meta["general.architecture"]
+    a = arch + "."
+    L = meta[a + "block_count"]
+    D = meta[a + "embedding_length"]
+    H = meta[a + "attention.head_count"]
+    Hk = meta.get(a + "attention.head_count_kv", H)
     hd = D // H
-    rot = meta.get("llama.rope.dimension_count", hd)
-    theta = meta.get("llama.rope.freq_base", 10000.0)
-    eps = meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    rot = meta.get(a + "rope.dimension_count", hd)
+    theta = meta.get(a + "rope.freq_base", 10000.0)
+    eps = meta.get(a + "attention.layer_norm_rms_epsilon", 1e-5)
+    neox = arch == "qwen2"
     n = len(tokens)
 
     def rms(x, g):
@@ -114,21 +157,29 @@ def main():
     ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
     cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
-    def rope(x):  # x: [n, heads, hd]; GGUF llama pairs adjacent elements
+    def rope(x):  # x: [n, heads, hd]
         y = x.copy()
-        a, b = x[..., 0:rot:2], x[..., 1:rot:2]
-        y[..., 0:rot:2] = a * cos[:, None, :] - b * sin[:, None, :]
-        y[..., 1:rot:2] = a * sin[:, None, :] + b * cos[:, None, :]
+        if neox:  # pair (i, i + rot/2)
+            ia, ib = slice(0, rot // 2), slice(rot // 2, rot)
+        else:  # GGUF llama pairs adjacent elements
+            ia, ib = slice(0, rot, 2), slice(1, rot, 2)
+        a, b = x[..., ia], x[..., ib]
+        y[..., ia] = a * cos[:, None, :] - b * sin[:, None, :]
+        y[..., ib] = a * sin[:, None, :] + b * cos[:, None, :]
         return y
+
+    def lin(h, name):
+        y = h @ w[name + ".weight"].T
+        return y + w[name + ".bias"] if name + ".bias" in w else y
 
     x = w["token_embd.weight"][tokens]
     mask = np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
     for l in range(L):
         p = f"blk.{l}."
         h = rms(x, w[p + "attn_norm.weight"])
-        q = rope((h @ w[p + "attn_q.weight"].T).reshape(n, H, hd))
-        k = rope((h @ w[p + "attn_k.weight"].T).reshape(n, Hk, hd))
-        v = (h @ w[p + "attn_v.weight"].T).reshape(n, Hk, hd)
+        q = rope(lin(h, p + "attn_q").reshape(n, H, hd))
+        k = rope(lin(h, p + "attn_k").reshape(n, Hk, hd))
+        v = lin(h, p + "attn_v").reshape(n, Hk, hd)
         k = np.repeat(k, H // Hk, axis=1)
         v = np.repeat(v, H // Hk, axis=1)
         s = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(hd) + mask

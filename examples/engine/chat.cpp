@@ -12,6 +12,7 @@
 
 #include "load_model.hpp"
 #include "model_path.hpp"
+#include "profile.hpp"
 #include "tokenizer.hpp"
 
 namespace {
@@ -23,24 +24,30 @@ void usage() {
       "cache;\n"
       "                    without one, a small synthetic model)\n"
       "  --placement P     pre_rotated, at_attention or block_relative (default)\n"
-      "  --max-tokens N    most tokens to generate (default 64)\n");
+      "  --max-tokens N    most tokens to generate (default 64)\n"
+      "  --profile FILE    strategy profile from relokv_rag --calibrate: checked against the\n"
+      "                    model and used for the request's reuse plan\n");
 }
 
 template <class P>
 int run(std::shared_ptr<const relokv_engine::llama_model> m,
-        const relokv_engine::bpe_tokenizer* tok, const std::string& question, int max_tokens) {
+        const relokv_engine::bpe_tokenizer* tok, const std::string& question, int max_tokens,
+        const relokv::recompute::any_strategy& strategy) {
   relokv_engine::llama_engine<P> eng(m, 1024);
   std::vector<relokv::token_t> prompt;
   relokv::token_t stop = -1;
   if (tok) {
     prompt = tok->encode(relokv_engine::bpe_tokenizer::chat(
-        "You are a helpful AI assistant named SmolLM, trained by Hugging Face", question));
-    stop = tok->id("<|im_end|>");
+        m->cfg.arch == "qwen2"
+            ? "You are a helpful assistant."
+            : "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+        question));
+    stop = tok->end_of_turn();
   } else {
     for (unsigned char c : question) prompt.push_back(c % m->cfg.vocab);
   }
   const auto layout = relokv::layout_builder(16).prefix(prompt).build();
-  const auto out = eng.generate(eng.prefill(layout, relokv::recompute::none{}), max_tokens, stop);
+  const auto out = eng.generate(eng.prefill(layout, strategy), max_tokens, stop);
   eng.end();
   if (tok) {
     std::string text = tok->decode(out);
@@ -57,6 +64,7 @@ int run(std::shared_ptr<const relokv_engine::llama_model> m,
 
 int main(int argc, char** argv) {
   std::string model = relokv_engine::default_model_path(), placement = "block_relative", question;
+  std::string profile;
   int max_tokens = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -64,6 +72,8 @@ int main(int argc, char** argv) {
       model = argv[++i];
     } else if (a == "--placement" && i + 1 < argc) {
       placement = argv[++i];
+    } else if (a == "--profile" && i + 1 < argc) {
+      profile = argv[++i];
     } else if (a == "--max-tokens" && i + 1 < argc) {
       max_tokens = std::atoi(argv[++i]);
     } else if (a == "--help" || a == "-h") {
@@ -86,10 +96,19 @@ int main(int argc, char** argv) {
     const auto loaded = relokv_engine::load_model(model);
     const auto& m = loaded.model;
     const auto* tok = loaded.tokenizer.get();
-    if (placement == "pre_rotated") return run<relokv::pre_rotated>(m, tok, question, max_tokens);
-    if (placement == "at_attention") return run<relokv::at_attention>(m, tok, question, max_tokens);
+    relokv::recompute::any_strategy strategy = relokv::recompute::none{};
+    if (!profile.empty()) {
+      const auto p = relokv_engine::load_profile(profile);
+      strategy = relokv_engine::profile_strategy(p, *m);  // throws for another model's profile
+      std::fprintf(stderr, "relokv_chat: profile %s: %s\n", profile.c_str(),
+                   p.safe ? p.strategy.label().c_str() : "unsafe: full recompute");
+    }
+    if (placement == "pre_rotated")
+      return run<relokv::pre_rotated>(m, tok, question, max_tokens, strategy);
+    if (placement == "at_attention")
+      return run<relokv::at_attention>(m, tok, question, max_tokens, strategy);
     if (placement == "block_relative")
-      return run<relokv::block_relative>(m, tok, question, max_tokens);
+      return run<relokv::block_relative>(m, tok, question, max_tokens, strategy);
     std::fprintf(stderr, "relokv_chat: unknown placement '%s'\n", placement.c_str());
     return 2;
   } catch (const std::exception& e) {

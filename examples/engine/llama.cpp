@@ -193,7 +193,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
         }
         float d_head = 0.0f, total = 0.0f;
         for (int hh = 0; hh < Hk; ++hh) {
-          relokv::token_deviation(relokv::deviation_metric::kL2, layer_kv.k(b, hh) + s * hd,
+          relokv::token_deviation(strategy->metric(), layer_kv.k(b, hh) + s * hd,
                                   layer_kv.v(b, hh) + s * hd,
                                   &fk[static_cast<std::size_t>(hh) * hd],
                                   &v[(static_cast<std::size_t>(i) * Hk + hh) * hd], 1, hd, &d_head);
@@ -274,6 +274,7 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
   llama_model m;
   llama_config& c = m.cfg;
   c.arch = arch;
+  c.name = f.has("general.name") ? f.get_string("general.name") : arch;
   // Every hyperparameter is checked where it is read, with the key and the value it had.
   auto bad = [&](const std::string& key, const std::string& value, const std::string& want) {
     throw gguf_error(f.name(), 0, key + " = " + value + ": " + want);

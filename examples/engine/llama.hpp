@@ -31,7 +31,8 @@ struct llama_config {
   std::int32_t ffn = 128;
   std::int32_t vocab = 256;
   float rms_eps = 1e-5f;
-  std::string arch = "llama";  ///< general.architecture
+  std::string arch = "llama";      ///< general.architecture
+  std::string name = "synthetic";  ///< general.name
   relokv::rope_config rope;
 };
 

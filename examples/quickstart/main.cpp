@@ -87,7 +87,7 @@ int main() {
   const std::pair<const char*, strategy> variants[] = {
       {"none (naive PIC)", relokv::recompute::none{}},
       {"first_k (EPIC, k=16)", relokv::recompute::first_k(16)},
-      {"seam_window (KVBoost, R=16)", relokv::recompute::seam_window(16)},
+      {"seam_window (KVBoost's selective part, R=16)", relokv::recompute::seam_window(16)},
       {"deviation_topk (CacheBlend, 15%)", relokv::recompute::deviation_topk(0.15f)},
       {"full (exact reference)", relokv::recompute::full{}}};
   for (const auto& [label, s] : variants) {

@@ -59,8 +59,12 @@ qa_record parse_qa_line(const std::string& line, const std::string& where) {
     std::pair<std::string, std::string> p;
     p.first = text_of(item[0], at + "[0]", where);
     const auto& sentences = list_of(item[1], at + "[1]", where);
-    for (std::size_t k = 0; k < sentences.size(); ++k)
+    // The sentences of a passage, joined by a space as the dataset's own readers join them
+    // (each sentence is stored without its separator).
+    for (std::size_t k = 0; k < sentences.size(); ++k) {
+      if (k > 0) p.second += ' ';
       p.second += text_of(sentences[k], at + "[1][" + std::to_string(k) + "]", where);
+    }
     r.passages.push_back(std::move(p));
   }
   return r;

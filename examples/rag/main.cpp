@@ -1,256 +1,192 @@
-// relokv_rag: multi-document QA that runs every PIC variant side by side in one cache.
-#include <chrono>
+// relokv_rag: multi-document QA that runs every PIC variant side by side in one cache, measures
+// each against full recompute (with bootstrap intervals), sweeps the strategies' budgets, and
+// calibrates which strategy a model can be served with.
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <numeric>
 #include <sstream>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include <CLI/CLI.hpp>
 
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "rag.hpp"
+#include "report.hpp"
 
 namespace {
 
-void usage() {
-  std::printf(R"(usage: relokv_rag [options]
-
-Runs a multi-document QA workload under every position-independent caching variant, all
-served by ONE relocatable_cache with their requests interleaved, and compares each with full
-recompute: TTFT (p50/p95), prefill tokens computed, exact and relocated hit rates, requests per
-second, KV memory, KL divergence of the first token's distribution, agreement of the greedy
-answer, and token F1 against the gold answers.
-
-Workload
-  --data PATH       2WikiMultihopQA-style JSONL (question, answer, context as
-                    [[title, [sentences]], ...]); default: the built-in generator
-  --requests N      questions to run (default 24)
-  --passages K      generator: passages per question (default 10)
-  --corpus N        generator: passages in the corpus (default 40)
-  --zipf S          generator: Zipf exponent of passage popularity (default 1.0)
-  --seed N          seed for passage order and the generator (default 1)
-Model
-  --model PATH      GGUF Llama model; "auto" takes $RELOKV_MODEL or the scripts/get-model
-                    cache (default: the built-in synthetic model, which runs offline)
-  --placement P     pre_rotated, at_attention or block_relative (default)
-  --max-answer N    greedy answer tokens (default 16)
-  --first-k N       EPIC's recomputed tokens per span, and KVBoost's seam window (default 16,
-                    at most 32)
-  --topk R          CacheBlend's recompute ratio in [0, 1] (default 0.15)
-  --variants LIST   comma-separated subset of full, prefix, naive, block, epic, kvboost,
-                    cacheblend, union (default: all); full always runs first, as the reference
-Output
-  --json FILE       results as JSON     --csv FILE   results as CSV
-  --svg FILE        plot: TTFT against agreement per variant, tokens computed per request
-  --quiet           no progress bar
-)");
-}
-
-std::string fmt(double v, int prec = 2) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", prec, v);
-  return b;
-}
-double mean(const std::vector<double>& v) {
-  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
-}
-
-struct row {
-  std::string name, note;
-  double p50, p95, computed, exact, reloc, rps, kv_mib, kl, agree, f1;
+struct options {
+  std::string data, model, json_out, csv_out, svg_out, sweep_out, calibrate_out, profile;
+  std::size_t requests = 24, passages = 10, corpus = 40;
+  double zipf = 1.0, max_kl = 0.05, min_agreement = 0.8;
+  std::uint32_t seed = 1;
+  bool quiet = false, synthetic = false;
+  std::string variants;
+  std::int32_t first_k = 16;
+  float topk = 0.15f;
+  relokv_rag::run_options run;
 };
 
-std::vector<row> rows_of(const std::vector<relokv_rag::variant_result>& res) {
-  std::vector<row> out;
-  for (const auto& r : res) {
-    const double blocks = r.blocks ? double(r.blocks) : 1.0;
-    out.push_back({r.name, r.note, relokv_rag::percentile(r.ttft_ms, 50),
-                   relokv_rag::percentile(r.ttft_ms, 95), mean(r.computed),
-                   100.0 * double(r.exact) / blocks, 100.0 * double(r.relocated) / blocks,
-                   r.busy_s > 0 ? double(r.ttft_ms.size()) / r.busy_s : 0,
-                   double(r.peak_kv_bytes) / (1 << 20), mean(r.kl), 100.0 * mean(r.agreement),
-                   100.0 * mean(r.f1)});
+void add_options(CLI::App& app, options& o) {
+  app.description(
+      "Runs a multi-document QA workload under every position-independent caching variant, all "
+      "served by ONE relocatable_cache with their requests interleaved, and compares each with "
+      "full recompute: TTFT, prefill work, hit rates, KV memory, the KL divergence of the first "
+      "answer token and of the whole answer (teacher-forced), greedy agreement, EM and F1, each "
+      "with a bootstrap 95% interval.");
+  app.add_option("--data", o.data,
+                 "2WikiMultihopQA-style JSONL (question, answer, context as [[title, "
+                 "[sentences]], ...]); default: the built-in generator");
+  app.add_option("--requests", o.requests, "questions to run")->capture_default_str();
+  app.add_option("--passages", o.passages, "generator: passages per question")
+      ->capture_default_str();
+  app.add_option("--corpus", o.corpus, "generator: passages in the corpus")->capture_default_str();
+  app.add_option("--zipf", o.zipf, "generator: Zipf exponent of passage popularity")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for passage order and the generator")
+      ->capture_default_str();
+  app.add_option("--model", o.model,
+                 "GGUF model path, or a name scripts/get-model knows (smollm2, qwen2.5-0.5b), or "
+                 "auto ($RELOKV_MODEL or the smollm2 cache); default: the synthetic model");
+  app.add_flag("--synthetic", o.synthetic, "the offline synthetic model (the default)");
+  app.add_option("--placement", o.run.placement, "pre_rotated, at_attention or block_relative")
+      ->capture_default_str();
+  app.add_option("--max-answer", o.run.max_answer, "greedy answer tokens")->capture_default_str();
+  app.add_option("--first-k", o.first_k, "EPIC's tokens per span, and KVBoost's seam window")
+      ->capture_default_str();
+  app.add_option("--topk", o.topk, "CacheBlend's recompute ratio in [0, 1]")->capture_default_str();
+  app.add_option("--variants", o.variants,
+                 "comma-separated subset of full, prefix, naive, block, epic, kvboost, "
+                 "cacheblend, union (full always runs first, as the reference)");
+  app.add_option("--profile", o.profile,
+                 "a strategy profile (--calibrate's output): adds the variant it selects");
+  app.add_option("--sweep", o.sweep_out,
+                 "run every strategy over its budget; write PREFIX.csv and PREFIX.svg "
+                 "(accuracy against prefill work)");
+  app.add_option("--calibrate", o.calibrate_out,
+                 "sweep, then write the cheapest strategy within --max-kl and "
+                 "--min-agreement as a profile (JSON)");
+  app.add_option("--max-kl", o.max_kl, "calibration: largest mean first-token KL allowed")
+      ->capture_default_str();
+  app.add_option("--min-agreement", o.min_agreement,
+                 "calibration: smallest mean greedy agreement allowed")
+      ->capture_default_str();
+  app.add_option("--json", o.json_out, "results as JSON");
+  app.add_option("--csv", o.csv_out, "results as CSV");
+  app.add_option("--svg", o.svg_out, "plot: TTFT against agreement, tokens computed per request");
+  app.add_flag("--quiet", o.quiet, "no progress bar");
+}
+
+std::string resolve_model(const std::string& m) {
+  if (m.empty() || m.find('/') != std::string::npos || m.ends_with(".gguf")) return m;
+  const std::string name = m == "auto" ? "smollm2" : m;
+  const std::string p = relokv_engine::default_model_path(name);
+  if (p.empty()) throw std::runtime_error("--model " + m + ": run scripts/get-model " + name);
+  return p;
+}
+
+std::vector<relokv_rag::variant> pick(std::vector<relokv_rag::variant> all,
+                                      const std::string& list) {
+  if (list.empty()) return all;
+  std::vector<bool> keep(all.size(), false);
+  keep[0] = true;  // the reference
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    std::size_t k = 0;
+    while (k < all.size() && item != all[k].key) ++k;
+    if (k == all.size()) throw std::runtime_error("--variants: unknown variant '" + item + "'");
+    keep[k] = true;
   }
+  std::vector<relokv_rag::variant> out;
+  for (std::size_t k = 0; k < all.size(); ++k)
+    if (keep[k]) out.push_back(all[k]);
   return out;
 }
 
-void write_svg(const std::string& path, const std::vector<row>& rows,
-               const std::vector<relokv_rag::variant_result>& res) {
-  std::ofstream o(path);
-  const double W = 900, H = 420, pw = 400, ph = 300, x0 = 60, y0 = 50, x1 = 520;
-  double tmax = 1e-9;
-  for (const auto& r : rows) tmax = std::max(tmax, r.p50);
-  const char* colors[] = {"#222", "#888", "#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd"};
-  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
-    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' "
-       "fill='white'/>\n";
-  o << "<text x='" << x0
-    << "' y='25' font-size='14'>TTFT p50 (ms) vs agreement with full "
-       "recompute (%)</text>\n";
-  o << "<rect x='" << x0 << "' y='" << y0 << "' width='" << pw << "' height='" << ph
-    << "' fill='none' stroke='#999'/>\n";
-  for (int t = 0; t <= 4; ++t) {
-    const double y = y0 + ph - ph * t / 4.0;
-    o << "<text x='" << x0 - 30 << "' y='" << y + 4 << "'>" << t * 25 << "</text>\n";
-    const double x = x0 + pw * t / 4.0;
-    o << "<text x='" << x - 10 << "' y='" << y0 + ph + 16 << "'>" << fmt(tmax * 1.1 * t / 4, 0)
-      << "</text>\n";
+/// The cheapest swept strategy within the thresholds; kinds none of whose budgets passed are
+/// unsafe for this model.
+relokv_engine::strategy_profile calibrate(const std::vector<relokv_rag::variant>& vars,
+                                          const std::vector<relokv_rag::row>& rows,
+                                          const relokv_engine::llama_model& m, const options& o,
+                                          const std::string& source) {
+  relokv_engine::strategy_profile p;
+  p.model = m.cfg.name;
+  p.arch = m.cfg.arch;
+  p.n_layers = m.cfg.n_layers;
+  p.max_kl = o.max_kl;
+  p.min_agreement = o.min_agreement;
+  p.calibration_set = source;
+  p.questions = static_cast<std::int32_t>(o.requests);
+  std::vector<std::string> kinds, passed;
+  for (std::size_t i = 1; i < vars.size(); ++i) {
+    const auto& spec = vars[i].spec;
+    if (std::find(kinds.begin(), kinds.end(), spec.kind) == kinds.end()) kinds.push_back(spec.kind);
+    const bool ok = rows[i].kl.mean <= o.max_kl && rows[i].agree.mean / 100 >= o.min_agreement;
+    if (!ok) continue;
+    if (std::find(passed.begin(), passed.end(), spec.kind) == passed.end())
+      passed.push_back(spec.kind);
+    if (!p.safe || rows[i].work / 100 < p.work) {
+      p.safe = true;
+      p.strategy = spec;
+      p.work = rows[i].work / 100;
+      p.kl = rows[i].kl.mean;
+      p.agreement = rows[i].agree.mean / 100;
+    }
   }
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const double x = x0 + pw * rows[i].p50 / (tmax * 1.1), y = y0 + ph - ph * rows[i].agree / 100;
-    o << "<circle cx='" << x << "' cy='" << y << "' r='5' fill='" << colors[i % 7] << "'/>\n";
-    o << "<text x='" << x + 7 << "' y='" << y - 6 - 11.0 * double(i % 3) << "' fill='"
-      << colors[i % 7] << "'>" << rows[i].name << "</text>\n";
-  }
-  // Tokens computed per request, one polyline per variant.
-  o << "<text x='" << x1 << "' y='25' font-size='14'>prefill tokens computed per request</text>\n";
-  o << "<rect x='" << x1 << "' y='" << y0 << "' width='" << 340 << "' height='" << ph
-    << "' fill='none' stroke='#999'/>\n";
-  double cmax = 1;
-  std::size_t n = 1;
-  for (const auto& r : res) {
-    for (double c : r.computed) cmax = std::max(cmax, c);
-    n = std::max(n, r.computed.size());
-  }
-  for (std::size_t v = 0; v < res.size(); ++v) {
-    o << "<polyline fill='none' stroke='" << colors[v % 7] << "' points='";
-    for (std::size_t i = 0; i < res[v].computed.size(); ++i)
-      o << x1 + 340.0 * double(i) / double(std::max<std::size_t>(n - 1, 1)) << ","
-        << y0 + ph - ph * res[v].computed[i] / cmax << " ";
-    o << "'/>\n";
-  }
-  o << "<text x='" << x1 << "' y='" << y0 + ph + 16 << "'>request</text><text x='" << x1 - 40
-    << "' y='" << y0 + 10 << "'>" << fmt(cmax, 0) << "</text>\n</svg>\n";
+  for (const auto& k : kinds)
+    if (std::find(passed.begin(), passed.end(), k) == passed.end()) p.unsafe_kinds.push_back(k);
+  if (!p.safe) p.strategy = {"full"};
+  return p;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string data, model_path, json_out, csv_out, svg_out;
-  std::size_t requests = 24, passages = 10, corpus = 40;
-  double zipf = 1.0;
-  std::uint32_t seed = 1;
-  bool quiet = false;
-  std::string variant_list;
-  std::int32_t first_k = 16;
-  float topk = 0.15f;
-  relokv_rag::run_options opt;
-  auto need = [&](int& i) -> std::string {
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "relokv_rag: %s needs a value (see --help)\n", argv[i]);
-      std::exit(2);
-    }
-    return argv[++i];
-  };
+  CLI::App app{"relokv_rag"};
+  options o;
+  add_options(app, o);
+  CLI11_PARSE(app, argc, argv);
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--help" || a == "-h") {
-        usage();
-        return 0;
-      } else if (a == "--data")
-        data = need(i);
-      else if (a == "--requests")
-        requests = std::stoul(need(i));
-      else if (a == "--passages")
-        passages = std::stoul(need(i));
-      else if (a == "--corpus")
-        corpus = std::stoul(need(i));
-      else if (a == "--zipf")
-        zipf = std::stod(need(i));
-      else if (a == "--seed")
-        seed = static_cast<std::uint32_t>(std::stoul(need(i)));
-      else if (a == "--model") {
-        model_path = need(i);
-        if (model_path == "auto") {
-          model_path = relokv_engine::default_model_path();
-          if (model_path.empty()) {
-            std::fprintf(stderr, "relokv_rag: --model auto: no model; run scripts/get-model\n");
-            return 2;
-          }
-        }
-      } else if (a == "--synthetic")
-        model_path.clear();
-      else if (a == "--placement")
-        opt.placement = need(i);
-      else if (a == "--max-answer")
-        opt.max_answer = std::stoi(need(i));
-      else if (a == "--json")
-        json_out = need(i);
-      else if (a == "--csv")
-        csv_out = need(i);
-      else if (a == "--svg")
-        svg_out = need(i);
-      else if (a == "--quiet")
-        quiet = true;
-      else if (a == "--variants")
-        variant_list = need(i);
-      else if (a == "--first-k")
-        first_k = std::stoi(need(i));
-      else if (a == "--topk")
-        topk = std::stof(need(i));
-      else {
-        std::fprintf(stderr, "relokv_rag: unknown option '%s' (see --help)\n", a.c_str());
-        return 2;
-      }
-    }
-  } catch (const std::exception&) {
-    std::fprintf(stderr, "relokv_rag: a numeric option has a bad value (see --help)\n");
-    return 2;
-  }
-  try {
+    const std::string model_path = o.synthetic ? std::string() : resolve_model(o.model);
     const auto loaded = relokv_engine::load_model(model_path);
     const auto& model = loaded.model;
     relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
-    const auto w = data.empty() ? relokv_rag::generate(requests, corpus, passages, zipf, seed,
-                                                       model->cfg.vocab)
-                                : relokv_rag::load_jsonl(data, requests, seed, codec);
-    std::printf("relokv_rag: %zu requests from %s, %zu passages, model %s, placement %s\n",
+    const auto w = o.data.empty() ? relokv_rag::generate(o.requests, o.corpus, o.passages, o.zipf,
+                                                         o.seed, model->cfg.vocab)
+                                  : relokv_rag::load_jsonl(o.data, o.requests, o.seed, codec);
+    const bool sweeping = !o.sweep_out.empty() || !o.calibrate_out.empty();
+    std::printf("relokv_rag: %zu requests from %s, %zu passages, model %s, placement %s%s\n",
                 w.requests.size(), w.source.c_str(), w.corpus.size(),
                 model_path.empty() ? "synthetic (offline)" : model_path.c_str(),
-                opt.placement.c_str());
-    if (!quiet)
-      opt.progress = [](std::size_t d, std::size_t t) {
+                o.run.placement.c_str(), sweeping ? ", budget sweep" : "");
+    if (!o.quiet)
+      o.run.progress = [](std::size_t d, std::size_t t) {
         const int width = 30, filled = static_cast<int>(double(width) * double(d) / double(t));
         std::fprintf(stderr, "\r[%s%s] %zu/%zu",
                      std::string(static_cast<std::size_t>(filled), '=').c_str(),
                      std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), d, t);
         if (d == t) std::fprintf(stderr, "\n");
       };
-    auto variants = relokv_rag::default_variants(first_k, topk);
-    if (!variant_list.empty()) {
-      // variants[0] ("full") is the reference and always kept.
-      std::vector<bool> keep(variants.size(), false);
-      keep[0] = true;
-      std::stringstream list(variant_list);
-      for (std::string item; std::getline(list, item, ',');) {
-        std::size_t k = 0;
-        while (k < variants.size() && item != variants[k].key) ++k;
-        if (k == variants.size()) {
-          std::fprintf(stderr, "relokv_rag: --variants: unknown variant '%s' (see --help)\n",
-                       item.c_str());
-          return 2;
-        }
-        keep[k] = true;
-      }
-      std::vector<relokv_rag::variant> chosen;
-      for (std::size_t k = 0; k < variants.size(); ++k)
-        if (keep[k]) chosen.push_back(variants[k]);
-      variants = std::move(chosen);
+    auto variants = sweeping ? relokv_rag::sweep_variants()
+                             : pick(relokv_rag::default_variants(o.first_k, o.topk), o.variants);
+    if (!o.profile.empty()) {
+      const auto prof = relokv_engine::load_profile(o.profile);
+      relokv_rag::variant v{"calibrated: " + (prof.safe ? prof.strategy.label() : "full (unsafe)"),
+                            relokv_engine::profile_strategy(prof, *model),
+                            true,
+                            o.profile,
+                            "calibrated",
+                            prof.safe ? prof.strategy : relokv_engine::strategy_spec{"full"}};
+      if (!prof.safe)
+        std::printf(
+            "profile %s: no strategy met the thresholds on this model; serving it with "
+            "full recompute\n",
+            o.profile.c_str());
+      variants.push_back(std::move(v));
     }
-    const auto res = relokv_rag::run(model, w, codec, variants, opt);
-    const auto rows = rows_of(res);
-    std::printf("\n%-28s %9s %9s %9s %7s %7s %7s %8s %8s %7s %6s\n", "variant", "TTFT p50",
-                "TTFT p95", "computed", "exact%", "reloc%", "req/s", "KV MiB", "KL", "agree%",
-                "F1%");
-    for (const auto& r : rows)
-      std::printf("%-28s %7.1fms %7.1fms %9.1f %7.1f %7.1f %7.2f %8.1f %8.4f %7.1f %6.1f\n",
-                  r.name.c_str(), r.p50, r.p95, r.computed, r.exact, r.reloc, r.rps, r.kv_mib, r.kl,
-                  r.agree, r.f1);
+    const auto res = relokv_rag::run(model, w, codec, variants, o.run);
+    const auto rows = relokv_rag::rows_of(res);
+    relokv_rag::print_table(rows);
     std::printf("\nTTFT speedup over full prefill:");
     for (std::size_t i = 1; i < rows.size(); ++i)
       std::printf(" %s %.1fx;", rows[i].name.c_str(), rows[0].p50 / rows[i].p50);
@@ -259,39 +195,43 @@ int main(int argc, char** argv) {
       if (!r.note.empty()) std::printf("  %s: %s\n", r.name.c_str(), r.note.c_str());
     if (!loaded.tokenizer)
       std::printf(
-          "  synthetic model: F1 against the generator's answers means nothing (random "
-          "weights); KL and agreement compare the variants\n");
-    if (!csv_out.empty()) {
-      std::ofstream o(csv_out);
-      o << "variant,ttft_p50_ms,ttft_p95_ms,tokens_computed,exact_hit_pct,relocated_hit_pct,"
-           "requests_per_s,kv_mib,kl,agreement_pct,f1_pct\n";
-      for (const auto& r : rows)
-        o << '"' << r.name << "\"," << r.p50 << ',' << r.p95 << ',' << r.computed << ',' << r.exact
-          << ',' << r.reloc << ',' << r.rps << ',' << r.kv_mib << ',' << r.kl << ',' << r.agree
-          << ',' << r.f1 << '\n';
+          "\n*** synthetic model (random weights, offline): EM and F1 against the generator's "
+          "answers mean nothing; KL and agreement still compare the variants. Run "
+          "scripts/get-model for a real one. ***\n");
+    const std::string model_name = model_path.empty() ? "synthetic" : model->cfg.name;
+    if (!o.csv_out.empty()) relokv_rag::write_csv(o.csv_out, rows);
+    if (!o.json_out.empty())
+      relokv_rag::write_json(o.json_out, rows, w.source, w.requests.size(), o.run.placement,
+                             model_name);
+    if (!o.svg_out.empty()) relokv_rag::write_svg(o.svg_out, rows, res);
+    if (!o.sweep_out.empty()) {
+      std::vector<relokv_rag::sweep_point> pts;
+      for (std::size_t i = 1; i < rows.size(); ++i) {
+        const auto& s = variants[i].spec;
+        const double budget = s.kind == "deviation_topk" ? 100.0 * s.ratio : double(s.k);
+        pts.push_back({s.kind, s.label(), budget, rows[i]});
+      }
+      relokv_rag::write_sweep_csv(o.sweep_out + ".csv", pts, model_name);
+      relokv_rag::write_sweep_svg(o.sweep_out + ".svg", pts,
+                                  model_name + ": accuracy against recompute, " +
+                                      std::to_string(w.requests.size()) + " questions");
+      std::printf("sweep: %s.csv, %s.svg\n", o.sweep_out.c_str(), o.sweep_out.c_str());
     }
-    if (!json_out.empty()) {
-      nlohmann::json doc = {{"source", w.source},
-                            {"requests", w.requests.size()},
-                            {"placement", opt.placement},
-                            {"variants", nlohmann::json::array()}};
-      for (const auto& r : rows)
-        doc["variants"].push_back({{"name", r.name},
-                                   {"ttft_p50_ms", r.p50},
-                                   {"ttft_p95_ms", r.p95},
-                                   {"tokens_computed", r.computed},
-                                   {"exact_hit_pct", r.exact},
-                                   {"relocated_hit_pct", r.reloc},
-                                   {"requests_per_s", r.rps},
-                                   {"kv_mib", r.kv_mib},
-                                   {"kl", r.kl},
-                                   {"agreement_pct", r.agree},
-                                   {"f1_pct", r.f1}});
-      std::ofstream o(json_out);
-      o << doc.dump(1) << "\n";
-      if (!o) throw std::runtime_error(json_out + ": cannot write");
+    if (!o.calibrate_out.empty()) {
+      const auto p = calibrate(variants, rows, *model, o, w.source);
+      relokv_engine::save_profile(o.calibrate_out, p);
+      if (p.safe)
+        std::printf("calibration: %s (work %.1f%%, first-token KL %.4f, agreement %.1f%%) -> %s\n",
+                    p.strategy.label().c_str(), 100 * p.work, p.kl, 100 * p.agreement,
+                    o.calibrate_out.c_str());
+      else
+        std::printf(
+            "calibration: UNSAFE: no strategy kept KL <= %.3f and agreement >= %.0f%% on "
+            "this model; the profile serves it with full recompute -> %s\n",
+            o.max_kl, 100 * o.min_agreement, o.calibrate_out.c_str());
+      for (const auto& k : p.unsafe_kinds)
+        std::printf("  unsafe for this model at every budget tried: %s\n", k.c_str());
     }
-    if (!svg_out.empty()) write_svg(svg_out, rows, res);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "relokv_rag: %s\n", e.what());

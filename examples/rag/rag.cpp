@@ -2,6 +2,7 @@
 #include "rag.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -107,36 +108,43 @@ workload generate(std::size_t requests, std::size_t corpus, std::size_t k, doubl
 }
 
 std::vector<variant> default_variants(std::int32_t first_k, float topk) {
-  namespace rc = relokv::recompute;
+  using relokv_engine::strategy_spec;
   const std::string k = std::to_string(first_k);
   const std::string r = std::to_string(static_cast<int>(std::lround(100.0 * topk)));
+  auto v = [](std::string name, strategy_spec spec, bool spans, std::string note, std::string key) {
+    return variant{std::move(name), spec.make(), spans, std::move(note), std::move(key), spec};
+  };
   return {
-      {"full prefill (no cache)", rc::full{}, true, "reference", "full"},
-      {"prefix caching (exact keys)", rc::none{}, false, "vLLM-style", "prefix"},
-      {"naive PIC", rc::none{}, true, "", "naive"},
-      {"Block-Attention", rc::none{}, true, "question only; same compute as naive PIC here",
-       "block"},
-      {"EPIC first_k=" + k, rc::first_k(first_k), true, "", "epic"},
-      {"KVBoost seam_window=" + k, rc::seam_window(first_k), true, "", "kvboost"},
-      {"CacheBlend topk=" + r + "%", rc::deviation_topk(topk), true, "", "cacheblend"},
-      {"EPIC+CacheBlend k=" + k + " " + r + "%", rc::first_k_and_topk(first_k, topk), true,
-       "first k pinned, top-k at the check layer", "union"},
+      v("full prefill (no cache)", {"full"}, true, "reference", "full"),
+      v("prefix caching (exact keys)", {"none"}, false, "vLLM-style", "prefix"),
+      v("naive PIC", {"none"}, true, "", "naive"),
+      v("Block-Attention", {"none"}, true, "question only; same compute as naive PIC here",
+        "block"),
+      v("EPIC first_k=" + k, {"first_k", first_k}, true, "", "epic"),
+      v("KVBoost seam=" + k + " +" + r + "% cos", {"kvboost", first_k, topk}, true,
+        "seam window + CacheBlend by cosine for approximate matches", "kvboost"),
+      v("CacheBlend topk=" + r + "%", {"deviation_topk", 0, topk}, true, "", "cacheblend"),
+      v("EPIC+CacheBlend k=" + k + " " + r + "%", {"union", first_k, topk}, true,
+        "first k pinned, top-k at the check layer", "union"),
   };
 }
 
-namespace {
-
-std::string normalize(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (std::isalnum(u) || u >= 0x80)
-      o += static_cast<char>(std::tolower(u));
-    else
-      o += ' ';
-  }
-  return o;
+variant variant_of(const relokv_engine::strategy_spec& spec) {
+  return {spec.label(), spec.make(), true, "", spec.kind, spec};
 }
+
+std::vector<variant> sweep_variants() {
+  using relokv_engine::strategy_spec;
+  std::vector<variant> out = {variant_of({"full"}), variant_of({"none"})};
+  for (int k : {1, 2, 4, 8, 16, 32}) out.push_back(variant_of({"first_k", k}));
+  for (int k : {4, 16}) out.push_back(variant_of({"kvboost", k, 0.15f}));
+  for (float r : {0.05f, 0.10f, 0.15f, 0.30f}) out.push_back(variant_of({"deviation_topk", 0, r}));
+  for (auto [k, r] : {std::pair{2, 0.05f}, std::pair{4, 0.10f}, std::pair{16, 0.15f}})
+    out.push_back(variant_of({"union", k, r}));
+  return out;
+}
+
+namespace {
 
 double kl_divergence(const std::vector<float>& ref, const std::vector<float>& got) {
   const double mr = *std::max_element(ref.begin(), ref.end());
@@ -178,6 +186,7 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
   for (std::size_t v = 0; v < variants.size(); ++v) {
     res[v].name = variants[v].name;
     res[v].note = variants[v].note;
+    res[v].key = variants[v].key;
   }
   const auto block_bytes = static_cast<std::int64_t>(model->cfg.n_layers) * 2 *
                            model->cfg.n_kv_heads * 16 * model->cfg.head_dim * 4;
@@ -194,39 +203,74 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
     all.insert(all.end(), r.question_tokens.begin(), r.question_tokens.end());
     const auto l_spans = spans.build();
     const auto l_flat = flat.prefix(all).build();
-    std::vector<float> ref_logits;
+    // Full recompute's greedy answer and the logits before each of its tokens.
+    std::vector<std::vector<float>> ref_steps;
     std::vector<relokv::token_t> ref_answer;
+    const double layers = model->cfg.n_layers;
     for (std::size_t v = 0; v < variants.size(); ++v) {
       const variant& var = variants[v];
+      const auto& layout = var.spans ? l_spans : l_flat;
       relokv_engine::prefill_stats st;
       const auto t0 = std::chrono::steady_clock::now();
-      const auto logits = eng.prefill(var.spans ? l_spans : l_flat, var.strategy, &st);
-      (void)relokv_engine::argmax(logits);  // choosing the first token is part of TTFT
+      auto logits = eng.prefill(layout, var.strategy, &st);
+      relokv::token_t t = relokv_engine::argmax(logits);  // choosing it is part of TTFT
       const auto t1 = std::chrono::steady_clock::now();
       const auto in_use = eng.cache().allocator().capacity() - eng.cache().allocator().num_free();
-      auto answer = eng.generate(logits, opt.max_answer, stop);
+      // Greedy answer; the logits of each step are kept while the answer follows full's (they
+      // are then the teacher-forced ones too).
+      std::vector<relokv::token_t> answer;
+      std::vector<std::vector<float>> steps;
+      for (std::int32_t i = 0; i < opt.max_answer; ++i) {
+        const bool on_ref =
+            v == 0 || (i < static_cast<std::int32_t>(ref_answer.size()) &&
+                       std::equal(answer.begin(), answer.end(), ref_answer.begin()));
+        if (on_ref) steps.push_back(logits);
+        answer.push_back(t);
+        if (t == stop || i + 1 == opt.max_answer) break;
+        logits = eng.decode(t);
+        t = relokv_engine::argmax(logits);
+      }
       eng.end(false);  // questions are not kept: every variant meets the same cache
       const auto t2 = std::chrono::steady_clock::now();
-      if (!answer.empty() && answer.back() == stop) answer.pop_back();
+      if (v == 0) {
+        ref_steps = steps;
+        ref_answer = answer;
+      } else if (steps.size() < ref_answer.size()) {
+        // The answer left full's: feed full's answer from a second, identical prefill.
+        (void)eng.prefill(layout, var.strategy);
+        steps.resize(1);
+        for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i) {
+          auto next = eng.decode(ref_answer[i]);
+          steps.push_back(std::move(next));
+        }
+        eng.end(false);
+      }
       variant_result& out = res[v];
       out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       out.busy_s += std::chrono::duration<double>(t2 - t0).count();
       out.computed.push_back(st.computed);
+      out.work.push_back(double(st.token_layers) / (layers * double(std::max(st.tokens, 1))));
       out.blocks += st.exact_hits + st.relocated_hits + st.misses;
       out.exact += st.exact_hits;
       out.relocated += st.relocated_hits;
       out.peak_kv_bytes = std::max<std::int64_t>(out.peak_kv_bytes, in_use * block_bytes);
-      if (v == 0) {
-        ref_logits = logits;
-        ref_answer = answer;
-      }
-      out.kl.push_back(kl_divergence(ref_logits, logits));
+      out.kl.push_back(kl_divergence(ref_steps[0], steps[0]));
+      double akl = 0;
+      for (std::size_t i = 0; i < ref_steps.size(); ++i)
+        akl += kl_divergence(ref_steps[i], steps[i]);
+      out.answer_kl.push_back(akl / double(ref_steps.size()));
+      auto strip = [&](std::vector<relokv::token_t> a) {
+        if (!a.empty() && a.back() == stop) a.pop_back();
+        return a;
+      };
+      const auto mine = strip(answer), ref = strip(ref_answer);
       std::size_t same = 0;
-      for (std::size_t i = 0; i < std::min(answer.size(), ref_answer.size()); ++i)
-        same += answer[i] == ref_answer[i];
-      const std::size_t denom = std::max<std::size_t>({answer.size(), ref_answer.size(), 1});
+      for (std::size_t i = 0; i < std::min(mine.size(), ref.size()); ++i) same += mine[i] == ref[i];
+      const std::size_t denom = std::max<std::size_t>({mine.size(), ref.size(), 1});
       out.agreement.push_back(double(same) / double(denom));
-      out.f1.push_back(answer_f1(codec.decode(answer), r.answer));
+      const std::string text = codec.decode(mine);
+      out.f1.push_back(answer_f1(text, r.answer));
+      out.em.push_back(exact_match(text, r.answer));
       if (opt.progress) opt.progress(++done, total);
     }
   }
@@ -248,12 +292,28 @@ std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model
                               "' (pre_rotated, at_attention or block_relative)");
 }
 
+std::string squad_normalize(const std::string& s) {
+  std::string lower;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x80 && std::ispunct(u)) continue;  // string.punctuation: deleted
+    lower += u < 0x80 ? static_cast<char>(std::tolower(u)) : c;
+  }
+  std::istringstream in(lower);
+  std::string out;
+  for (std::string w; in >> w;) {
+    if (w == "a" || w == "an" || w == "the") continue;
+    if (!out.empty()) out += ' ';
+    out += w;
+  }
+  return out;
+}
+
 double answer_f1(const std::string& prediction, const std::string& gold) {
   auto words = [](const std::string& s) {
-    std::istringstream in(normalize(s));
+    std::istringstream in(squad_normalize(s));
     std::vector<std::string> out;
-    for (std::string t; in >> t;)
-      if (t != "a" && t != "an" && t != "the") out.push_back(t);
+    for (std::string t; in >> t;) out.push_back(t);
     return out;
   };
   const auto p = words(prediction), g = words(gold);
@@ -266,6 +326,29 @@ double answer_f1(const std::string& prediction, const std::string& gold) {
   if (common == 0) return 0.0;
   const double prec = double(common) / double(p.size()), rec = double(common) / double(g.size());
   return 2 * prec * rec / (prec + rec);
+}
+
+double exact_match(const std::string& prediction, const std::string& gold) {
+  return squad_normalize(prediction) == squad_normalize(gold) ? 1.0 : 0.0;
+}
+
+estimate bootstrap_mean(const std::vector<double>& v, std::uint32_t seed) {
+  if (v.empty()) return {};
+  const double n = double(v.size());
+  estimate e;
+  for (double x : v) e.mean += x;
+  e.mean /= n;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<std::size_t> pick(0, v.size() - 1);
+  std::vector<double> means(2000);
+  for (double& m : means) {
+    double sum = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) sum += v[pick(rng)];
+    m = sum / n;
+  }
+  e.lo = percentile(means, 2.5);
+  e.hi = percentile(means, 97.5);
+  return e;
 }
 
 double percentile(std::vector<double> v, double p) {

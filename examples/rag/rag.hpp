@@ -13,6 +13,7 @@
 
 #include "dataset.hpp"
 #include "llama.hpp"
+#include "profile.hpp"
 #include "tokenizer.hpp"
 
 namespace relokv_rag {
@@ -57,15 +58,28 @@ struct variant {
   bool spans = true;  // false: the whole prompt is one prefix (exact keys only)
   std::string note;
   std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
+  relokv_engine::strategy_spec spec;  // the strategy by kind and budget
 };
 /// The eight variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k).
 /// first_k sets EPIC's k and KVBoost's window; topk is CacheBlend's recompute ratio. @throws
 /// relokv::error for values the strategies reject.
 std::vector<variant> default_variants(std::int32_t first_k = 16, float topk = 0.15f);
+/// The budget sweep: full (reference), naive, and each strategy over its budget: k for first_k
+/// and the seam window (KVBoost's, with its 15% cosine CacheBlend), r for deviation_topk, both
+/// for the union.
+std::vector<variant> sweep_variants();
+/// A variant serving `spec`.
+variant variant_of(const relokv_engine::strategy_spec& spec);
 
+/// Per-request measurements of one variant. Faithfulness is measured against full recompute
+/// (variant 0): kl is the KL divergence of the first answer token's distribution, answer_kl
+/// the mean per-token KL over full recompute's greedy answer fed back (teacher-forced, the stop
+/// token included), agreement the share of the greedy answer's tokens equal to full's; em and
+/// f1 score the answer against the gold one (SQuAD's normalization). work is the prefill work
+/// done, as a fraction of computing every prompt token at every layer.
 struct variant_result {
-  std::string name, note;
-  std::vector<double> ttft_ms, computed, kl, agreement, f1;
+  std::string name, note, key;
+  std::vector<double> ttft_ms, computed, work, kl, answer_kl, agreement, em, f1;
   std::int64_t blocks = 0, exact = 0, relocated = 0;
   double busy_s = 0;
   std::int64_t peak_kv_bytes = 0;
@@ -84,8 +98,18 @@ std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model
                                 const workload& w, const text_codec& codec,
                                 const std::vector<variant>& variants, const run_options& opt);
 
-/// SQuAD-style token F1 between two answers (lowercased, punctuation and articles removed).
+/// SQuAD's answer normalization, exactly: lowercase, ASCII punctuation deleted (not turned into
+/// spaces), the articles a/an/the removed, whitespace collapsed.
+std::string squad_normalize(const std::string& s);
+/// SQuAD's token F1 and exact match between two answers.
 double answer_f1(const std::string& prediction, const std::string& gold);
+double exact_match(const std::string& prediction, const std::string& gold);
+
+/// A mean with its bootstrap 95% interval (resampling the requests, 2,000 draws, seeded).
+struct estimate {
+  double mean = 0, lo = 0, hi = 0;
+};
+estimate bootstrap_mean(const std::vector<double>& v, std::uint32_t seed = 1);
 double percentile(std::vector<double> v, double p);
 
 }  // namespace relokv_rag

@@ -2,7 +2,12 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <variant>
+#include <vector>
+
+#include "profile.hpp"
 
 #include "support/catch.hpp"
 
@@ -27,7 +32,7 @@ TEST_CASE("rag: dataset lines are parsed strictly", "[rag]") {
   const auto r = relokv_rag::parse_qa_line(kGood, "x");
   CHECK(r.question == "café \"x\"");
   REQUIRE(r.passages.size() == 1);
-  CHECK(r.passages[0].second == "s1s2");
+  CHECK(r.passages[0].second == "s1 s2");  // joined as the dataset intends
   // Every malformed line is an error that names the file and line.
   for (const std::string& bad :
        {std::string(R"({"a": [1, 2)"), std::string(R"({"a" 1})"), std::string(R"("open)"),
@@ -48,6 +53,31 @@ TEST_CASE("rag: dataset lines are parsed strictly", "[rag]") {
             .find("context[0][1][1]") != std::string::npos);
   CHECK(complaint(R"({"question": "q", "answer": "A", "context": [["T"]]})")
             .find("context[0] has 1") != std::string::npos);
+}
+
+TEST_CASE("rag: SQuAD's normalization deletes punctuation; EM; bootstrap intervals", "[rag]") {
+  // Punctuation is deleted, not turned into a space: "U.S." is "us", "Jean-Paul" one word.
+  CHECK(relokv_rag::squad_normalize("The U.S. Army") == "us army");
+  CHECK(relokv_rag::squad_normalize("Jean-Paul  Sartre!") == "jeanpaul sartre");
+  CHECK(relokv_rag::squad_normalize("an apple, a pear") == "apple pear");
+  CHECK(relokv_rag::exact_match("the U.S.", "US") == 1.0);
+  CHECK(relokv_rag::exact_match("Paris, France", "Paris") == 0.0);
+  CHECK(relokv_rag::answer_f1("Jean-Paul", "Jean Paul") == 0.0);
+  // The interval holds the mean, is seeded (reproducible), and shrinks to a point when every
+  // value is the same.
+  std::vector<double> v;
+  for (int i = 0; i < 64; ++i) v.push_back(i % 4 == 0 ? 1.0 : 0.0);
+  const auto e = relokv_rag::bootstrap_mean(v);
+  CHECK(e.mean == Approx(0.25));
+  CHECK(e.lo < 0.25);
+  CHECK(e.hi > 0.25);
+  CHECK(e.lo > 0.1);
+  CHECK(e.hi < 0.4);
+  const auto again = relokv_rag::bootstrap_mean(v);
+  CHECK(again.lo == e.lo);
+  const auto flat = relokv_rag::bootstrap_mean(std::vector<double>(10, 0.5));
+  CHECK(flat.lo == 0.5);
+  CHECK(flat.hi == 0.5);
 }
 
 TEST_CASE("rag: answer F1 as in SQuAD/CacheBlend", "[rag]") {
@@ -82,4 +112,59 @@ TEST_CASE("rag: JSONL workloads pool passages and report bad lines", "[rag]") {
   const auto g = relokv_rag::generate(5, 12, 4, 1.0, 3, 512);
   CHECK(g.requests.size() == 5);
   for (const auto& r : g.requests) CHECK(r.passages.size() == 4);
+}
+
+TEST_CASE("profile: saved, loaded, checked against the model; bad files named", "[rag]") {
+  const auto m = relokv_engine::llama_model::synthetic();
+  relokv_engine::strategy_profile p;
+  p.model = m.cfg.name;
+  p.arch = m.cfg.arch;
+  p.n_layers = m.cfg.n_layers;
+  p.safe = true;
+  p.strategy = {"union", 4, 0.1f};
+  p.unsafe_kinds = {"first_k"};
+  const std::string path = "relokv_profile_test.json";
+  relokv_engine::save_profile(path, p);
+  const auto q = relokv_engine::load_profile(path);
+  CHECK(q.strategy.kind == "union");
+  CHECK(q.strategy.k == 4);
+  CHECK(q.unsafe_kinds == std::vector<std::string>{"first_k"});
+  const auto s = relokv_engine::profile_strategy(q, m);
+  CHECK(std::holds_alternative<relokv::recompute::first_k_and_topk>(s.get()));
+  // Unsafe: full recompute, whatever strategy the file names.
+  auto u = q;
+  u.safe = false;
+  CHECK(
+      std::holds_alternative<relokv::recompute::full>(relokv_engine::profile_strategy(u, m).get()));
+  // Another model's profile is refused.
+  auto other = q;
+  other.model = "SmolLM2";
+  CHECK_THROWS_WITH(relokv_engine::profile_strategy(other, m), Catch::Contains("not 'synthetic'"));
+  // Malformed files: the file and the field are named.
+  auto bad = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    try {
+      (void)relokv_engine::load_profile(path);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(bad("{").find("not JSON") != std::string::npos);
+  CHECK(bad(R"({"format": "x", "version": 1})").find("not a relokv strategy profile") !=
+        std::string::npos);
+  relokv_engine::save_profile(path, p);
+  std::string text;
+  {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto kind = text.find("\"union\"");
+  REQUIRE(kind != std::string::npos);
+  CHECK(bad(text.substr(0, kind) + "\"telepathy\"" + text.substr(kind + 7))
+            .find("unknown strategy kind 'telepathy'") != std::string::npos);
+  const auto ratio = text.find("\"ratio\"");
+  CHECK(bad(text.substr(0, ratio) + "\"ratio_\"" + text.substr(ratio + 7)).find("strategy.ratio") !=
+        std::string::npos);
+  std::remove(path.c_str());
 }

@@ -270,3 +270,31 @@ TEST_CASE("first_k_and_topk: EPIC's first tokens stay, CacheBlend's top-k joins 
   a.pin(l, status, pinned2);
   CHECK(pinned2 == pinned);
 }
+
+TEST_CASE("kvboost: the seam window pinned, cosine top-k above KVBoost's minimum", "[recompute]") {
+  const auto l = layout();
+  const auto s = relokv::recompute::kvboost(2, 0.25f);
+  CHECK(s.metric() == relokv::deviation_metric::kCosine);
+  CHECK(s.topk().min_deviation() == 0.01f);
+  std::vector<std::uint8_t> pinned(l.tokens.size(), 0);
+  s.pin(l, kStatus, pinned);
+  // The last 2 tokens of A (14, 15) and of B (17, 18), ahead of each seam.
+  CHECK(ones(pinned) == std::vector<int>{14, 15, 17, 18});
+  auto mask = initial_mask(l, kStatus);
+  s.select(l, kStatus, mask);
+  std::vector<std::uint8_t> reused(l.tokens.size(), 0);
+  for (std::size_t t = 0; t < 19; ++t) reused[t] = 1;
+  // Budget ceil(0.25 * 19) = 5, but only 3 unpinned tokens deviate more than 0.01: the rest
+  // are never chosen (KVBoost's min_deviation).
+  std::vector<float> dev(l.tokens.size(), 0.005f);
+  dev[7] = 0.5f;
+  dev[8] = 0.2f;
+  dev[12] = 0.02f;
+  dev[14] = 0.9f;  // pinned anyway
+  s.refine(0, dev, reused, mask, pinned);
+  CHECK(ones(mask) == cat({7, 8, 12, 14, 15, 17, 18}, kQuestion));
+  CHECK_THROWS_AS(relokv::recompute::deviation_topk(0.1f).with_min_deviation(-1.0f), relokv::error);
+  const relokv::recompute::any_strategy a(s);
+  CHECK(a.metric() == relokv::deviation_metric::kCosine);
+  CHECK(a.steps() == 1);
+}

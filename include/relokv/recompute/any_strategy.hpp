@@ -16,13 +16,14 @@
 RELOKV_NAMESPACE_BEGIN
 namespace recompute {
 
-/// Holds one of none, first_k, seam_window, deviation_topk, full, first_k_and_topk. Cost beside the
-/// static form: one std::visit (a jump through a small table) per select/refine call, that is per
-/// request or per check layer, never per token; and the size of the largest alternative.
+/// Holds one of none, first_k, seam_window, deviation_topk, full, first_k_and_topk,
+/// seam_window_and_topk. Cost beside the static form: one std::visit (a jump through a small table)
+/// per select/refine call, that is per request or per check layer, never per token; and the size of
+/// the largest alternative.
 class any_strategy {
  public:
-  using variant_type =
-      std::variant<none, first_k, seam_window, deviation_topk, full, first_k_and_topk>;
+  using variant_type = std::variant<none, first_k, seam_window, deviation_topk, full,
+                                    first_k_and_topk, seam_window_and_topk>;
 
   any_strategy() = default;
   template <class S>
@@ -41,19 +42,31 @@ class any_strategy {
   [[nodiscard]] std::int32_t steps() const noexcept {
     if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->steps();
     if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return u->steps();
+    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) return u->steps();
     return 0;
   }
   /// The layer check step `step` measures (see deviation_topk::check_layer).
   [[nodiscard]] std::int32_t check_layer(std::int32_t step) const {
     if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->check_layer(step);
     if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return u->check_layer(step);
+    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) return u->check_layer(step);
     throw error("any_strategy::check_layer: the selected strategy is static (no check steps)");
   }
-  /// Marks the tokens the strategy computes at every layer (first_k_and_topk's first k); the
-  /// others pin nothing. Call once per request, before the first refine.
+  /// Marks the tokens the strategy computes at every layer (the pinned part of
+  /// first_k_and_topk and seam_window_and_topk); the others pin nothing. Call once per
+  /// request, before the first refine.
   void pin(const request_layout& l, std::span<const block_status> status,
            std::span<std::uint8_t> pinned) const {
     if (const auto* u = std::get_if<first_k_and_topk>(&v_)) u->pin(l, status, pinned);
+    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) u->pin(l, status, pinned);
+  }
+  /// The deviation metric of a dynamic alternative (the engine's token_deviation call); kL2
+  /// for static ones.
+  [[nodiscard]] deviation_metric metric() const noexcept {
+    if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->metric();
+    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return u->metric();
+    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) return u->metric();
+    return deviation_metric::kL2;
   }
   /// Forwards to the dynamic alternative; a static one has no steps, so any call is an error.
   /// @param pinned  what pin() marked (may be empty for deviation_topk)
@@ -65,6 +78,10 @@ class any_strategy {
       return;
     }
     if (const auto* u = std::get_if<first_k_and_topk>(&v_)) {
+      u->refine(step, deviation, reused, mask, pinned);
+      return;
+    }
+    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) {
       u->refine(step, deviation, reused, mask, pinned);
       return;
     }

@@ -39,6 +39,7 @@
 #include "relokv/concepts/recompute_strategy.hpp"
 #include "relokv/recompute/deviation.hpp"
 #include "relokv/recompute/first_k.hpp"
+#include "relokv/recompute/seam_window.hpp"
 
 RELOKV_NAMESPACE_BEGIN
 namespace recompute {
@@ -104,6 +105,17 @@ class deviation_topk {
   [[nodiscard]] std::span<const deviation_check> checks() const noexcept {
     return {checks_.data(), static_cast<std::size_t>(n_)};
   }
+  /// Tokens whose deviation is at most `d` are never chosen, whatever the budget (KVBoost:
+  /// 0.01 by cosine). Default 0.
+  [[nodiscard]] deviation_topk with_min_deviation(float d) const {
+    if (!(d >= 0.0f) || !std::isfinite(d))
+      throw error("deviation_topk: the minimum deviation must be finite and >= 0, got " +
+                  std::to_string(d));
+    deviation_topk c = *this;
+    c.min_deviation_ = d;
+    return c;
+  }
+  [[nodiscard]] float min_deviation() const noexcept { return min_deviation_; }
 
   /// After check step `step`: keeps every token that is not reused (it has no cached value),
   /// every pinned token, and the ceil(r_step * reused) masked, reused, unpinned tokens with the
@@ -131,6 +143,9 @@ class deviation_topk {
       eligible[t] = mask[t] && reused[t] && !pin;
       if (eligible[t]) mask[t] = 0;
     }
+    if (min_deviation_ > 0.0f)
+      for (std::size_t t = 0; t < mask.size(); ++t)
+        if (eligible[t] && !(deviation[t] > min_deviation_)) eligible[t] = 0;
     select_topk(deviation, eligible, keep, mask);
   }
 
@@ -161,29 +176,39 @@ class deviation_topk {
   }
 
   deviation_metric metric_ = deviation_metric::kL2;
+  float min_deviation_ = 0.0f;
   std::array<deviation_check, kMaxChecks> checks_{};
   std::int32_t n_ = 0;
 };
 static_assert(recompute_strategy<deviation_topk>,
               "recompute::deviation_topk must model recompute_strategy");
 
-/// EPIC and CacheBlend together: the first k tokens of every relocated span are recomputed at
-/// every layer (they absorb attention as sinks of the new context), and among the other
-/// relocated tokens the highest-deviation ones are chosen at the check layers. The two target
-/// different errors, so their union beats either at the same budget or close to it.
-class first_k_and_topk {
+/// A static strategy's tokens pinned (computed at every layer) and CacheBlend's
+/// highest-deviation tokens chosen among the other relocated tokens at the check layers.
+/// The two target different errors: the pinned ones where a span meets new context, the
+/// deviation-chosen ones inside spans.
+///   - first_k_and_topk: EPIC's first k tokens of every relocated span (they absorb attention
+///     as sinks of the new context) plus CacheBlend.
+///   - seam_window_and_topk: KVBoost as its authors define it. Its selective repair recomputes
+///     the last R = 16 tokens before each seam; a chunk matched by content hash (an
+///     approximate match, which every relocated span is) forces CacheBlend at 15% by cosine
+///     deviation, ignoring tokens whose deviation is below 0.01 (KVBoost's documentation and
+///     its cacheblend.py). Both parts run here together, as one pass.
+/// @tparam Pin a static recompute_strategy whose selection is pinned
+template <class Pin>
+class pinned_topk {
  public:
-  first_k_and_topk(first_k pin, deviation_topk topk) : pin_(pin), topk_(std::move(topk)) {}
-  explicit first_k_and_topk(std::int32_t k = 16, float ratio = 0.15f) : pin_(k), topk_(ratio) {}
+  pinned_topk(Pin pin, deviation_topk topk) : pin_(std::move(pin)), topk_(std::move(topk)) {}
+  explicit pinned_topk(std::int32_t k = 16, float ratio = 0.15f) : pin_(k), topk_(ratio) {}
 
-  /// Candidates: every token of every relocated span (the first k among them are pinned).
+  /// Candidates: every token of every relocated span, and the pinned ones.
   void select(const request_layout& l, std::span<const block_status> status,
               std::span<std::uint8_t> mask) const {
     topk_.select(l, status, mask);
     pin_.select(l, status, mask);
   }
   [[nodiscard]] constexpr bool dynamic() const noexcept { return true; }
-  /// Marks the tokens computed at every layer whatever their deviation: EPIC's first k.
+  /// Marks the tokens computed at every layer whatever their deviation.
   void pin(const request_layout& l, std::span<const block_status> status,
            std::span<std::uint8_t> pinned) const {
     pin_.select(l, status, pinned);
@@ -197,18 +222,30 @@ class first_k_and_topk {
               std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask,
               std::span<const std::uint8_t> pinned) const {
     if (pinned.size() != mask.size())
-      throw error("first_k_and_topk::refine: pass the mask of pin() (one entry per token)");
+      throw error("pinned_topk::refine: pass the mask of pin() (one entry per token)");
     topk_.refine(step, deviation, reused, mask, pinned);
   }
-  [[nodiscard]] const first_k& pinned_strategy() const noexcept { return pin_; }
+  [[nodiscard]] const Pin& pinned_strategy() const noexcept { return pin_; }
   [[nodiscard]] const deviation_topk& topk() const noexcept { return topk_; }
 
  private:
-  first_k pin_;
+  Pin pin_;
   deviation_topk topk_;
 };
+
+using first_k_and_topk = pinned_topk<first_k>;
+using seam_window_and_topk = pinned_topk<seam_window>;
 static_assert(recompute_strategy<first_k_and_topk>,
               "recompute::first_k_and_topk must model recompute_strategy");
+static_assert(recompute_strategy<seam_window_and_topk>,
+              "recompute::seam_window_and_topk must model recompute_strategy");
+
+/// KVBoost's defaults: seam window 16 before each seam, CacheBlend at 15% by cosine
+/// deviation above 0.01.
+inline seam_window_and_topk kvboost(std::int32_t window = 16, float ratio = 0.15f) {
+  return {seam_window(window),
+          deviation_topk(ratio, deviation_metric::kCosine).with_min_deviation(0.01f)};
+}
 
 }  // namespace recompute
 RELOKV_NAMESPACE_END

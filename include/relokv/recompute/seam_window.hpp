@@ -14,9 +14,11 @@ namespace recompute {
 /// A seam is a segment boundary where a relocated span meets text it was not computed with.
 /// Recomputes the last `before` tokens of a relocated span ahead of every seam (the tokens that
 /// what follows attends to most, whose cached values saw another context) and, optionally, the
-/// first `after` tokens of a relocated span behind a seam (KVBoost; default before = 16,
-/// after = 0). Exact and missed segments are left alone: the former are right, the latter
-/// are computed anyway.
+/// first `after` tokens of a relocated span behind a seam (default before = 16, after = 0).
+/// Exact and missed segments are left alone: the former are right, the latter are computed
+/// anyway. This is KVBoost's selective repair alone; KVBoost itself adds CacheBlend for
+/// approximate (content-key) matches, which every relocated span is: recompute::kvboost()
+/// (deviation_topk.hpp) is the whole of it.
 class seam_window {
  public:
   explicit seam_window(std::int32_t before = 16, std::int32_t after = 0)

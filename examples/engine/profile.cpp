@@ -1,0 +1,109 @@
+// Strategy specs and calibration profiles (see profile.hpp).
+#include "profile.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace relokv_engine {
+
+std::string strategy_spec::label() const {
+  const std::string r = std::to_string(static_cast<int>(std::lround(100.0 * ratio))) + "%";
+  if (kind == "first_k" || kind == "seam_window") return kind + " k=" + std::to_string(k);
+  if (kind == "deviation_topk") return kind + " r=" + r;
+  if (kind == "kvboost" || kind == "union") return kind + " k=" + std::to_string(k) + " r=" + r;
+  return kind;
+}
+
+relokv::recompute::any_strategy strategy_spec::make() const {
+  namespace rc = relokv::recompute;
+  if (kind == "none") return rc::none{};
+  if (kind == "full") return rc::full{};
+  if (kind == "first_k") return rc::first_k(k);
+  if (kind == "seam_window") return rc::seam_window(k);
+  if (kind == "kvboost") return rc::kvboost(k, ratio);
+  if (kind == "deviation_topk") return rc::deviation_topk(ratio);
+  if (kind == "union") return rc::first_k_and_topk(k, ratio);
+  throw std::invalid_argument("unknown strategy kind '" + kind +
+                              "' (none, full, first_k, seam_window, kvboost, deviation_topk, "
+                              "union)");
+}
+
+void save_profile(const std::string& path, const strategy_profile& p) {
+  const nlohmann::json doc = {
+      {"format", "relokv-strategy-profile"},
+      {"version", 1},
+      {"model", p.model},
+      {"arch", p.arch},
+      {"n_layers", p.n_layers},
+      {"thresholds", {{"max_first_token_kl", p.max_kl}, {"min_agreement", p.min_agreement}}},
+      {"safe", p.safe},
+      {"strategy", {{"kind", p.strategy.kind}, {"k", p.strategy.k}, {"ratio", p.strategy.ratio}}},
+      {"measured", {{"work", p.work}, {"first_token_kl", p.kl}, {"agreement", p.agreement}}},
+      {"unsafe_kinds", p.unsafe_kinds},
+      {"calibration_set", {{"source", p.calibration_set}, {"questions", p.questions}}}};
+  std::ofstream o(path);
+  o << doc.dump(1) << "\n";
+  if (!o) throw std::runtime_error(path + ": cannot write");
+}
+
+strategy_profile load_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": not JSON: " + e.what());
+  }
+  auto field = [&](const nlohmann::json& obj, const char* key, const std::string& where) {
+    if (!obj.is_object() || !obj.contains(key))
+      throw std::runtime_error(path + ": missing field '" + where + key + "'");
+    return obj.at(key);
+  };
+  strategy_profile p;
+  try {
+    if (field(doc, "format", "") != "relokv-strategy-profile" || field(doc, "version", "") != 1)
+      throw std::runtime_error(path + ": not a relokv strategy profile (format, version 1)");
+    p.model = field(doc, "model", "").get<std::string>();
+    p.arch = field(doc, "arch", "").get<std::string>();
+    p.n_layers = field(doc, "n_layers", "").get<std::int32_t>();
+    const auto th = field(doc, "thresholds", "");
+    p.max_kl = field(th, "max_first_token_kl", "thresholds.").get<double>();
+    p.min_agreement = field(th, "min_agreement", "thresholds.").get<double>();
+    p.safe = field(doc, "safe", "").get<bool>();
+    const auto st = field(doc, "strategy", "");
+    p.strategy.kind = field(st, "kind", "strategy.").get<std::string>();
+    p.strategy.k = field(st, "k", "strategy.").get<std::int32_t>();
+    p.strategy.ratio = field(st, "ratio", "strategy.").get<float>();
+    const auto me = field(doc, "measured", "");
+    p.work = field(me, "work", "measured.").get<double>();
+    p.kl = field(me, "first_token_kl", "measured.").get<double>();
+    p.agreement = field(me, "agreement", "measured.").get<double>();
+    p.unsafe_kinds = field(doc, "unsafe_kinds", "").get<std::vector<std::string>>();
+    const auto cs = field(doc, "calibration_set", "");
+    p.calibration_set = field(cs, "source", "calibration_set.").get<std::string>();
+    p.questions = field(cs, "questions", "calibration_set.").get<std::int32_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": a field has the wrong type: " + e.what());
+  }
+  try {
+    (void)p.strategy.make();  // an unknown kind or a bad budget fails here, not when serving
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": strategy: " + e.what());
+  }
+  return p;
+}
+
+relokv::recompute::any_strategy profile_strategy(const strategy_profile& p, const llama_model& m) {
+  if (p.model != m.cfg.name || p.arch != m.cfg.arch || p.n_layers != m.cfg.n_layers)
+    throw std::runtime_error("strategy profile is for model '" + p.model + "' (" + p.arch + ", " +
+                             std::to_string(p.n_layers) + " layers), not '" + m.cfg.name + "' (" +
+                             m.cfg.arch + ", " + std::to_string(m.cfg.n_layers) + " layers)");
+  if (!p.safe) return relokv::recompute::full{};
+  return p.strategy.make();
+}
+
+}  // namespace relokv_engine

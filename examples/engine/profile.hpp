@@ -1,0 +1,51 @@
+#pragma once
+// Which recompute strategy a model can be served with: a strategy named by kind and budget,
+// and the calibration profile (JSON) that relokv_rag --calibrate writes and the engines load.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <relokv/recompute/any_strategy.hpp>
+
+#include "llama.hpp"
+
+namespace relokv_engine {
+
+/// A strategy by kind and budget: none, full, first_k (k), seam_window (k), kvboost (k, r),
+/// deviation_topk (r), union (k, r: first_k_and_topk).
+struct strategy_spec {
+  std::string kind = "none";
+  std::int32_t k = 0;
+  float ratio = 0.0f;
+  /// Short label: "first_k k=8", "deviation_topk r=15%", ...
+  [[nodiscard]] std::string label() const;
+  /// @throws std::invalid_argument for an unknown kind; relokv::error for a bad budget
+  [[nodiscard]] relokv::recompute::any_strategy make() const;
+};
+
+/// The result of calibrating a model (relokv_rag --calibrate): the cheapest strategy whose
+/// first-token KL and answer agreement with full recompute stayed within the thresholds on the
+/// calibration set, or none (safe = false: serve this model with full recompute).
+struct strategy_profile {
+  std::string model;  ///< general.name of the GGUF
+  std::string arch;
+  std::int32_t n_layers = 0;
+  double max_kl = 0.05, min_agreement = 0.8;
+  bool safe = false;
+  strategy_spec strategy;
+  double work = 1.0;  ///< prefill work of the chosen strategy, a fraction of full's
+  double kl = 0, agreement = 1;
+  /// Kinds none of whose budgets passed: unsafe for this model.
+  std::vector<std::string> unsafe_kinds;
+  std::string calibration_set;
+  std::int32_t questions = 0;
+};
+
+/// @throws std::runtime_error naming the file and the field that is missing or malformed
+strategy_profile load_profile(const std::string& path);
+void save_profile(const std::string& path, const strategy_profile& p);
+/// The strategy to serve `m` with under profile `p`: p.strategy when safe, else full
+/// recompute. @throws std::runtime_error when the profile was made for another model
+relokv::recompute::any_strategy profile_strategy(const strategy_profile& p, const llama_model& m);
+
+}  // namespace relokv_engine

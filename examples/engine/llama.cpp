@@ -376,7 +376,9 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
   llama_config& c = m.cfg;
   c.rope.head_dim = c.head_dim;
   c.rope.rotary_dim = c.head_dim;
-  c.rope.layout = relokv::rope_layout::kGPTJ;
+  // arch "qwen2": NeoX pairs and Q/K/V biases, as from_gguf reads a qwen2 file.
+  const bool qwen2 = c.arch == "qwen2";
+  c.rope.layout = qwen2 ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   auto mat = [&](int out, int in) {
@@ -398,6 +400,11 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
     for (auto& x : L.wq) x *= 3.0f;
     for (auto& x : L.wk) x *= 3.0f;
     L.wv = mat(c.n_kv_heads * c.head_dim, c.dim);
+    if (qwen2) {
+      L.bq = mat(1, c.n_heads * c.head_dim);
+      L.bk = mat(1, c.n_kv_heads * c.head_dim);
+      L.bv = mat(1, c.n_kv_heads * c.head_dim);
+    }
     L.wo = mat(c.dim, c.n_heads * c.head_dim);
     L.ffn_norm = ones(c.dim);
     L.w_gate = mat(c.ffn, c.dim);

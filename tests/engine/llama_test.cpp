@@ -228,3 +228,31 @@ TEST_CASE("engine: CacheBlend measures at its check layer, where context has mix
     layer0_max = std::max(layer0_max, st0.check_deviation[static_cast<std::size_t>(a0 + i)]);
   CHECK(layer0_max < 1e-4f);
 }
+
+TEMPLATE_TEST_CASE("engine: a qwen2-shaped model (biases, NeoX) through relokv equals plain",
+                   "[engine]", relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
+  relokv_engine::llama_config c;
+  c.arch = "qwen2";
+  c.rope.theta = 1e6;
+  const auto m = std::make_shared<const llama_model>(llama_model::synthetic(c, 3));
+  REQUIRE(m->cfg.rope.layout == relokv::rope_layout::kNeoX);
+  REQUIRE(!m->layers[0].bk.empty());
+  llama_engine<TestType> eng(m, 64);
+  const auto l = rag(kA, kB);
+  CHECK(max_diff(eng.prefill(l, relokv::recompute::none{}),
+                 relokv_engine::plain_prefill(*m, l.tokens)) < 1e-3);
+  eng.end();
+  // Relocated and recomputed whole: equal to no reuse; decode continues it exactly.
+  const auto l2 = rag(kB, kA);
+  auto tokens = l2.tokens;
+  const auto full = eng.prefill(l2, relokv::recompute::full{});
+  CHECK(max_diff(full, relokv_engine::plain_prefill(*m, tokens)) < 1e-3);
+  const token_t next = relokv_engine::argmax(full);
+  tokens.push_back(next);
+  CHECK(max_diff(eng.decode(next), relokv_engine::plain_prefill(*m, tokens)) < 1e-3);
+  // The biases matter: without them the logits differ.
+  auto plain = *m;
+  for (auto& L : plain.layers) L.bq.clear(), L.bk.clear(), L.bv.clear();
+  CHECK(max_diff(relokv_engine::plain_prefill(plain, l.tokens),
+                 relokv_engine::plain_prefill(*m, l.tokens)) > 1e-3);
+}

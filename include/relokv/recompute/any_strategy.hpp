@@ -40,57 +40,59 @@ class any_strategy {
   }
   /// Check steps of a dynamic alternative (0 for static ones).
   [[nodiscard]] std::int32_t steps() const noexcept {
-    if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->steps();
-    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return u->steps();
-    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) return u->steps();
-    return 0;
+    return with_dynamic([](const auto& d) { return d.steps(); }, [] { return std::int32_t{0}; });
   }
   /// The layer check step `step` measures (see deviation_topk::check_layer).
   [[nodiscard]] std::int32_t check_layer(std::int32_t step) const {
-    if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->check_layer(step);
-    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return u->check_layer(step);
-    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) return u->check_layer(step);
-    throw error("any_strategy::check_layer: the selected strategy is static (no check steps)");
+    return with_dynamic([&](const auto& d) { return d.check_layer(step); },
+                        []() -> std::int32_t {
+                          throw error(
+                              "any_strategy::check_layer: the selected strategy is static (no "
+                              "check steps)");
+                        });
   }
   /// Marks the tokens the strategy computes at every layer (the pinned part of
   /// first_k_and_topk and seam_window_and_topk); the others pin nothing. Call once per
   /// request, before the first refine.
   void pin(const request_layout& l, std::span<const block_status> status,
            std::span<std::uint8_t> pinned) const {
-    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) u->pin(l, status, pinned);
-    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) u->pin(l, status, pinned);
+    with_dynamic(
+        [&](const auto& d) {
+          if constexpr (requires { d.pin(l, status, pinned); }) d.pin(l, status, pinned);
+        },
+        [] {});
   }
   /// The deviation metric of a dynamic alternative (the engine's token_deviation call); kL2
   /// for static ones.
   [[nodiscard]] deviation_metric metric() const noexcept {
-    if (const auto* d = std::get_if<deviation_topk>(&v_)) return d->metric();
-    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return u->metric();
-    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) return u->metric();
-    return deviation_metric::kL2;
+    return with_dynamic([](const auto& d) { return d.metric(); },
+                        [] { return deviation_metric::kL2; });
   }
   /// Forwards to the dynamic alternative; a static one has no steps, so any call is an error.
   /// @param pinned  what pin() marked (may be empty for deviation_topk)
   void refine(std::int32_t step, std::span<const float> deviation,
               std::span<const std::uint8_t> reused, std::span<std::uint8_t> mask,
               std::span<const std::uint8_t> pinned = {}) const {
-    if (const auto* d = std::get_if<deviation_topk>(&v_)) {
-      d->refine(step, deviation, reused, mask, pinned);
-      return;
-    }
-    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) {
-      u->refine(step, deviation, reused, mask, pinned);
-      return;
-    }
-    if (const auto* u = std::get_if<seam_window_and_topk>(&v_)) {
-      u->refine(step, deviation, reused, mask, pinned);
-      return;
-    }
-    throw error("any_strategy::refine: the selected strategy is static (no check steps)");
+    with_dynamic(
+        [&](const auto& d) { d.refine(step, deviation, reused, mask, pinned); },
+        [] {
+          throw error("any_strategy::refine: the selected strategy is static (no check steps)");
+        });
   }
   [[nodiscard]] const variant_type& get() const noexcept { return v_; }
   [[nodiscard]] std::size_t index() const noexcept { return v_.index(); }
 
  private:
+  /// Calls f on the dynamic alternative (deviation_topk, first_k_and_topk,
+  /// seam_window_and_topk), or otherwise() when a static one is held.
+  template <class F, class G>
+  std::invoke_result_t<G> with_dynamic(F&& f, G&& otherwise) const {
+    if (const auto* d = std::get_if<deviation_topk>(&v_)) return f(*d);
+    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return f(*u);
+    if (const auto* w = std::get_if<seam_window_and_topk>(&v_)) return f(*w);
+    return otherwise();
+  }
+
   variant_type v_{none{}};
 };
 static_assert(recompute_strategy<any_strategy>,

@@ -14,6 +14,7 @@
 #include "relokv/cache/reuse_plan.hpp"
 #include "relokv/concepts/block_allocator.hpp"
 #include "relokv/concepts/hash_scheme.hpp"
+#include "relokv/concepts/kv_store.hpp"
 #include "relokv/concepts/recompute_strategy.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/hash/block_keys.hpp"
@@ -22,6 +23,7 @@
 #include "relokv/memory/lru_block_pool.hpp"
 #include "relokv/recompute/none.hpp"
 #include "relokv/rope/at_attention.hpp"
+#include "relokv/store/block_format.hpp"
 
 RELOKV_NAMESPACE_BEGIN
 
@@ -34,6 +36,33 @@ struct cache_stats {
   std::int64_t misses = 0;
   std::int64_t evictions = 0;
   std::int64_t out_of_blocks = 0;
+  // The store tier (zero without a store).
+  std::int64_t store_lookups = 0;      ///< pool misses looked up in the store
+  std::int64_t store_hits = 0;         ///< verified fetches that became hits
+  std::int64_t store_misses = 0;       ///< no entry under the key
+  std::int64_t store_unavailable = 0;  ///< store calls that were not answered
+  /// Entries fetched and rejected, indexed by their block_check (malformed, version,
+  /// checksum, fingerprint, layout, identity; [0], kOk, stays 0).
+  std::int64_t store_rejected[7] = {};
+  std::int64_t store_writes = 0;          ///< blocks put by commit
+  std::int64_t store_write_failures = 0;  ///< blocks a put did not store
+  std::int64_t store_bytes_read = 0, store_bytes_written = 0;
+  [[nodiscard]] std::int64_t store_rejected_total() const noexcept {
+    std::int64_t n = 0;
+    for (std::int64_t r : store_rejected) n += r;
+    return n;
+  }
+};
+
+/// How a cache uses its store (relocatable_cache's fifth policy).
+struct store_options {
+  /// store_fingerprint(model, RoPE configuration, placement): blocks of another fingerprint
+  /// are never used, and it is part of every store key.
+  std::uint64_t fingerprint = 0;
+  /// The engine's KV layout (its storage's block_layout()); fetched blocks must match it.
+  kv_block_layout layout{};
+  bool read = true;   ///< plan() looks pool misses up in the store
+  bool write = true;  ///< commit() puts the blocks the request computed
 };
 
 /// Relocatable KV-cache manager. The library decides and manages memory; the engine computes.
@@ -64,8 +93,18 @@ struct cache_stats {
 /// @tparam BlockAllocator    models block_allocator (lru_block_pool by default)
 /// @tparam RopePlacement     models rope_placement (at_attention by default)
 /// @tparam RecomputeStrategy models recompute_strategy (recompute::none by default)
+/// @tparam KvStore           models kv_store (no_store by default: no store tier at all)
+///
+/// With a store: a sealed block the pool misses is looked up in the store (its context key
+/// for a block of a prefix or plain segment, its content key for a span's), all of a request's
+/// in one batched get; a fetched entry is used only when its checksum, fingerprint, layout,
+/// extra keys and identity (tokens, segment structure, context) all match, and it then counts
+/// as a hit whose bytes the engine writes (plan.fetches, apply_fetches). commit(id, storage)
+/// puts the blocks the request computed from nothing, and registers fetched blocks in the
+/// pool so that later requests find them there. A store that is down makes lookups misses.
 template <class HashScheme = xxh3_128, class BlockAllocator = lru_block_pool,
-          class RopePlacement = at_attention, class RecomputeStrategy = recompute::none>
+          class RopePlacement = at_attention, class RecomputeStrategy = recompute::none,
+          class KvStore = no_store>
 class relocatable_cache {
   static_assert(hash_scheme<HashScheme>,
                 "HashScheme must model relokv::hash_scheme: a regular, trivially copyable "
@@ -80,6 +119,10 @@ class relocatable_cache {
   static_assert(recompute_strategy<RecomputeStrategy>,
                 "RecomputeStrategy must model relokv::recompute_strategy: "
                 "select(layout, status, mask) and dynamic()");
+  static_assert(kv_store<KvStore>,
+                "KvStore must model relokv::kv_store: get(keys, blobs), put(keys, values), "
+                "contains(keys, flags), erase(keys) -> store_status, and counters()");
+  static constexpr bool kHasStore = !std::is_same_v<KvStore, no_store>;
 
  public:
   using hash_type = HashScheme;
@@ -87,6 +130,7 @@ class relocatable_cache {
   using allocator_type = BlockAllocator;
   using placement_type = RopePlacement;
   using strategy_type = RecomputeStrategy;
+  using store_type = KvStore;
 
   /// @param allocator   the block pool; its block ids index the engine's KV storage
   /// @param block_size  tokens per block (a power of two up to kMaxBlockSize; requests must
@@ -97,16 +141,32 @@ class relocatable_cache {
       : alloc_(std::move(allocator)),
         hash_(std::move(hash)),
         strategy_(std::move(strategy)),
-        block_size_(block_size) {
-    if (block_size <= 0 || block_size > kMaxBlockSize || (block_size & (block_size - 1)) != 0)
-      throw error("relocatable_cache: block_size must be a power of two in [1, " +
-                  std::to_string(kMaxBlockSize) + "], got " + std::to_string(block_size));
-    const auto n = static_cast<std::size_t>(alloc_.capacity());
-    if (n > (std::size_t{1} << 31) / static_cast<std::size_t>(block_size))
-      throw error("relocatable_cache: " + std::to_string(n) + " blocks of " +
-                  std::to_string(block_size) + " tokens exceed 2^31 stored tokens");
-    meta_.resize(n);
-    tokens_.resize(n * static_cast<std::size_t>(block_size));
+        block_size_(block_size),
+        store_() {
+    init_pool();
+    // Without store_options, a cache never touches its store.
+    store_opts_.read = store_opts_.write = false;
+  }
+
+  /// A cache with a store tier (see the class comment).
+  /// @throws error as above, and when `so.layout` is not a valid layout for `block_size`
+  relocatable_cache(BlockAllocator allocator, std::int32_t block_size, HashScheme hash,
+                    RecomputeStrategy strategy, KvStore store, store_options so)
+      : alloc_(std::move(allocator)),
+        hash_(std::move(hash)),
+        strategy_(std::move(strategy)),
+        block_size_(block_size),
+        store_(std::move(store)),
+        store_opts_(so) {
+    init_pool();
+    const kv_block_layout& l = so.layout;
+    if (l.block_size != block_size || l.num_layers <= 0 || l.num_kv_heads <= 0 || l.head_dim <= 0 ||
+        l.head_dim > kMaxHeadDim || l.elem_bytes == 0)
+      throw error(
+          "relocatable_cache: store_options.layout must have positive layers, heads "
+          "and element size, head_dim in [1, " +
+          std::to_string(kMaxHeadDim) + "] and the cache's block_size " +
+          std::to_string(block_size) + " (got " + std::to_string(l.block_size) + ")");
   }
 
   /// Plans a request with the cache's strategy. See plan(layout, strategy, extras).
@@ -136,7 +196,8 @@ class relocatable_cache {
   void plan_into(const request_layout& layout, const RecomputeStrategy& strategy,
                  const extra_keys& extras, reuse_plan& p) {
     p.id = kNoRequest;
-    p.exact_hits = p.relocated_hits = p.misses = p.tokens_to_compute = 0;
+    p.exact_hits = p.relocated_hits = p.misses = p.tokens_to_compute = p.store_hits = 0;
+    p.fetches.clear();
     if (layout.block_size != block_size_)
       throw error("plan: layout block_size " + std::to_string(layout.block_size) +
                   " differs from the cache's " + std::to_string(block_size_));
@@ -153,6 +214,7 @@ class relocatable_cache {
     rs.segment_context = keys_.segment_context;
     rs.ident.assign(static_cast<std::size_t>(nb), kNoBlock);
     rs.exact.assign(static_cast<std::size_t>(nb), 0);
+    rs.src_pos0.assign(static_cast<std::size_t>(nb), 0);
     rs.held.clear();
 
     // Context identities of relocatable segments, verified by their tokens.
@@ -194,9 +256,14 @@ class relocatable_cache {
       pb.physical = hit;
       pb.source = hit;
       pb.status = status_[bi];
+      pb.tier = hit == kNoBlock ? block_tier::kComputed : block_tier::kPool;
+      if (hit != kNoBlock) rs.src_pos0[bi] = meta_of(hit).stored_pos0;
       rs.ident[bi] = hit;
       if (status_[bi] == block_status::kMiss)
         std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{1});
+    }
+    if constexpr (kHasStore) {
+      if (store_opts_.read) fetch_from_store(layout, rs, p);
     }
 
     // 2. Strategy.
@@ -213,11 +280,15 @@ class relocatable_cache {
       // A dynamic strategy's first mask is only where it measures: its reused tokens mostly
       // stay, so their blocks are copied, never rebuilt from nothing.
       pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !strategy.dynamic());
-      pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb));
+      pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb, rs.src_pos0[bi]));
+      // A fetch the request recomputes whole is not written at all.
+      if (pb.fresh) pb.tier = block_tier::kComputed;
       // Hits the request reads are held; a hit it recomputes whole only names its source.
-      if (pb.status != block_status::kMiss && !pb.fresh) {
+      if (pb.tier == block_tier::kPool) {
         if (alloc_.ref_count(pb.physical) == 0 && !counted_free(pb.physical)) ++hits_now_free;
       }
+      // A fetched block takes a block for its bytes (and another for a private copy).
+      if (pb.tier == block_tier::kStore) ++need;
       if (pb.fresh || pb.copy_on_write) ++need;
     }
     clear_counted(p);
@@ -231,7 +302,7 @@ class relocatable_cache {
 
     // 4. Take the blocks: shared ones first (so that allocation cannot evict them).
     for (planned_block& pb : p.blocks)
-      if (pb.status != block_status::kMiss && !pb.fresh) {
+      if (pb.tier == block_tier::kPool) {
         alloc_.retain(pb.physical);
         rs.held.push_back(pb.physical);
       }
@@ -239,21 +310,23 @@ class relocatable_cache {
     for (std::int32_t b = 0; b < nb; ++b) {
       const auto bi = static_cast<std::size_t>(b);
       planned_block& pb = p.blocks[bi];
+      if (pb.tier == block_tier::kStore) {
+        // The fetched bytes go into a block of their own, which commit registers.
+        const block_id dst = take_block(rs);
+        pb.physical = pb.source = dst;
+        rs.ident[bi] = dst;
+        fetched_[bi].dst = dst;
+        p.fetches.push_back(std::move(fetched_[bi]));
+        ++p.store_hits;
+      }
       const block_id shared = pb.physical;
       if (pb.fresh || pb.copy_on_write) {
-        const alloc_result r = alloc_.allocate();
-        RELOKV_ASSERT(r.status == alloc_status::kOk, "pool had fewer free blocks than counted");
-        forget(r.block);
-        stats_.evictions += r.evicted ? 1 : 0;
-        block_meta& m = meta_[static_cast<std::size_t>(r.block)];
-        ++m.generation;
-        pb.physical = r.block;
-        rs.held.push_back(r.block);
-        if (pb.copy_on_write)
-          p.copies.push_back({shared, r.block, meta_of(shared).stored_pos0, pb.pos0});
+        const block_id mine = take_block(rs);
+        pb.physical = mine;
+        if (pb.copy_on_write) p.copies.push_back({shared, mine, rs.src_pos0[bi], pb.pos0});
         // A block the request writes whole is what its successors chain to from now on (for a
         // hit recomputed whole, not the cached source it was found in).
-        if (pb.fresh) rs.ident[bi] = r.block;
+        if (pb.fresh) rs.ident[bi] = mine;
       }
       exact_so_far =
           exact_so_far && (pb.status == block_status::kExactHit ? !pb.copy_on_write : pb.fresh);
@@ -278,13 +351,43 @@ class relocatable_cache {
     stats_.exact_hits += p.exact_hits;
     stats_.relocated_hits += p.relocated_hits;
     stats_.misses += p.misses;
+    stats_.store_hits += p.store_hits;
   }
 
   /// Registers the request's new, sealed blocks under their keys so that later requests reuse
-  /// them. Call once the engine has written them.
-  /// @throws error for an unknown, released or already committed request, and for kNoRequest
-  ///         (the id of a failed plan).
+  /// them. Call once the engine has written them. A cache that writes to a store needs the
+  /// storage to serialize them from: see commit(id, storage).
+  /// @throws error for an unknown, released or already committed request, for kNoRequest (the
+  ///         id of a failed plan), and when the cache has a store to write to.
   void commit(request_id id) {
+    if (kHasStore && store_opts_.write)
+      throw error(
+          "commit: this cache writes new blocks to its store; call commit(id, storage) "
+          "with the KV storage, or set store_options.write = false");
+    commit_impl(id, static_cast<const no_block_io*>(nullptr));
+  }
+  /// As commit(id), and puts the blocks the request computed from nothing into the store
+  /// (when it has one and store_options.write is set), serialized from `storage` in one
+  /// batched put. A put that fails is counted (stats().store_write_failures), never thrown:
+  /// the blocks stay in the pool either way.
+  /// @throws error as commit(id), and when storage's layout differs from store_options.layout
+  template <class Storage>
+  requires kv_block_io<Storage>
+  void commit(request_id id, const Storage& storage) {
+    if (kHasStore && store_opts_.write && !(storage.block_layout() == store_opts_.layout))
+      throw error("commit: the storage's block layout differs from store_options.layout");
+    commit_impl(id, &storage);
+  }
+
+ private:
+  /// Stands for "no storage" in commit(id).
+  struct no_block_io {
+    [[nodiscard]] kv_block_layout block_layout() const noexcept { return {}; }
+    void read_block(block_id, std::int32_t, std::span<std::byte>) const noexcept {}
+    void write_block(block_id, std::int32_t, std::span<const std::byte>) noexcept {}
+  };
+  template <class Storage>
+  void commit_impl(request_id id, const Storage* storage) {
     request_state& rs = state_of(id, "commit");
     if (rs.committed) throw error("commit: request " + std::to_string(id) + " already committed");
     rs.committed = true;
@@ -297,22 +400,26 @@ class relocatable_cache {
     for (std::size_t bi = 0; bi < nb; ++bi) {
       const planned_block& pb = rs.plan_blocks[bi];
       const block_extent& e = rs.blocks[bi];
-      if (!pb.fresh || !e.sealed) continue;
+      // What the request registers: the blocks it wrote whole, and those it fetched.
+      const block_id reg = pb.fresh                        ? pb.physical
+                           : pb.tier == block_tier::kStore ? pb.source
+                                                           : kNoBlock;
+      if (reg == kNoBlock || !e.sealed) continue;
       const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
       const auto b = static_cast<std::int32_t>(bi);
-      block_meta& m = meta_[static_cast<std::size_t>(pb.physical)];
+      block_meta& m = meta_[static_cast<std::size_t>(reg)];
       m.len = e.len;
       m.tag = block_tag(seg, b == seg.first_block);
-      m.stored_pos0 = e.pos0;
+      m.stored_pos0 = pb.fresh ? e.pos0 : rs.src_pos0[bi];
       m.extras = rs.extras;
-      std::copy_n(rs.tokens.begin() + e.pos0, e.len, block_tokens(pb.physical));
+      std::copy_n(rs.tokens.begin() + e.pos0, e.len, block_tokens(reg));
       bool cached = false;
       // Children link to the indexed copy of their parent when there is one (the canonical
       // block), so that a duplicate computed concurrently does not orphan them when it is freed.
       if (rs.exact[bi]) {
         m.ctx_parent = bi == 0 ? kNoBlock : rs.ctx_link[bi - 1];
         m.ctx_parent_gen = bi == 0 ? 0 : meta_of(m.ctx_parent).generation;
-        const auto [it, inserted] = ctx_index_.try_emplace(rs.context_key[bi], pb.physical);
+        const auto [it, inserted] = ctx_index_.try_emplace(rs.context_key[bi], reg);
         if (inserted) {
           m.in_ctx = true;
           m.ctx_key = rs.context_key[bi];
@@ -335,7 +442,7 @@ class relocatable_cache {
           m.content_parent_gen = meta_of(m.content_parent).generation;
         }
         if (!first || m.context_entry >= 0) {
-          const auto [it, inserted] = content_index_.try_emplace(rs.content_key[bi], pb.physical);
+          const auto [it, inserted] = content_index_.try_emplace(rs.content_key[bi], reg);
           if (inserted) {
             m.in_content = true;
             m.content_key = rs.content_key[bi];
@@ -345,10 +452,14 @@ class relocatable_cache {
           }
         }
       }
-      if (cached) alloc_.set_cached(pb.physical, true);
+      if (cached) alloc_.set_cached(reg, true);
+    }
+    if constexpr (kHasStore && !std::is_same_v<Storage, no_block_io>) {
+      if (store_opts_.write) write_to_store(rs, *storage);
     }
   }
 
+ public:
   /// Gives a live request one more block (for decode, once its last block is full). The block
   /// is private to the request and never registered; release() frees it.
   /// @return the block, or status kOutOfBlocks (nothing taken) for the scheduler to act on
@@ -383,6 +494,9 @@ class relocatable_cache {
   [[nodiscard]] const BlockAllocator& allocator() const noexcept { return alloc_; }
   [[nodiscard]] const HashScheme& hash() const noexcept { return hash_; }
   [[nodiscard]] const RecomputeStrategy& strategy() const noexcept { return strategy_; }
+  [[nodiscard]] KvStore& store() noexcept { return store_; }
+  [[nodiscard]] const KvStore& store() const noexcept { return store_; }
+  [[nodiscard]] const store_options& store_config() const noexcept { return store_opts_; }
   [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }
   /// Requests planned and not yet released.
   [[nodiscard]] std::size_t live_requests() const noexcept { return live_.size(); }
@@ -441,8 +555,142 @@ class relocatable_cache {
     std::vector<block_id> ident;  ///< per block: the shared block that holds its content
     std::vector<block_id> ctx_link, content_link;  ///< parents that commit links children to
     std::vector<std::uint8_t> exact;
+    std::vector<pos_t> src_pos0;  ///< per hit: the position its keys were written at
     std::vector<block_id> held;
   };
+
+  /// Which key a block is stored under: content for a span's (or windowed dependent
+  /// segment's) blocks, context for the others. One copy per block: a span's context entry
+  /// would duplicate its bytes for the rare request that shows it in the same place.
+  static store_entry_kind store_kind(const request_state& rs, std::size_t bi) noexcept {
+    const segment& seg = rs.segments[static_cast<std::size_t>(rs.blocks[bi].segment)];
+    return relocatable(seg) ? store_entry_kind::kContent : store_entry_kind::kContext;
+  }
+  store_key store_key_of(const request_state& rs, std::size_t bi, store_entry_kind kind) const {
+    return make_store_key(
+        store_opts_.fingerprint, kind, block_size_, rs.extras,
+        kind == store_entry_kind::kContent ? rs.content_key[bi] : rs.context_key[bi]);
+  }
+  /// What a stored block is verified by (block_format.hpp): every block of its chain (from
+  /// the request's start for a context entry, from the span's start for a content entry)
+  /// with its tag, length and tokens, and the span's context tokens.
+  block_identity identity_of(const request_state& rs, std::size_t bi, store_entry_kind kind) {
+    const block_extent& e = rs.blocks[bi];
+    const std::int32_t seg_index = e.segment;
+    const auto start = kind == store_entry_kind::kContext
+                           ? std::size_t{0}
+                           : static_cast<std::size_t>(
+                                 rs.segments[static_cast<std::size_t>(seg_index)].first_block);
+    id_chain_.clear();
+    id_tokens_.clear();
+    for (std::size_t i = start; i <= bi; ++i) {
+      const block_extent& x = rs.blocks[i];
+      const segment& seg = rs.segments[static_cast<std::size_t>(x.segment)];
+      id_chain_.push_back(block_tag(seg, static_cast<std::int32_t>(i) == seg.first_block));
+      id_chain_.push_back(static_cast<std::uint32_t>(x.len));
+      id_tokens_.insert(id_tokens_.end(), rs.tokens.begin() + x.pos0,
+                        rs.tokens.begin() + x.pos0 + x.len);
+    }
+    const std::span<const token_t> ctx = kind == store_entry_kind::kContent
+                                             ? context_tokens(rs, seg_index)
+                                             : std::span<const token_t>{};
+    return {id_chain_, ctx, id_tokens_};
+  }
+
+  /// Looks the pool's misses up in the store, in one batched get; a verified entry becomes a
+  /// hit of tier kStore (its block is taken in step 4).
+  void fetch_from_store(const request_layout& layout, request_state& rs, reuse_plan& p) {
+    const auto nb = static_cast<std::size_t>(layout.num_blocks());
+    fetch_keys_.clear();
+    fetch_blocks_.clear();
+    fetched_.assign(nb, block_fetch{});
+    for (std::size_t b = 0; b < nb; ++b)
+      if (status_[b] == block_status::kMiss && layout.blocks[b].sealed) {
+        fetch_keys_.push_back(store_key_of(rs, b, store_kind(rs, b)));
+        fetch_blocks_.push_back(b);
+      }
+    if (fetch_keys_.empty()) return;
+    stats_.store_lookups += static_cast<std::int64_t>(fetch_keys_.size());
+    if (store_.get(std::span<const store_key>(fetch_keys_), blobs_) != store_status::kOk ||
+        blobs_.size() != fetch_keys_.size()) {
+      ++stats_.store_unavailable;
+      return;
+    }
+    for (std::size_t i = 0; i < fetch_blocks_.size(); ++i) {
+      const std::size_t b = fetch_blocks_[i];
+      const store_blob& blob = blobs_[i];
+      if (blob.empty()) {
+        ++stats_.store_misses;
+        continue;
+      }
+      stats_.store_bytes_read += static_cast<std::int64_t>(blob.size());
+      const store_entry_kind kind = store_kind(rs, b);
+      decoded_block d = decode_block(blob.bytes(), store_opts_.fingerprint, store_opts_.layout);
+      if (d.check == block_check::kOk && d.header.placement != RopePlacement::kind)
+        d.check = block_check::kFingerprint;
+      if (d.check == block_check::kOk &&
+          !same_identity(d, fetch_keys_[i], kind, rs.extras, identity_of(rs, b, kind)))
+        d.check = block_check::kIdentity;
+      if (d.check != block_check::kOk) {
+        ++stats_.store_rejected[static_cast<std::size_t>(d.check)];
+        continue;
+      }
+      const block_extent& e = layout.blocks[b];
+      status_[b] = kind == store_entry_kind::kContext ? block_status::kExactHit
+                                                      : block_status::kRelocatedHit;
+      planned_block& pb = p.blocks[b];
+      pb.status = status_[b];
+      pb.tier = block_tier::kStore;
+      rs.src_pos0[b] = d.header.pos0;
+      std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{0});
+      fetched_[b] = block_fetch{kNoBlock, e.len, static_cast<std::int32_t>(b), blob, d.payload};
+    }
+  }
+
+  /// Puts the blocks a committed request computed from nothing, in one batched put.
+  template <class Storage>
+  void write_to_store(request_state& rs, const Storage& storage) {
+    write_keys_.clear();
+    std::size_t n = 0;
+    for (std::size_t bi = 0; bi < rs.blocks.size(); ++bi) {
+      const planned_block& pb = rs.plan_blocks[bi];
+      const block_extent& e = rs.blocks[bi];
+      if (!e.sealed || !pb.fresh || pb.status != block_status::kMiss) continue;
+      const store_entry_kind kind = store_kind(rs, bi);
+      if (kind == store_entry_kind::kContext && !rs.exact[bi]) continue;
+      block_header h;
+      h.fingerprint = store_opts_.fingerprint;
+      h.key = store_key_of(rs, bi, kind);
+      h.layout = store_opts_.layout;
+      h.kind = kind;
+      h.placement = RopePlacement::kind;
+      h.len = e.len;
+      h.pos0 = e.pos0;
+      h.extras = rs.extras;
+      if (write_bufs_.size() <= n) write_bufs_.emplace_back();
+      const block_id src = pb.physical;
+      const std::int32_t len = e.len;
+      encode_block(
+          h, identity_of(rs, bi, kind),
+          [&storage, src, len](std::span<std::byte> out) { storage.read_block(src, len, out); },
+          write_bufs_[n]);
+      write_keys_.push_back(h.key);
+      ++n;
+    }
+    if (n == 0) return;
+    write_views_.clear();
+    for (std::size_t i = 0; i < n; ++i)
+      write_views_.emplace_back(write_bufs_[i].data(), write_bufs_[i].size());
+    const std::int64_t before = store_.counters().keys_written;
+    (void)store_.put(std::span<const store_key>(write_keys_),
+                     std::span<const std::span<const std::byte>>(write_views_));
+    const std::int64_t written = std::clamp<std::int64_t>(store_.counters().keys_written - before,
+                                                          0, static_cast<std::int64_t>(n));
+    stats_.store_writes += written;
+    stats_.store_write_failures += static_cast<std::int64_t>(n) - written;
+    for (std::size_t i = 0; i < n; ++i)
+      stats_.store_bytes_written += static_cast<std::int64_t>(write_bufs_[i].size());
+  }
 
   /// Ones in a 0/1 mask (a plain sum, which vectorizes; std::count does not here).
   static std::int32_t count_ones(const std::uint8_t* m, std::int32_t n) noexcept {
@@ -455,13 +703,37 @@ class relocatable_cache {
            (s.kind == segment_kind::kDependent && s.dep_window > 0);
   }
   static constexpr bool needs_rotation_v = RopePlacement::relocation_rotates_keys;
-  bool needs_rotation(const planned_block& pb) const noexcept {
+  /// src_pos0: the position the hit's keys were written at (pool or store).
+  static bool needs_rotation(const planned_block& pb, pos_t src_pos0) noexcept {
     if constexpr (needs_rotation_v) {
-      return pb.status == block_status::kRelocatedHit &&
-             meta_of(pb.physical).stored_pos0 != pb.pos0;
+      return pb.status == block_status::kRelocatedHit && src_pos0 != pb.pos0;
     } else {
+      (void)pb;
+      (void)src_pos0;
       return false;
     }
+  }
+  void init_pool() {
+    const std::int32_t block_size = block_size_;
+    if (block_size <= 0 || block_size > kMaxBlockSize || (block_size & (block_size - 1)) != 0)
+      throw error("relocatable_cache: block_size must be a power of two in [1, " +
+                  std::to_string(kMaxBlockSize) + "], got " + std::to_string(block_size));
+    const auto n = static_cast<std::size_t>(alloc_.capacity());
+    if (n > (std::size_t{1} << 31) / static_cast<std::size_t>(block_size))
+      throw error("relocatable_cache: " + std::to_string(n) + " blocks of " +
+                  std::to_string(block_size) + " tokens exceed 2^31 stored tokens");
+    meta_.resize(n);
+    tokens_.resize(n * static_cast<std::size_t>(block_size));
+  }
+  /// A block for the request: allocated (the plan counted it free), its old keys forgotten.
+  block_id take_block(request_state& rs) {
+    const alloc_result r = alloc_.allocate();
+    RELOKV_ASSERT(r.status == alloc_status::kOk, "pool had fewer free blocks than counted");
+    forget(r.block);
+    stats_.evictions += r.evicted ? 1 : 0;
+    ++meta_[static_cast<std::size_t>(r.block)].generation;
+    rs.held.push_back(r.block);
+    return r.block;
   }
 
   block_meta& meta_of(block_id b) noexcept { return meta_[static_cast<std::size_t>(b)]; }
@@ -598,7 +870,7 @@ class relocatable_cache {
   }
   void clear_counted(const reuse_plan& p) {
     for (const planned_block& pb : p.blocks)
-      if (pb.status != block_status::kMiss && !counted_.empty())
+      if (pb.physical != kNoBlock && pb.status != block_status::kMiss && !counted_.empty())
         counted_[static_cast<std::size_t>(pb.physical)] = 0;
   }
 
@@ -642,6 +914,17 @@ class relocatable_cache {
   std::vector<block_status> status_;
   std::vector<std::uint8_t> counted_;
   cache_stats stats_;
+  // The store tier (empty without a store).
+  KvStore store_;
+  store_options store_opts_{};
+  std::vector<store_key> fetch_keys_, write_keys_;
+  std::vector<std::size_t> fetch_blocks_;
+  std::vector<store_blob> blobs_;
+  std::vector<block_fetch> fetched_;
+  std::vector<std::uint32_t> id_chain_;
+  std::vector<token_t> id_tokens_;
+  std::vector<std::vector<std::byte>> write_bufs_;
+  std::vector<std::span<const std::byte>> write_views_;
 };
 
 RELOKV_NAMESPACE_END

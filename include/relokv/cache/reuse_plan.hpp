@@ -2,8 +2,11 @@
 /// @file
 /// What relocatable_cache::plan decides for one request; what the engine's scheduler consumes.
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "relokv/concepts/kv_store.hpp"
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN
@@ -13,6 +16,13 @@ enum class block_status : std::uint8_t {
   kMiss,          ///< not cached: computed by this request
   kExactHit,      ///< context key hit: same tokens, same everything before; nothing to recompute
   kRelocatedHit,  ///< content key hit: same span in the same context, now at another position
+};
+
+/// Where a block's K and V come from in this request.
+enum class block_tier : std::uint8_t {
+  kComputed,  ///< the request computes every token (a miss, or a hit recomputed whole)
+  kPool,      ///< a block of the pool, as it is or through a copy
+  kStore,     ///< fetched from the store: the engine writes the fetched bytes (see fetches)
 };
 
 /// One entry of a request's block table: what attention reads.
@@ -37,6 +47,18 @@ struct planned_block {
   bool fresh = true;
   /// True when `physical` is a private copy of a shared block (see reuse_plan::copies).
   bool copy_on_write = false;
+  block_tier tier = block_tier::kComputed;
+};
+
+/// A block fetched from the store: the engine writes `payload` (slots [0, len) of every layer,
+/// in kv_block_io's payload order) into block `dst` before it performs the copies, which may
+/// read it (a fetched block that is relocated or partly recomputed is copied like a pool hit).
+struct block_fetch {
+  block_id dst = kNoBlock;
+  std::int32_t len = 0;
+  std::int32_t block_index = 0;  ///< in reuse_plan::blocks
+  store_blob blob;               ///< keeps the fetched bytes alive
+  std::span<const std::byte> payload;
 };
 
 /// A copy the engine performs before prefill: every layer of src into dst. When the RoPE
@@ -64,10 +86,13 @@ struct reuse_plan {
   /// Per token (indexed by logical position): 1 if the engine computes it in this request.
   std::vector<std::uint8_t> compute;
   std::vector<block_copy> copies;
+  /// Blocks fetched from the store, written by the engine first (apply_fetches).
+  std::vector<block_fetch> fetches;
   std::int32_t exact_hits = 0;
   std::int32_t relocated_hits = 0;
   std::int32_t misses = 0;
   std::int32_t tokens_to_compute = 0;
+  std::int32_t store_hits = 0;  ///< hits (counted in exact_hits/relocated_hits) from the store
 
   [[nodiscard]] bool ok() const noexcept { return status == plan_status::kOk; }
   /// Per token (logical position): 1 if its KV comes from the cache (a hit block), the tokens
@@ -87,5 +112,19 @@ struct reuse_plan {
     return t;
   }
 };
+
+/// Writes a plan's fetched blocks into the engine's KV storage; call it before the copies.
+/// @throws error when a fetch does not fit the storage (another layout)
+template <class Storage>
+requires kv_block_io<Storage>
+void apply_fetches(Storage& storage, std::span<const block_fetch> fetches) {
+  const kv_block_layout l = storage.block_layout();
+  for (const block_fetch& f : fetches) {
+    if (f.len <= 0 || f.len > l.block_size || f.payload.size() != l.payload_bytes(f.len))
+      throw error("apply_fetches: a fetch of " + std::to_string(f.payload.size()) + " bytes (" +
+                  std::to_string(f.len) + " slots) does not fit the storage's layout");
+    storage.write_block(f.dst, f.len, f.payload);
+  }
+}
 
 RELOKV_NAMESPACE_END

@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "relokv/attention/paged_view.hpp"
+#include "relokv/concepts/kv_store.hpp"
 #include "relokv/detail/huge_page_allocator.hpp"
 #include "relokv/dtype.hpp"
 #include "relokv/types.hpp"
@@ -112,6 +115,39 @@ class host_kv_storage {
     }
   }
 
+  /// The layout a stored block of this storage has (models kv_block_io).
+  [[nodiscard]] kv_block_layout block_layout() const noexcept {
+    return {shape_.num_layers,
+            shape_.num_kv_heads,
+            shape_.head_dim,
+            shape_.block_size,
+            static_cast<std::uint8_t>(dtype_of_v<T>),
+            static_cast<std::uint8_t>(sizeof(T))};
+  }
+  /// Slots [0, len) of every layer of `block`, in the payload order
+  /// [layer][k|v][kv_head][slot][head_dim] (slots past len, which may hold another request's
+  /// leftovers, are never serialized).
+  /// @throws error for a block outside the pool, len outside [1, block_size] or a wrong size
+  void read_block(block_id block, std::int32_t len, std::span<std::byte> out) const {
+    check_block_io("read_block", block, len, out.size());
+    std::byte* p = out.data();
+    const std::size_t run = static_cast<std::size_t>(len) * head_dim_elems() * sizeof(T);
+    for (std::int32_t l = 0; l < shape_.num_layers; ++l)
+      for (int w = 0; w < 2; ++w)
+        for (std::int32_t h = 0; h < shape_.num_kv_heads; ++h, p += run)
+          std::memcpy(p, tile(l, block, w, h), run);
+  }
+  /// The inverse of read_block.
+  void write_block(block_id block, std::int32_t len, std::span<const std::byte> in) {
+    check_block_io("write_block", block, len, in.size());
+    const std::byte* p = in.data();
+    const std::size_t run = static_cast<std::size_t>(len) * head_dim_elems() * sizeof(T);
+    for (std::int32_t l = 0; l < shape_.num_layers; ++l)
+      for (int w = 0; w < 2; ++w)
+        for (std::int32_t h = 0; h < shape_.num_kv_heads; ++h, p += run)
+          std::memcpy(static_cast<void*>(tile(l, block, w, h)), p, run);
+  }
+
   /// View of one layer, for the attention kernels.
   [[nodiscard]] paged_kv_view<T> layer(std::int32_t l) noexcept {
     return {data_.data() + static_cast<std::size_t>(l) * shape_.layer_elems(), shape_.num_blocks,
@@ -126,6 +162,18 @@ class host_kv_storage {
   [[nodiscard]] std::size_t bytes() const noexcept { return data_.size() * sizeof(T); }
 
  private:
+  [[nodiscard]] std::size_t head_dim_elems() const noexcept {
+    return static_cast<std::size_t>(shape_.head_dim);
+  }
+  void check_block_io(const char* what, block_id block, std::int32_t len, std::size_t n) const {
+    if (block < 0 || block >= shape_.num_blocks || len <= 0 || len > shape_.block_size ||
+        n != block_layout().payload_bytes(len))
+      throw error(std::string("host_kv_storage::") + what + ": block " + std::to_string(block) +
+                  ", " + std::to_string(len) + " slots, " + std::to_string(n) +
+                  " bytes do not fit a pool of " + std::to_string(shape_.num_blocks) +
+                  " blocks of " + std::to_string(shape_.block_size) + " slots (" +
+                  std::to_string(block_layout().payload_bytes(std::max(len, 0))) + " bytes)");
+  }
   [[nodiscard]] std::size_t offset(std::int32_t layer, block_id block, int which,
                                    std::int32_t head) const noexcept {
     return static_cast<std::size_t>(layer) * shape_.layer_elems() +
@@ -138,5 +186,7 @@ class host_kv_storage {
   kv_shape shape_;
   std::vector<T, detail::huge_page_allocator<T>> data_;
 };
+
+static_assert(kv_block_io<host_kv_storage<float>>, "host_kv_storage must model kv_block_io");
 
 RELOKV_NAMESPACE_END

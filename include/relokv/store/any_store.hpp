@@ -1,0 +1,113 @@
+#pragma once
+/// @file
+/// A store chosen at run time (a command-line flag, a config file): one type for the cache's
+/// KvStore parameter over memory_store, file_store and, in programs that link relokv::redis,
+/// redis_store.
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "relokv/concepts/kv_store.hpp"
+#include "relokv/store/file_store.hpp"
+#include "relokv/store/memory_store.hpp"
+#if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
+#include "relokv/store/redis_store.hpp"
+#endif
+
+RELOKV_NAMESPACE_BEGIN
+
+/// Type-erased kv_store. Default-constructed it holds none: gets miss, puts are dropped.
+class any_store {
+ public:
+  any_store() = default;
+  template <class S>
+  requires(kv_store<S> && !std::is_same_v<std::remove_cvref_t<S>, any_store>) explicit any_store(
+      S store, std::string description = {})
+      : p_(std::make_unique<holder<S>>(std::move(store))), what_(std::move(description)) {}
+
+  /// `memory:`, `file:DIR` or `redis://HOST[:PORT][/DB]` (Redis needs RELOKV_WITH_REDIS, which
+  /// linking relokv::redis defines).
+  /// @throws error for an unknown scheme, a bad URL or a directory that cannot be made
+  [[nodiscard]] static any_store from_url(const std::string& url) {
+    if (url == "memory:") return any_store(memory_store{}, url);
+    if (url.rfind("file:", 0) == 0) {
+      const std::string dir = url.substr(5);
+      if (dir.empty()) throw error("store URL '" + url + "': file: needs a directory");
+      return any_store(file_store(dir), url);
+    }
+    if (url.rfind("redis://", 0) == 0) {
+#if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
+      return any_store(redis_store(redis_store_options::from_url(url)), url);
+#else
+      throw error("store URL '" + url +
+                  "': this program was built without Redis (link "
+                  "relokv::redis, or define RELOKV_WITH_REDIS=1 and link hiredis)");
+#endif
+    }
+    throw error("store URL '" + url + "': expected memory:, file:DIR or redis://HOST[:PORT]");
+  }
+
+  explicit operator bool() const noexcept { return p_ != nullptr; }
+  /// What it was made from (the URL), for reports.
+  [[nodiscard]] const std::string& description() const noexcept { return what_; }
+
+  store_status get(std::span<const store_key> keys, std::vector<store_blob>& out) {
+    if (!p_) {
+      out.assign(keys.size(), store_blob{});
+      return store_status::kOk;
+    }
+    return p_->get(keys, out);
+  }
+  store_status put(std::span<const store_key> keys,
+                   std::span<const std::span<const std::byte>> values) {
+    return p_ ? p_->put(keys, values) : store_status::kOk;
+  }
+  store_status contains(std::span<const store_key> keys, std::vector<std::uint8_t>& out) {
+    if (!p_) {
+      out.assign(keys.size(), 0);
+      return store_status::kOk;
+    }
+    return p_->contains(keys, out);
+  }
+  store_status erase(std::span<const store_key> keys) {
+    return p_ ? p_->erase(keys) : store_status::kOk;
+  }
+  [[nodiscard]] store_counters counters() const { return p_ ? p_->counters() : store_counters{}; }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual store_status get(std::span<const store_key>, std::vector<store_blob>&) = 0;
+    virtual store_status put(std::span<const store_key>,
+                             std::span<const std::span<const std::byte>>) = 0;
+    virtual store_status contains(std::span<const store_key>, std::vector<std::uint8_t>&) = 0;
+    virtual store_status erase(std::span<const store_key>) = 0;
+    [[nodiscard]] virtual store_counters counters() const = 0;
+  };
+  template <class S>
+  struct holder final : base {
+    explicit holder(S st) : s(std::move(st)) {}
+    store_status get(std::span<const store_key> k, std::vector<store_blob>& o) override {
+      return s.get(k, o);
+    }
+    store_status put(std::span<const store_key> k,
+                     std::span<const std::span<const std::byte>> v) override {
+      return s.put(k, v);
+    }
+    store_status contains(std::span<const store_key> k, std::vector<std::uint8_t>& o) override {
+      return s.contains(k, o);
+    }
+    store_status erase(std::span<const store_key> k) override { return s.erase(k); }
+    [[nodiscard]] store_counters counters() const override { return s.counters(); }
+    S s;
+  };
+  std::unique_ptr<base> p_;
+  std::string what_;
+};
+
+static_assert(kv_store<any_store>, "any_store must model kv_store");
+
+RELOKV_NAMESPACE_END

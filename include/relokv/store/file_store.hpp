@@ -1,0 +1,164 @@
+#pragma once
+/// @file
+/// A store in a directory: one file per entry, written under a temporary name and renamed (a
+/// crash never leaves a torn entry under a key), read through mmap (a get copies nothing).
+/// POSIX only. A shared directory (NFS, a parallel file system) shares blocks between hosts.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "relokv/concepts/kv_store.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+
+struct file_store_options {
+  /// fsync each entry before the rename (survives power loss, costs a disk flush per block).
+  /// Without it a crash of the machine may leave an entry short; its checksum rejects it.
+  bool durable = false;
+};
+
+/// Entries are `DIR/<32 hex digits of the key>.rkv`. Writers in several processes may share
+/// the directory: each writes its own temporary file (`.tmp.<pid>.<n>.<key>`) and renames it,
+/// so readers see the old entry or the new one, whole. Entries must never be modified in place
+/// (a file truncated under a reader's mapping would fault it); replace them by rename.
+class file_store {
+ public:
+  /// @throws error when `dir` cannot be created or is not a directory
+  explicit file_store(std::filesystem::path dir, file_store_options opt = {})
+      : dir_(std::move(dir)), opt_(opt), counters_(std::make_shared<store_counters>()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (!std::filesystem::is_directory(dir_, ec))
+      throw error("file_store: '" + dir_.string() + "' is not a directory and cannot be created" +
+                  (ec ? " (" + ec.message() + ")" : std::string()));
+  }
+
+  store_status get(std::span<const store_key> keys, std::vector<store_blob>& out) {
+    store_counters& c = *counters_;
+    ++c.get_calls;
+    c.keys_requested += static_cast<std::int64_t>(keys.size());
+    out.assign(keys.size(), store_blob{});
+    bool failed = false;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const std::string path = path_of(keys[i]);
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        failed = failed || errno != ENOENT;
+        continue;
+      }
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) {
+        ::close(fd);
+        failed = true;
+        continue;
+      }
+      const auto n = static_cast<std::size_t>(st.st_size);
+      if (n == 0) {  // an empty entry: returned as it is, the reader rejects it
+        ::close(fd);
+        out[i] = store_blob::copy_of({});
+        ++c.keys_found;
+        continue;
+      }
+      void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
+      ::close(fd);
+      if (p == MAP_FAILED) {
+        failed = true;
+        continue;
+      }
+      auto m =
+          std::shared_ptr<const void>(p, [n](const void* q) { ::munmap(const_cast<void*>(q), n); });
+      out[i] = store_blob(std::move(m), {static_cast<const std::byte*>(p), n});
+      ++c.keys_found;
+      c.bytes_read += static_cast<std::int64_t>(n);
+    }
+    // An unreadable entry is a miss; the call still answers for the others.
+    if (failed) ++c.unavailable;
+    return store_status::kOk;
+  }
+
+  store_status put(std::span<const store_key> keys,
+                   std::span<const std::span<const std::byte>> values) {
+    store_counters& c = *counters_;
+    ++c.put_calls;
+    bool ok = true;
+    for (std::size_t i = 0; i < keys.size() && i < values.size(); ++i) {
+      if (write_one(keys[i], values[i])) {
+        ++c.keys_written;
+        c.bytes_written += static_cast<std::int64_t>(values[i].size());
+      } else {
+        ++c.put_rejected;
+        ok = false;
+      }
+    }
+    if (!ok) ++c.unavailable;
+    return ok ? store_status::kOk : store_status::kUnavailable;
+  }
+
+  store_status contains(std::span<const store_key> keys, std::vector<std::uint8_t>& out) const {
+    out.assign(keys.size(), 0);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      out[i] = ::access(path_of(keys[i]).c_str(), F_OK) == 0 ? 1 : 0;
+    return store_status::kOk;
+  }
+  store_status erase(std::span<const store_key> keys) {
+    bool ok = true;
+    for (const store_key& k : keys)
+      if (::unlink(path_of(k).c_str()) != 0 && errno != ENOENT) ok = false;
+    return ok ? store_status::kOk : store_status::kUnavailable;
+  }
+  [[nodiscard]] store_counters counters() const noexcept { return *counters_; }
+
+  /// The file an entry lives in.
+  [[nodiscard]] std::string path_of(const store_key& k) const {
+    return (dir_ / (k.hex() + ".rkv")).string();
+  }
+  [[nodiscard]] const std::filesystem::path& directory() const noexcept { return dir_; }
+
+ private:
+  bool write_one(const store_key& k, std::span<const std::byte> v) {
+    static std::atomic<std::uint64_t> seq{0};
+    const std::string tmp = (dir_ / (".tmp." + std::to_string(::getpid()) + "." +
+                                     std::to_string(seq.fetch_add(1)) + "." + k.hex()))
+                                .string();
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    const std::byte* p = v.data();
+    std::size_t left = v.size();
+    bool ok = true;
+    while (ok && left > 0) {
+      const ssize_t w = ::write(fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      ok = w > 0;
+      if (ok) {
+        p += w;
+        left -= static_cast<std::size_t>(w);
+      }
+    }
+    if (ok && opt_.durable) ok = ::fsync(fd) == 0;
+    ok = ::close(fd) == 0 && ok;
+    if (ok) ok = ::rename(tmp.c_str(), path_of(k).c_str()) == 0;
+    if (!ok) ::unlink(tmp.c_str());
+    return ok;
+  }
+
+  std::filesystem::path dir_;
+  file_store_options opt_;
+  std::shared_ptr<store_counters> counters_;
+};
+
+static_assert(kv_store<file_store>, "file_store must model kv_store");
+
+RELOKV_NAMESPACE_END

@@ -1,0 +1,565 @@
+// The store tier: the block format, memory_store and file_store, and relocatable_cache with a
+// store (fetches verified like pool hits, write-through, faults). Redis has its own test,
+// against a real server (redis_store_test.cpp).
+#include <relokv/attention/kv_append.hpp>
+#include <relokv/cache/relocatable_cache.hpp>
+#include <relokv/layout/builder.hpp>
+#include <relokv/memory/host_kv_storage.hpp>
+#include <relokv/recompute/first_k.hpp>
+#include <relokv/rope/pre_rotated.hpp>
+#include <relokv/store/any_store.hpp>
+#include <relokv/store/block_format.hpp>
+#include <relokv/store/file_store.hpp>
+#include <relokv/store/memory_store.hpp>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/test_data.hpp"
+#include "support/weak_hash.hpp"
+
+using relokv::block_check;
+using relokv::block_status;
+using relokv::block_tier;
+using relokv::token_t;
+
+namespace {
+
+std::vector<token_t> seq(token_t first, int n) { return relokv_test::iota_tokens(first, n); }
+const auto kSys = seq(1000, 20);
+const auto kA = seq(2000, 32);
+const auto kB = seq(3000, 20);
+const auto kQ = seq(4000, 5);
+
+relokv::request_layout rag(std::initializer_list<const std::vector<token_t>*> docs) {
+  relokv::layout_builder b(16);
+  b.prefix(kSys);
+  for (const auto* d : docs) b.span(*d);
+  return b.question(kQ).build();
+}
+
+constexpr relokv::kv_shape kShape{2, 32, 2, 16, 8};  // layers, blocks, kv heads, block, dim
+constexpr std::uint64_t kFp = 0x1234;
+
+/// The K and V a fake model gives a token: a function of the token alone (what at_attention
+/// stores), so that a fetched block can be checked value by value.
+float kv_value(token_t t, int layer, int which, int head, int d) {
+  return static_cast<float>(t) + 0.25f * static_cast<float>(layer) + 0.125f * float(which) +
+         0.0625f * float(head) + 0.001f * float(d);
+}
+
+/// "Computes" what a plan asks for: writes every masked token's K and V into its block.
+void compute(relokv::host_kv_storage<float>& kv, const relokv::request_layout& l,
+             const relokv::reuse_plan& p) {
+  relokv::apply_fetches(kv, p.fetches);
+  for (const auto& c : p.copies) kv.copy_block(c.src, c.dst);
+  for (const auto& pb : p.blocks)
+    for (std::int32_t j = 0; j < pb.len; ++j) {
+      const auto pos = static_cast<std::size_t>(pb.pos0 + j);
+      if (!p.compute[pos]) continue;
+      for (int layer = 0; layer < kShape.num_layers; ++layer)
+        for (int w = 0; w < 2; ++w)
+          for (int h = 0; h < kShape.num_kv_heads; ++h)
+            for (int d = 0; d < kShape.head_dim; ++d)
+              kv.tile(layer, pb.physical, w, h)[j * kShape.head_dim + d] =
+                  kv_value(l.tokens[pos], layer, w, h, d);
+    }
+}
+
+/// True when every slot of every block of the plan holds its token's K and V.
+bool holds_request(const relokv::host_kv_storage<float>& kv, const relokv::request_layout& l,
+                   const relokv::reuse_plan& p) {
+  for (const auto& pb : p.blocks)
+    for (std::int32_t j = 0; j < pb.len; ++j)
+      for (int layer = 0; layer < kShape.num_layers; ++layer)
+        for (int w = 0; w < 2; ++w)
+          for (int h = 0; h < kShape.num_kv_heads; ++h)
+            for (int d = 0; d < kShape.head_dim; ++d)
+              if (kv.tile(layer, pb.physical, w, h)[j * kShape.head_dim + d] !=
+                  kv_value(l.tokens[static_cast<std::size_t>(pb.pos0 + j)], layer, w, h, d))
+                return false;
+  return true;
+}
+
+template <class Store, class Hash = relokv::xxh3_128, class Placement = relokv::at_attention,
+          class Strategy = relokv::recompute::none>
+struct instance {
+  using cache_t =
+      relokv::relocatable_cache<Hash, relokv::lru_block_pool, Placement, Strategy, Store>;
+  relokv::host_kv_storage<float> kv{kShape};
+  cache_t cache;
+  explicit instance(Store s, std::uint64_t fp = kFp, Strategy strat = Strategy(),
+                    std::int32_t blocks = kShape.num_blocks)
+      : cache(relokv::lru_block_pool(blocks), 16, Hash(), std::move(strat), std::move(s),
+              relokv::store_options{fp, kv.block_layout()}) {}
+  /// One request, start to end: plan, compute, commit (writing through), release.
+  relokv::reuse_plan serve(const relokv::request_layout& l, bool commit = true,
+                           const relokv::extra_keys& x = {}) {
+    auto p = cache.plan(l, x);
+    REQUIRE(p.ok());
+    compute(kv, l, p);
+    CHECK(holds_request(kv, l, p));
+    if (commit) cache.commit(p.id, kv);
+    cache.release(p.id);
+    return p;
+  }
+};
+
+int count_tier(const relokv::reuse_plan& p, block_tier t) {
+  int n = 0;
+  for (const auto& pb : p.blocks) n += pb.tier == t;
+  return n;
+}
+
+/// An encoded block with a recognizable payload, for the format tests.
+std::vector<std::byte> sample_block(relokv::block_header& h, std::vector<std::uint32_t>& chain,
+                                    std::vector<token_t>& ctx, std::vector<token_t>& toks) {
+  h.fingerprint = kFp;
+  h.key = {7, 9};
+  h.layout = relokv::host_kv_storage<float>(kShape).block_layout();
+  h.kind = relokv::store_entry_kind::kContent;
+  h.placement = relokv::placement_kind::kAtAttention;
+  h.len = 12;
+  h.pos0 = 48;
+  h.extras = {1, 2, 3};
+  chain = {0x101, 16, 1, 12};
+  ctx = seq(10, 5);
+  toks = seq(100, 28);
+  std::vector<std::byte> out;
+  relokv::encode_block(
+      h, {chain, ctx, toks},
+      [](std::span<std::byte> p) {
+        for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::byte>(i * 31 + 7);
+      },
+      out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("block format: round trip and every rejection", "[store][format]") {
+  relokv::block_header h;
+  std::vector<std::uint32_t> chain;
+  std::vector<token_t> ctx, toks;
+  const auto bytes = sample_block(h, chain, ctx, toks);
+  REQUIRE(bytes.size() == relokv::encoded_block_bytes(h, {chain, ctx, toks}));
+  const relokv::block_identity id{chain, ctx, toks};
+
+  const auto d = relokv::decode_block(bytes, kFp, h.layout);
+  REQUIRE(d.check == block_check::kOk);
+  CHECK(d.header.len == 12);
+  CHECK(d.header.pos0 == 48);
+  CHECK(d.payload.size() == h.layout.payload_bytes(12));
+  CHECK(static_cast<std::size_t>(d.payload.data() - bytes.data()) % 64 == 0);
+  CHECK(d.payload[5] == static_cast<std::byte>(5 * 31 + 7));
+  CHECK(relokv::same_identity(d, h.key, h.kind, h.extras, id));
+
+  SECTION("identity: any field that differs is another block") {
+    auto other_tok = toks;
+    other_tok[27] += 1;
+    auto other_ctx = ctx;
+    other_ctx[0] += 1;
+    auto other_chain = chain;
+    other_chain[2] = 3;  // another segment kind
+    CHECK_FALSE(relokv::same_identity(d, {7, 10}, h.kind, h.extras, id));
+    CHECK_FALSE(relokv::same_identity(d, h.key, relokv::store_entry_kind::kContext, h.extras, id));
+    CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, {1, 2, 4}, id));
+    CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, h.extras, {chain, ctx, other_tok}));
+    CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, h.extras, {chain, other_ctx, toks}));
+    CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, h.extras, {other_chain, ctx, toks}));
+    CHECK_FALSE(
+        relokv::same_identity(d, h.key, h.kind, h.extras, {chain, ctx, std::span(toks).first(27)}));
+  }
+  SECTION("another model, RoPE configuration or layout") {
+    CHECK(relokv::decode_block(bytes, kFp + 1, h.layout).check == block_check::kFingerprint);
+    auto l = h.layout;
+    l.head_dim = 16;
+    CHECK(relokv::decode_block(bytes, kFp, l).check == block_check::kLayout);
+    relokv::rope_config r;
+    r.head_dim = r.rotary_dim = 64;
+    const auto f1 = relokv::store_fingerprint(1, r, relokv::placement_kind::kAtAttention);
+    CHECK(f1 != relokv::store_fingerprint(2, r, relokv::placement_kind::kAtAttention));
+    CHECK(f1 != relokv::store_fingerprint(1, r, relokv::placement_kind::kPreRotated));
+    r.theta = 1e6;
+    CHECK(f1 != relokv::store_fingerprint(1, r, relokv::placement_kind::kAtAttention));
+  }
+  SECTION("every flipped byte is caught; no truncation parses") {
+    for (std::size_t i = 0; i < bytes.size(); i += 7) {
+      auto b = bytes;
+      b[i] ^= std::byte{0x40};
+      CHECK(relokv::decode_block(b, kFp, h.layout).check != block_check::kOk);
+    }
+    for (std::size_t n = 0; n < bytes.size(); n += 13)
+      CHECK(relokv::decode_block(std::span(bytes).first(n), kFp, h.layout).check ==
+            block_check::kMalformed);
+    auto longer = bytes;
+    longer.push_back(std::byte{0});
+    CHECK(relokv::decode_block(longer, kFp, h.layout).check == block_check::kMalformed);
+  }
+  SECTION("another version, even with a valid checksum") {
+    auto b = bytes;
+    b[4] = std::byte{2};
+    const std::uint64_t sum = XXH3_64bits(b.data(), b.size() - 8);
+    std::memcpy(b.data() + b.size() - 8, &sum, 8);
+    CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kVersion);
+  }
+  SECTION("sizes that lie are malformed, not read past") {
+    auto b = bytes;
+    const std::uint32_t huge = 0x7fffffff;
+    std::memcpy(b.data() + 68, &huge, 4);  // n_tokens
+    const std::uint64_t sum = XXH3_64bits(b.data(), b.size() - 8);
+    std::memcpy(b.data() + b.size() - 8, &sum, 8);
+    CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kMalformed);
+  }
+}
+
+TEST_CASE("store keys: fingerprint, kind, tenant and key all separate entries", "[store]") {
+  const relokv::key128 k{1, 2};
+  using relokv::make_store_key;
+  using K = relokv::store_entry_kind;
+  const auto base = make_store_key(kFp, K::kContent, 16, {}, k);
+  CHECK(base == make_store_key(kFp, K::kContent, 16, {}, k));
+  CHECK_FALSE(base == make_store_key(kFp + 1, K::kContent, 16, {}, k));
+  CHECK_FALSE(base == make_store_key(kFp, K::kContext, 16, {}, k));
+  CHECK_FALSE(base == make_store_key(kFp, K::kContent, 32, {}, k));
+  CHECK_FALSE(base == make_store_key(kFp, K::kContent, 16, {0, 0, 1}, k));
+  CHECK_FALSE(base == make_store_key(kFp, K::kContent, 16, {}, relokv::key128{1, 3}));
+  CHECK(base.hex().size() == 32);
+}
+
+TEST_CASE("store tier: a second instance reuses spans from the store at new positions",
+          "[store][cache]") {
+  relokv::memory_store store;
+  instance<relokv::memory_store> writer(store), reader(store);
+  const auto l1 = rag({&kA, &kB});  // sys(2) A(2) B(2) Q(1)
+  const auto p1 = writer.serve(l1);
+  CHECK(p1.store_hits == 0);
+  CHECK(writer.cache.stats().store_misses == 6);
+  // The prefix as context entries, each span's blocks as content entries; not the open
+  // question block.
+  CHECK(writer.cache.stats().store_writes == 6);
+  CHECK(store.size() == 6);
+
+  const auto l2 = rag({&kB, &kA});  // sys(2) B(2) A(2) Q(1): both spans moved
+  auto p2 = reader.cache.plan(l2);
+  REQUIRE(p2.ok());
+  CHECK(p2.store_hits == 6);
+  CHECK(p2.exact_hits == 2);
+  CHECK(p2.relocated_hits == 4);
+  CHECK(count_tier(p2, block_tier::kStore) == 6);
+  CHECK(count_tier(p2, block_tier::kComputed) == 1);
+  CHECK(p2.fetches.size() == 6);
+  CHECK(p2.tokens_to_compute == 5);
+  compute(reader.kv, l2, p2);
+  CHECK(holds_request(reader.kv, l2, p2));  // the fetched bytes are the writer's K and V
+  reader.cache.commit(p2.id, reader.kv);
+  reader.cache.release(p2.id);
+  CHECK(reader.cache.stats().store_writes == 0);  // nothing was computed from nothing
+
+  // Committed fetches live in the reader's pool now: the next request finds them there.
+  const auto p3 = reader.serve(l2);
+  CHECK(p3.store_hits == 0);
+  CHECK(count_tier(p3, block_tier::kPool) == 6);
+  CHECK(p3.blocks[2].physical == p2.blocks[2].physical);
+}
+
+TEST_CASE("store tier: no fetch crosses tenants, even under a blind hash", "[store][cache]") {
+  relokv::memory_store store;
+  instance<relokv::memory_store, blind_hash> a(store), b(store);
+  const auto l = rag({&kA, &kB});
+  (void)a.serve(l, true, {0, 0, 111});
+  const auto pb = b.serve(l, true, {0, 0, 222});
+  CHECK(pb.store_hits == 0);
+  CHECK(b.cache.stats().store_rejected_total() == 0);  // other names: not even read
+
+  SECTION("another tenant's bytes filed under this tenant's key are rejected") {
+    relokv::memory_store s2;
+    instance<relokv::memory_store, blind_hash> x(s2), y(s2);
+    (void)x.serve(l, true, {0, 0, 111});
+    const auto keys = s2.keys();
+    // Forge: every entry copied under the key tenant 222 would look up.
+    relokv::memory_store forged;
+    instance<relokv::memory_store, blind_hash> z(forged);
+    (void)z.serve(l, true, {0, 0, 222});
+    const auto wanted = forged.keys();
+    REQUIRE(wanted.size() == keys.size());
+    relokv::memory_store mixed;
+    for (std::size_t i = 0; i < keys.size(); ++i) mixed.overwrite(wanted[i], s2.bytes_of(keys[0]));
+    instance<relokv::memory_store, blind_hash> victim(mixed);
+    const auto pv = victim.serve(l, false, {0, 0, 222});
+    CHECK(pv.store_hits == 0);
+    const auto& st = victim.cache.stats();
+    CHECK(st.store_misses == 0);  // every lookup found a (forged) entry ...
+    CHECK(st.store_rejected[static_cast<int>(block_check::kIdentity)] == st.store_lookups);
+  }
+}
+
+TEST_CASE("store tier: colliding cache keys never hand out another span", "[store][cache]") {
+  // constant_hash gives every content block of a tenant one store key: entries overwrite
+  // each other and every fetch of another span must fail its identity check.
+  relokv::memory_store store;
+  instance<relokv::memory_store, constant_hash> w(store), r(store);
+  (void)w.serve(rag({&kA}));
+  (void)w.serve(rag({&kB}));
+  const auto l = rag({&kA});
+  auto p = r.cache.plan(l);
+  REQUIRE(p.ok());
+  compute(r.kv, l, p);
+  CHECK(holds_request(r.kv, l, p));
+  CHECK(r.cache.stats().store_rejected[static_cast<int>(block_check::kIdentity)] > 0);
+  r.cache.release(p.id);
+}
+
+TEST_CASE("store tier: corrupt, truncated and foreign entries are recomputed", "[store][cache]") {
+  relokv::memory_store store;
+  instance<relokv::memory_store> w(store);
+  const auto l = rag({&kA, &kB});
+  (void)w.serve(l);
+  const auto keys = store.keys();
+  REQUIRE(keys.size() == 6);
+  auto flipped = store.bytes_of(keys[0]);
+  flipped[flipped.size() / 2] ^= std::byte{1};
+  store.overwrite(keys[0], flipped);
+  auto cut = store.bytes_of(keys[1]);
+  cut.resize(cut.size() / 3);
+  store.overwrite(keys[1], cut);
+  store.overwrite(keys[2], {});
+  // Another model's block (same layout, another fingerprint) under this model's key.
+  relokv::memory_store other;
+  instance<relokv::memory_store> m2(other, kFp + 1);
+  (void)m2.serve(l);
+  // Find the other model's entry for the same block: same identity, other fingerprint.
+  bool forged = false;
+  for (const auto& ok : other.keys()) {
+    const auto d = relokv::decode_block(other.bytes_of(ok), kFp + 1,
+                                        relokv::host_kv_storage<float>(kShape).block_layout());
+    const auto mine = relokv::decode_block(store.bytes_of(keys[3]), kFp,
+                                           relokv::host_kv_storage<float>(kShape).block_layout());
+    if (d.check == block_check::kOk && mine.check == block_check::kOk &&
+        d.identity.size() == mine.identity.size() &&
+        std::memcmp(d.identity.data(), mine.identity.data(), d.identity.size()) == 0) {
+      store.overwrite(keys[3], other.bytes_of(ok));
+      forged = true;
+    }
+  }
+  REQUIRE(forged);
+
+  instance<relokv::memory_store> r(store);
+  const auto p = r.serve(l);  // serve checks every slot holds the right K and V
+  CHECK(p.store_hits == 2);
+  const auto& st = r.cache.stats();
+  CHECK(st.store_rejected[static_cast<int>(block_check::kChecksum)] == 1);
+  CHECK(st.store_rejected[static_cast<int>(block_check::kMalformed)] == 2);
+  CHECK(st.store_rejected[static_cast<int>(block_check::kFingerprint)] == 1);
+  // The recomputed blocks are written back over the bad entries.
+  CHECK(st.store_writes == 4);
+  instance<relokv::memory_store> again(store);
+  CHECK(again.serve(l).store_hits == 6);
+}
+
+namespace {
+/// A store that is down: every call is unavailable.
+struct down_store {
+  relokv::store_counters c;
+  relokv::store_status get(std::span<const relokv::store_key> k,
+                           std::vector<relokv::store_blob>& o) {
+    o.assign(k.size(), {});
+    ++c.unavailable;
+    return relokv::store_status::kUnavailable;
+  }
+  relokv::store_status put(std::span<const relokv::store_key>,
+                           std::span<const std::span<const std::byte>>) {
+    ++c.unavailable;
+    return relokv::store_status::kUnavailable;
+  }
+  relokv::store_status contains(std::span<const relokv::store_key> k,
+                                std::vector<std::uint8_t>& o) {
+    o.assign(k.size(), 0);
+    return relokv::store_status::kUnavailable;
+  }
+  relokv::store_status erase(std::span<const relokv::store_key>) {
+    return relokv::store_status::kUnavailable;
+  }
+  [[nodiscard]] relokv::store_counters counters() const noexcept { return c; }
+};
+static_assert(relokv::kv_store<down_store>);
+}  // namespace
+
+TEST_CASE("store tier: a store that is down costs nothing but the reuse", "[store][cache]") {
+  instance<down_store> e(down_store{});
+  const auto l = rag({&kA, &kB});
+  const auto p = e.serve(l);
+  CHECK(p.misses == 7);
+  CHECK(e.cache.stats().store_unavailable == 1);
+  CHECK(e.cache.stats().store_write_failures == 6);
+  // The pool still works.
+  CHECK(e.serve(l).exact_hits == 6);
+}
+
+TEST_CASE("store tier: misuse is an error that changes nothing", "[store][cache]") {
+  relokv::memory_store store;
+  instance<relokv::memory_store> e(store);
+  const auto l = rag({&kA});
+  auto p = e.cache.plan(l);
+  REQUIRE(p.ok());
+  CHECK_THROWS_AS(e.cache.commit(p.id), relokv::error);  // the store needs the storage
+  relokv::host_kv_storage<float> other({2, 32, 2, 16, 16});
+  CHECK_THROWS_AS(e.cache.commit(p.id, other), relokv::error);  // another layout
+  compute(e.kv, l, p);
+  e.cache.commit(p.id, e.kv);  // still committable
+  e.cache.release(p.id);
+  CHECK(store.size() == 4);
+
+  const auto layout = relokv::host_kv_storage<float>(kShape).block_layout();
+  auto bad = layout;
+  bad.block_size = 32;
+  using cache_t = instance<relokv::memory_store>::cache_t;
+  CHECK_THROWS_AS(cache_t(relokv::lru_block_pool(4), 16, {}, {}, store, {kFp, bad}), relokv::error);
+  bad = layout;
+  bad.elem_bytes = 0;
+  CHECK_THROWS_AS(cache_t(relokv::lru_block_pool(4), 16, {}, {}, store, {kFp, bad}), relokv::error);
+  relokv::reuse_plan q;
+  q.fetches.push_back({0, 16, 0, {}, {}});
+  CHECK_THROWS_AS(relokv::apply_fetches(e.kv, q.fetches), relokv::error);
+}
+
+TEST_CASE("store tier: an exhausted pool takes nothing, fetched or not", "[store][cache]") {
+  relokv::memory_store store;
+  instance<relokv::memory_store> w(store);
+  const auto l = rag({&kA, &kB});
+  (void)w.serve(l);
+  instance<relokv::memory_store> r(store, kFp, {}, 5);
+  auto p = r.cache.plan(l);
+  CHECK(p.status == relokv::plan_status::kOutOfBlocks);
+  CHECK(p.blocks_short == 2);
+  CHECK(p.fetches.empty());
+  CHECK(r.cache.allocator().num_free() == 5);
+  CHECK(r.cache.live_requests() == 0);
+}
+
+TEST_CASE("store tier: a partly recomputed fetch keeps a clean copy in the pool",
+          "[store][cache]") {
+  relokv::memory_store store;
+  using strat = relokv::recompute::first_k;
+  instance<relokv::memory_store, relokv::xxh3_128, relokv::at_attention, strat> w(store, kFp,
+                                                                                  strat(4));
+  (void)w.serve(rag({&kA, &kB}));
+  instance<relokv::memory_store, relokv::xxh3_128, relokv::at_attention, strat> r(store, kFp,
+                                                                                  strat(4));
+  const auto l = rag({&kB, &kA});
+  auto p = r.cache.plan(l);
+  REQUIRE(p.ok());
+  // Each span's first block: fetched into a clean block, copied into a private one whose
+  // first 4 tokens are recomputed.
+  CHECK(p.store_hits == 6);
+  CHECK(p.copies.size() == 2);
+  const auto& b2 = p.blocks[2];
+  CHECK(b2.copy_on_write);
+  CHECK(b2.tier == block_tier::kStore);
+  CHECK(b2.source != b2.physical);
+  compute(r.kv, l, p);
+  CHECK(holds_request(r.kv, l, p));
+  r.cache.commit(p.id, r.kv);
+  r.cache.release(p.id);
+  auto p2 = r.cache.plan(l);
+  CHECK(p2.store_hits == 0);
+  CHECK(p2.blocks[2].source == b2.source);  // the clean copy, from the pool
+  r.cache.release(p2.id);
+}
+
+TEST_CASE("store tier: pre_rotated fetches at another position are rotated by the delta",
+          "[store][cache]") {
+  relokv::memory_store store;
+  instance<relokv::memory_store, relokv::xxh3_128, relokv::pre_rotated> w(store);
+  (void)w.serve(rag({&kA, &kB}));  // A at 32, B at 64
+  instance<relokv::memory_store, relokv::xxh3_128, relokv::pre_rotated> r(store);
+  auto p = r.cache.plan(rag({&kB, &kA}));  // B at 32, A at 52
+  REQUIRE(p.ok());
+  CHECK(p.store_hits == 6);
+  REQUIRE(p.copies.size() == 4);
+  for (const auto& c : p.copies) CHECK(c.rotates());
+  CHECK(p.copies[0].src_pos0 == 52);  // B's first block was written at 52
+  CHECK(p.copies[0].dst_pos0 == 20);
+  r.cache.release(p.id);
+  // Another placement's blocks never match (the fingerprint would differ too).
+  instance<relokv::memory_store> at(store);
+  auto q = at.cache.plan(rag({&kA, &kB}));
+  CHECK(q.store_hits == 0);
+  CHECK(at.cache.stats().store_rejected[static_cast<int>(block_check::kFingerprint)] == 6);
+  at.cache.release(q.id);
+}
+
+TEST_CASE("file_store: whole entries, mmap reads, bad entries rejected", "[store][file]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("relokv_file_store_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  {
+    relokv::file_store fs(dir);
+    const relokv::store_key k1{1, 1}, k2{2, 2};
+    const std::vector<std::byte> v(1000, std::byte{42});
+    const std::span<const std::byte> views[] = {v};
+    const relokv::store_key ks[] = {k1};
+    REQUIRE(fs.put(ks, views) == relokv::store_status::kOk);
+    std::vector<relokv::store_blob> out;
+    const relokv::store_key both[] = {k1, k2};
+    REQUIRE(fs.get(both, out) == relokv::store_status::kOk);
+    REQUIRE(out.size() == 2);
+    CHECK(out[0].size() == 1000);
+    CHECK(out[0].bytes()[999] == std::byte{42});
+    CHECK(out[1].empty());
+    std::vector<std::uint8_t> has;
+    (void)fs.contains(both, has);
+    CHECK(has == std::vector<std::uint8_t>{1, 0});
+    // No temporary file is left behind.
+    int files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      ++files;
+      CHECK(e.path().extension() == ".rkv");
+    }
+    CHECK(files == 1);
+    (void)fs.erase(ks);
+    (void)fs.contains(both, has);
+    CHECK(has == std::vector<std::uint8_t>{0, 0});
+  }
+  SECTION("the cache over files: reuse, then a truncated entry is a miss") {
+    relokv::file_store fs(dir);
+    instance<relokv::file_store> w(fs), r(fs);
+    const auto l = rag({&kA, &kB});
+    (void)w.serve(l);
+    // Truncate one entry on disk (as a crashed, non-renaming writer would leave it).
+    const auto victim = std::filesystem::directory_iterator(dir)->path();
+    std::filesystem::resize_file(victim, 100);
+    const auto p = r.serve(rag({&kB, &kA}));
+    CHECK(p.store_hits == 5);
+    CHECK(r.cache.stats().store_rejected[static_cast<int>(block_check::kMalformed)] == 1);
+  }
+  SECTION("a path that is a file is a clear error") {
+    std::filesystem::create_directories(dir);
+    const auto f = dir / "plain";
+    std::ofstream(f) << "x";
+    CHECK_THROWS_AS(relokv::file_store(f), relokv::error);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("any_store: one type for a store chosen at run time", "[store]") {
+  relokv::any_store none;
+  CHECK_FALSE(none);
+  std::vector<relokv::store_blob> out;
+  const relokv::store_key k[] = {{1, 2}};
+  CHECK(none.get(k, out) == relokv::store_status::kOk);
+  CHECK(out.size() == 1);
+  CHECK(out[0].empty());
+  relokv::memory_store m;
+  instance<relokv::any_store> w{relokv::any_store(m)}, r{relokv::any_store(m)};
+  (void)w.serve(rag({&kA}));
+  CHECK(r.serve(rag({&kA})).store_hits == 4);
+  CHECK(r.cache.store().counters().keys_found == 4);
+  CHECK(relokv::any_store::from_url("memory:").operator bool());
+  CHECK_THROWS_AS(relokv::any_store::from_url("ftp://x"), relokv::error);
+}

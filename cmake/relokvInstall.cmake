@@ -14,9 +14,11 @@ install(FILES
   "${PROJECT_BINARY_DIR}/relokvConfig.cmake"
   "${PROJECT_BINARY_DIR}/relokvConfigVersion.cmake"
   cmake/relokvDependencies.cmake
+  cmake/relokvRedis.cmake
   DESTINATION "${RELOKV_CMAKE_DIR}")
 
 # Build-tree export: find_package(relokv) with relokv_DIR=<build dir> works without installing.
 export(EXPORT relokvTargets NAMESPACE relokv:: FILE "${PROJECT_BINARY_DIR}/relokvTargets.cmake")
 configure_file(cmake/relokvDependencies.cmake "${PROJECT_BINARY_DIR}/relokvDependencies.cmake"
                COPYONLY)
+configure_file(cmake/relokvRedis.cmake "${PROJECT_BINARY_DIR}/relokvRedis.cmake" COPYONLY)

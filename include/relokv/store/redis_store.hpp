@@ -9,6 +9,7 @@
 /// kUnavailable (the request computes instead), and the next call after the retry interval
 /// reconnects. A server that refuses a write (maxmemory with noeviction) counts put_rejected.
 #include <sys/time.h>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -80,22 +81,23 @@ class redis_store {
     c_.keys_requested += static_cast<std::int64_t>(keys.size());
     out.assign(keys.size(), store_blob{});
     if (keys.empty()) return store_status::kOk;
-    if (!connected()) return unavailable();
     args_.assign(1, "MGET");
     for (const store_key& k : keys) args_.push_back(name_of(k));
-    redisReply* r = command();
-    if (r == nullptr) return unavailable();
-    std::shared_ptr<const redisReply> owner(
-        r, [](const redisReply* q) { freeReplyObject(const_cast<redisReply*>(q)); });
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != keys.size()) return unavailable();
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      const redisReply* e = r->element[i];
-      if (e->type != REDIS_REPLY_STRING) continue;  // nil: no entry
-      out[i] = store_blob(owner, {reinterpret_cast<const std::byte*>(e->str), e->len});
-      ++c_.keys_found;
-      c_.bytes_read += static_cast<std::int64_t>(e->len);
-    }
-    return store_status::kOk;
+    return attempt([&]() -> io {
+      redisReply* r = nullptr;
+      if (const io e = command(r); e != io::kOk) return e;
+      std::shared_ptr<const redisReply> owner(
+          r, [](const redisReply* q) { freeReplyObject(const_cast<redisReply*>(q)); });
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != keys.size()) return io::kFailed;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const redisReply* e = r->element[i];
+        if (e->type != REDIS_REPLY_STRING) continue;  // nil: no entry
+        out[i] = store_blob(owner, {reinterpret_cast<const std::byte*>(e->str), e->len});
+        ++c_.keys_found;
+        c_.bytes_read += static_cast<std::int64_t>(e->len);
+      }
+      return io::kOk;
+    });
   }
 
   store_status put(std::span<const store_key> keys,
@@ -103,63 +105,67 @@ class redis_store {
     ++c_.put_calls;
     const std::size_t n = std::min(keys.size(), values.size());
     if (n == 0) return store_status::kOk;
-    if (!connected()) return unavailable();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::string name = name_of(keys[i]);
-      const char* argv[3] = {"SET", name.data(), reinterpret_cast<const char*>(values[i].data())};
-      const std::size_t len[3] = {3, name.size(), values[i].size()};
-      if (redisAppendCommandArgv(ctx_.get(), 3, argv, len) != REDIS_OK) return drop();
-    }
     bool all = true;
-    for (std::size_t i = 0; i < n; ++i) {
-      void* rv = nullptr;
-      if (redisGetReply(ctx_.get(), &rv) != REDIS_OK || rv == nullptr) return drop();
-      auto* r = static_cast<redisReply*>(rv);
-      if (r->type == REDIS_REPLY_ERROR) {
-        ++c_.put_rejected;  // e.g. OOM under maxmemory with noeviction
-        all = false;
-      } else {
-        ++c_.keys_written;
-        c_.bytes_written += static_cast<std::int64_t>(values[i].size());
+    const store_status st = attempt([&]() -> io {
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::string name = name_of(keys[i]);
+        const char* argv[3] = {"SET", name.data(), reinterpret_cast<const char*>(values[i].data())};
+        const std::size_t len[3] = {3, name.size(), values[i].size()};
+        if (redisAppendCommandArgv(ctx_.get(), 3, argv, len) != REDIS_OK) return io_error();
       }
-      freeReplyObject(r);
-    }
-    return all ? store_status::kOk : store_status::kUnavailable;
+      for (std::size_t i = 0; i < n; ++i) {
+        void* rv = nullptr;
+        if (redisGetReply(ctx_.get(), &rv) != REDIS_OK || rv == nullptr) return io_error();
+        auto* r = static_cast<redisReply*>(rv);
+        if (r->type == REDIS_REPLY_ERROR) {
+          ++c_.put_rejected;  // e.g. OOM under maxmemory with noeviction
+          all = false;
+        } else {
+          ++c_.keys_written;
+          c_.bytes_written += static_cast<std::int64_t>(values[i].size());
+        }
+        freeReplyObject(r);
+      }
+      return io::kOk;
+    });
+    return st == store_status::kOk && !all ? store_status::kUnavailable : st;
   }
 
   store_status contains(std::span<const store_key> keys, std::vector<std::uint8_t>& out) {
     out.assign(keys.size(), 0);
     if (keys.empty()) return store_status::kOk;
-    if (!connected()) return unavailable();
-    for (const store_key& k : keys) {
-      const std::string name = name_of(k);
-      const char* argv[2] = {"EXISTS", name.data()};
-      const std::size_t len[2] = {6, name.size()};
-      if (redisAppendCommandArgv(ctx_.get(), 2, argv, len) != REDIS_OK) return drop();
-    }
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      void* rv = nullptr;
-      if (redisGetReply(ctx_.get(), &rv) != REDIS_OK || rv == nullptr) {
-        out.assign(keys.size(), 0);
-        return drop();
+    return attempt([&]() -> io {
+      for (const store_key& k : keys) {
+        const std::string name = name_of(k);
+        const char* argv[2] = {"EXISTS", name.data()};
+        const std::size_t len[2] = {6, name.size()};
+        if (redisAppendCommandArgv(ctx_.get(), 2, argv, len) != REDIS_OK) return io_error();
       }
-      auto* r = static_cast<redisReply*>(rv);
-      out[i] = r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? 1 : 0;
-      freeReplyObject(r);
-    }
-    return store_status::kOk;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        void* rv = nullptr;
+        if (redisGetReply(ctx_.get(), &rv) != REDIS_OK || rv == nullptr) {
+          out.assign(keys.size(), 0);
+          return io_error();
+        }
+        auto* r = static_cast<redisReply*>(rv);
+        out[i] = r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? 1 : 0;
+        freeReplyObject(r);
+      }
+      return io::kOk;
+    });
   }
 
   store_status erase(std::span<const store_key> keys) {
     if (keys.empty()) return store_status::kOk;
-    if (!connected()) return unavailable();
     args_.assign(1, "DEL");
     for (const store_key& k : keys) args_.push_back(name_of(k));
-    redisReply* r = command();
-    if (r == nullptr) return unavailable();
-    const bool ok = r->type == REDIS_REPLY_INTEGER;
-    freeReplyObject(r);
-    return ok ? store_status::kOk : unavailable();
+    return attempt([&]() -> io {
+      redisReply* r = nullptr;
+      if (const io e = command(r); e != io::kOk) return e;
+      const bool ok = r->type == REDIS_REPLY_INTEGER;
+      freeReplyObject(r);
+      return ok ? io::kOk : io::kFailed;
+    });
   }
 
   [[nodiscard]] store_counters counters() const noexcept { return c_; }
@@ -205,8 +211,34 @@ class redis_store {
     t.tv_usec = static_cast<decltype(t.tv_usec)>((ms.count() % 1000) * 1000);
     return t;
   }
-  /// Sends args_ as one command; null (and the connection dropped) on any failure.
-  redisReply* command() {
+  /// How a call on the connection went. kStale: the connection had died under us (the server
+  /// restarted or closed it): worth one immediate reconnection. kFailed: anything else (a
+  /// timeout, an error reply): not retried, so a slow server costs one timeout.
+  enum class io { kOk, kFailed, kStale };
+  /// Classifies the connection's error and drops the connection.
+  io io_error() noexcept {
+    const bool stale =
+        ctx_ && (ctx_->err == REDIS_ERR_EOF ||
+                 (ctx_->err == REDIS_ERR_IO && (errno == EPIPE || errno == ECONNRESET)));
+    ctx_.reset();
+    return stale ? io::kStale : io::kFailed;
+  }
+  /// Runs `f` on a live connection; a connection found stale is replaced once, at once.
+  template <class F>
+  store_status attempt(F&& f) {
+    for (int tries = 0; tries < 2; ++tries) {
+      const bool reused = ctx_ != nullptr && ctx_->err == 0;
+      if (!connected()) break;
+      const io r = f();
+      if (r == io::kOk) return store_status::kOk;
+      if (r != io::kStale || !reused) break;
+      next_attempt_ = {};  // reconnect now, not after the retry interval
+    }
+    ++c_.unavailable;
+    return store_status::kUnavailable;
+  }
+  /// Sends args_ as one command. An error reply is kFailed (the connection stays).
+  io command(redisReply*& reply) {
     argv_.clear();
     lens_.clear();
     for (const std::string& a : args_) {
@@ -217,25 +249,15 @@ class redis_store {
         redisCommandArgv(ctx_.get(), static_cast<int>(argv_.size()), argv_.data(), lens_.data());
     if (r == nullptr || ctx_->err != 0) {
       if (r != nullptr) freeReplyObject(r);
-      ctx_.reset();
-      return nullptr;
+      return io_error();
     }
-    auto* reply = static_cast<redisReply*>(r);
+    reply = static_cast<redisReply*>(r);
     if (reply->type == REDIS_REPLY_ERROR) {
       freeReplyObject(reply);
-      return nullptr;
+      reply = nullptr;
+      return io::kFailed;
     }
-    return reply;
-  }
-  store_status unavailable() noexcept {
-    ++c_.unavailable;
-    return store_status::kUnavailable;
-  }
-  /// A pipeline broke (server gone, timed out): the connection is dropped, and the next call
-  /// after the retry interval reconnects.
-  store_status drop() noexcept {
-    ctx_.reset();
-    return unavailable();
+    return io::kOk;
   }
 
   redis_store_options opt_;

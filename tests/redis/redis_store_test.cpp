@@ -1,0 +1,238 @@
+// redis_store against a real redis-server (started here on a free loopback port, stopped at
+// the end): reuse across instances, and the faults a deployment meets. Every request must be
+// answered with the right K and V whatever the store does; what happened is counted.
+// Exits 77 (skipped) when redis-server is not installed.
+#define CATCH_CONFIG_RUNNER
+#include <relokv/store/redis_store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "support/catch.hpp"
+#include "support/redis_server.hpp"
+#include "support/store_fixture.hpp"
+
+using namespace relokv_test::store_fixture;
+using relokv::block_check;
+using relokv::redis_store;
+using relokv::redis_store_options;
+
+namespace {
+
+redis_store connect(const relokv_test::redis_server& s,
+                    std::chrono::milliseconds timeout = std::chrono::milliseconds(1000)) {
+  auto o = redis_store_options::from_url(s.url());
+  o.command_timeout = timeout;
+  o.retry_interval = std::chrono::milliseconds(50);
+  return redis_store(o);
+}
+
+std::string get_raw(const relokv_test::redis_server& s, const std::string& key) {
+  redisReply* r = s.command({"GET", key});
+  std::string v = r && r->type == REDIS_REPLY_STRING ? std::string(r->str, r->len) : "";
+  if (r) freeReplyObject(r);
+  return v;
+}
+
+std::vector<std::string> all_keys(const relokv_test::redis_server& s) {
+  redisReply* r = s.command({"KEYS", "relokv:*"});
+  std::vector<std::string> out;
+  if (r && r->type == REDIS_REPLY_ARRAY)
+    for (std::size_t i = 0; i < r->elements; ++i)
+      out.emplace_back(r->element[i]->str, r->element[i]->len);
+  if (r) freeReplyObject(r);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("redis URL: parsed or refused with the reason", "[redis]") {
+  const auto o = redis_store_options::from_url("redis://10.1.2.3:7000/2");
+  CHECK(o.host == "10.1.2.3");
+  CHECK(o.port == 7000);
+  CHECK(o.db == 2);
+  CHECK(redis_store_options::from_url("localhost").port == 6379);
+  for (const char* bad :
+       {"redis://", "redis://h:0", "redis://h:99999", "redis://h:x", "redis://h:1/x", "redis://:5"})
+    CHECK_THROWS_AS(redis_store_options::from_url(bad), relokv::error);
+}
+
+TEST_CASE("redis_store: binary entries round trip in one batch", "[redis]") {
+  relokv_test::redis_server server;
+  auto s = connect(server);
+  std::vector<std::byte> a(70000), b(3);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::byte>(i * 7);
+  b = {std::byte{0}, std::byte{'\r'}, std::byte{'\n'}};
+  const relokv::store_key keys[] = {{1, 1}, {2, 2}, {3, 3}};
+  const std::span<const std::byte> vals[] = {a, b};
+  REQUIRE(s.put(std::span(keys).first(2), vals) == relokv::store_status::kOk);
+  std::vector<relokv::store_blob> out;
+  REQUIRE(s.get(keys, out) == relokv::store_status::kOk);
+  REQUIRE(out.size() == 3);
+  CHECK(std::equal(a.begin(), a.end(), out[0].bytes().begin(), out[0].bytes().end()));
+  CHECK(std::equal(b.begin(), b.end(), out[1].bytes().begin(), out[1].bytes().end()));
+  CHECK(out[2].empty());
+  std::vector<std::uint8_t> has;
+  REQUIRE(s.contains(keys, has) == relokv::store_status::kOk);
+  CHECK(has == std::vector<std::uint8_t>{1, 1, 0});
+  REQUIRE(s.erase(std::span(keys).first(1)) == relokv::store_status::kOk);
+  REQUIRE(s.contains(keys, has) == relokv::store_status::kOk);
+  CHECK(has == std::vector<std::uint8_t>{0, 1, 0});
+  CHECK(s.counters().keys_found == 2);
+  CHECK(s.counters().bytes_read == 70003);
+}
+
+TEST_CASE("redis: two instances share spans; a killed server means recompute, then reconnect",
+          "[redis]") {
+  relokv_test::redis_server server;
+  instance<redis_store> writer(connect(server)), reader(connect(server));
+  (void)writer.serve(rag({&kA, &kB}));
+  CHECK(writer.cache.stats().store_writes == 6);
+
+  const auto l = rag({&kB, &kA});
+  const auto p = reader.serve(l, false);  // serve checks every slot's K and V
+  CHECK(p.store_hits == 6);
+
+  server.kill();
+  instance<redis_store> late(connect(server));
+  const auto p2 = late.serve(l);
+  CHECK(p2.store_hits == 0);
+  CHECK(p2.misses == 7);
+  CHECK(late.cache.stats().store_unavailable == 1);
+  CHECK(late.cache.stats().store_write_failures == 6);
+
+  server.start();                                              // empty: no persistence
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past the retry interval
+  instance<redis_store> fresh(connect(server));
+  const auto kC = seq(5000, 20);
+  (void)fresh.serve(rag({&kC}));
+  CHECK(fresh.cache.stats().store_writes == 4);
+  // The reader, whose connection died with the server, reconnects when it next needs it and
+  // reuses again.
+  const auto p3 = reader.serve(rag({&kC}), false);
+  CHECK(p3.store_hits == 4);
+  CHECK(reader.cache.store().counters().reconnects == 1);
+}
+
+TEST_CASE("redis: corrupt, truncated and foreign entries are rejected", "[redis]") {
+  relokv_test::redis_server server;
+  instance<redis_store> writer(connect(server));
+  const auto l = rag({&kA, &kB});
+  (void)writer.serve(l);
+  auto keys = all_keys(server);
+  REQUIRE(keys.size() == 6);
+  std::sort(keys.begin(), keys.end());
+  // Flip one payload byte in place, truncate another, replace a third with another model's.
+  std::string v0 = get_raw(server, keys[0]);
+  v0[v0.size() - 100] = static_cast<char>(v0[v0.size() - 100] ^ 1);
+  REQUIRE(server.run({"SET", keys[0], v0}));
+  REQUIRE(server.run({"SET", keys[1], get_raw(server, keys[1]).substr(0, 1000)}));
+  {
+    relokv_test::redis_server other_server;
+    instance<redis_store> other(connect(other_server), kFp + 1);
+    (void)other.serve(l);
+    // Another model's block for the same position: same identity, other fingerprint.
+    for (const auto& ok : all_keys(other_server)) {
+      const std::string v = get_raw(other_server, ok);
+      std::vector<std::byte> b(v.size());
+      std::memcpy(b.data(), v.data(), v.size());
+      const auto d = relokv::decode_block(b, kFp + 1, writer.kv.block_layout());
+      if (d.check == block_check::kOk && d.header.pos0 == 0) {
+        REQUIRE(server.run({"SET", keys[2], v}));
+        break;
+      }
+    }
+  }
+  instance<redis_store> reader(connect(server));
+  const auto p = reader.serve(l);
+  const auto& st = reader.cache.stats();
+  CHECK(p.store_hits == 3);
+  CHECK(st.store_rejected[static_cast<int>(block_check::kChecksum)] == 1);
+  CHECK(st.store_rejected[static_cast<int>(block_check::kMalformed)] == 1);
+  CHECK(st.store_rejected_total() == 3);
+  CHECK(st.store_writes == 3);  // the recomputed blocks replace the bad entries
+  instance<redis_store> after(connect(server));
+  CHECK(after.serve(l).store_hits == 6);
+}
+
+TEST_CASE("redis: maxmemory eviction is a miss; a refused write is counted", "[redis]") {
+  relokv_test::redis_server server({"--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru"});
+  instance<redis_store> w(connect(server), kFp, {}, 32);
+  // 300 distinct spans of 2 blocks, ~8 KB each: far more than 3 MB.
+  std::vector<std::vector<token_t>> spans;
+  for (int i = 0; i < 300; ++i) spans.push_back(seq(10000 + 100 * i, 32));
+  for (const auto& sp : spans) (void)w.serve(rag({&sp}));
+  CHECK(w.cache.stats().store_write_failures == 0);
+  instance<redis_store> r(connect(server), kFp, {}, 32);
+  std::int64_t hits = 0;
+  for (const auto& sp : spans) hits += r.serve(rag({&sp}), false).store_hits;  // all correct
+  const auto& st = r.cache.stats();
+  CHECK(st.store_misses > 0);  // evicted
+  CHECK(hits > 0);             // the recent ones stayed
+  CHECK(st.store_rejected_total() == 0);
+
+  REQUIRE(server.run({"CONFIG", "SET", "maxmemory-policy", "noeviction"}));
+  REQUIRE(server.run({"CONFIG", "SET", "maxmemory", "1"}));  // every write refused (OOM)
+  instance<redis_store> x(connect(server), kFp, {}, 32);
+  const auto fresh = seq(90000, 32);
+  (void)x.serve(rag({&fresh}));
+  // What it computed (a miss: the span, and prefix blocks evicted above) it could not write.
+  const auto& xs = x.cache.stats();
+  CHECK(xs.store_writes == 0);
+  CHECK(xs.store_write_failures >= 2);
+  CHECK(xs.store_write_failures == xs.store_misses);
+  CHECK(x.cache.store().counters().put_rejected == xs.store_misses);
+}
+
+TEST_CASE("redis: two writers storing the same spans at once", "[redis]") {
+  relokv_test::redis_server server;
+  std::atomic<bool> go{false};
+  auto writer = [&] {
+    instance<redis_store> w(connect(server));
+    while (!go.load()) std::this_thread::yield();
+    for (int i = 0; i < 20; ++i) (void)w.serve(rag({&kA, &kB}), true);
+    return w.cache.stats().store_write_failures;
+  };
+  std::int64_t f1 = -1, f2 = -1;
+  std::thread t1([&] { f1 = writer(); }), t2([&] { f2 = writer(); });
+  go = true;
+  t1.join();
+  t2.join();
+  CHECK(f1 == 0);
+  CHECK(f2 == 0);
+  CHECK(all_keys(server).size() == 6);  // one entry per block, whichever writer was last
+  instance<redis_store> r(connect(server));
+  CHECK(r.serve(rag({&kB, &kA})).store_hits == 6);
+  CHECK(r.cache.stats().store_rejected_total() == 0);
+}
+
+TEST_CASE("redis: a paused server costs at most the command timeout", "[redis]") {
+  relokv_test::redis_server server;
+  instance<redis_store> w(connect(server));
+  (void)w.serve(rag({&kA, &kB}));
+  // Pause every client for 3 s; the reader's timeout is 200 ms.
+  REQUIRE(server.run({"CLIENT", "PAUSE", "3000", "ALL"}));
+  instance<redis_store> r(connect(server, std::chrono::milliseconds(200)));
+  r.cache.store().connected();  // connecting is not paused; the commands are
+  const auto t0 = std::chrono::steady_clock::now();
+  auto p = r.cache.plan(rag({&kB, &kA}));
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(p.ok());
+  CHECK(p.store_hits == 0);
+  CHECK(ms < 1500);  // bounded by the 200 ms timeout (generous for a loaded machine)
+  CHECK(r.cache.stats().store_unavailable == 1);
+  compute(r.kv, rag({&kB, &kA}), p);
+  CHECK(holds_request(r.kv, rag({&kB, &kA}), p));
+  r.cache.release(p.id);
+}
+
+int main(int argc, char** argv) {
+  if (relokv_test::find_redis_server().empty()) {
+    std::puts("redis-server not installed: skipped (scripts/test installs it)");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

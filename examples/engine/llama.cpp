@@ -18,6 +18,7 @@
 #include <relokv/rope/at_attention.hpp>
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/rope/pre_rotated.hpp>
+#include <relokv/store/block_format.hpp>
 
 namespace relokv_engine {
 namespace {
@@ -367,6 +368,17 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
     L.w_down = tensor_as(f, p + "ffn_down.weight", {F, D});
     m.layers.push_back(std::move(L));
   }
+  // The weights' identity for the store fingerprint: every tensor's name, type and bytes.
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  for (const gguf_tensor& t : f.tensors()) {
+    XXH3_64bits_update(h, t.name.data(), t.name.size());
+    const auto type = static_cast<std::uint32_t>(t.type);
+    XXH3_64bits_update(h, &type, sizeof type);
+    XXH3_64bits_update(h, t.data, t.bytes);
+  }
+  c.weights_id = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
   return m;
 }
 
@@ -412,6 +424,16 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
     L.w_down = mat(c.dim, c.ffn);
     m.layers.push_back(std::move(L));
   }
+  const std::uint64_t shape[] = {seed,
+                                 std::uint64_t(c.n_layers),
+                                 std::uint64_t(c.dim),
+                                 std::uint64_t(c.n_heads),
+                                 std::uint64_t(c.n_kv_heads),
+                                 std::uint64_t(c.head_dim),
+                                 std::uint64_t(c.ffn),
+                                 std::uint64_t(c.vocab),
+                                 std::uint64_t(qwen2)};
+  c.weights_id = XXH3_64bits(shape, sizeof shape);
   return m;
 }
 
@@ -424,14 +446,34 @@ struct llama_engine<P>::live_request {
   bool committed = false;
 };
 
+namespace {
+template <class P>
+typename llama_engine<P>::cache_type make_cache(const llama_model& m,
+                                                const relokv::host_kv_storage<float>& kv,
+                                                std::int32_t num_blocks, std::int32_t block_size,
+                                                relokv::any_store store) {
+  using cache_t = typename llama_engine<P>::cache_type;
+  if (!store) return cache_t(relokv::lru_block_pool(num_blocks), block_size);
+  const relokv::store_options so{relokv::store_fingerprint(m.cfg.weights_id, m.cfg.rope, P::kind),
+                                 kv.block_layout()};
+  return cache_t(relokv::lru_block_pool(num_blocks), block_size, relokv::xxh3_128(),
+                 relokv::recompute::any_strategy(), std::move(store), so);
+}
+}  // namespace
+
 template <class P>
 llama_engine<P>::llama_engine(std::shared_ptr<const llama_model> model, std::int32_t num_blocks,
-                              std::int32_t block_size)
+                              std::int32_t block_size, relokv::any_store store)
     : model_(std::move(model)),
       rope_(model_->cfg.rope, 8192),
       kv_(relokv::kv_shape{model_->cfg.n_layers, num_blocks, model_->cfg.n_kv_heads, block_size,
                            model_->cfg.head_dim}),
-      cache_(relokv::lru_block_pool(num_blocks), block_size) {}
+      cache_(make_cache<P>(*model_, kv_, num_blocks, block_size, std::move(store))) {}
+
+template <class P>
+std::uint64_t llama_engine<P>::store_fingerprint() const noexcept {
+  return relokv::store_fingerprint(model_->cfg.weights_id, model_->cfg.rope, P::kind);
+}
 
 template <class P>
 llama_engine<P>::~llama_engine() = default;
@@ -447,6 +489,7 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
   if (!r->plan.ok())
     throw std::runtime_error("llama_engine: out of KV blocks (" +
                              std::to_string(r->plan.blocks_short) + " more needed)");
+  relokv::apply_fetches(kv_, r->plan.fetches);  // store hits first: copies may read them
   relokv::apply_copies<P>(rope_, kv_, r->plan.copies);
   r->map.table = r->plan.block_table();
   r->map.index();
@@ -476,6 +519,13 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
     stats->exact_hits = r->plan.exact_hits;
     stats->relocated_hits = r->plan.relocated_hits;
     stats->misses = r->plan.misses;
+    stats->store_hits = r->plan.store_hits;
+    stats->pool_blocks = stats->store_blocks = stats->computed_blocks = 0;
+    for (const auto& pb : r->plan.blocks) {
+      stats->pool_blocks += pb.tier == relokv::block_tier::kPool;
+      stats->store_blocks += pb.tier == relokv::block_tier::kStore;
+      stats->computed_blocks += pb.tier == relokv::block_tier::kComputed;
+    }
   }
   std::vector<float> hidden;
   if (stats) {
@@ -534,7 +584,7 @@ std::vector<relokv::token_t> llama_engine<P>::generate(const std::vector<float>&
 template <class P>
 void llama_engine<P>::end(bool commit) {
   if (!live_) return;
-  if (commit) cache_.commit(live_->plan.id);
+  if (commit) cache_.commit(live_->plan.id, kv_);
   cache_.release(live_->plan.id);
   live_.reset();
 }

@@ -17,6 +17,7 @@
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/rope/pre_rotated.hpp>
 #include <relokv/rope/rotate.hpp>
+#include <relokv/store/any_store.hpp>
 
 #include "gguf.hpp"
 
@@ -33,6 +34,9 @@ struct llama_config {
   float rms_eps = 1e-5f;
   std::string arch = "llama";      ///< general.architecture
   std::string name = "synthetic";  ///< general.name
+  /// Identity of the weights (XXH3-64 of the tensor data, or of the synthetic seed and shape):
+  /// with the RoPE configuration and placement it is the store fingerprint of this model's KV.
+  std::uint64_t weights_id = 0;
   relokv::rope_config rope;
 };
 
@@ -70,6 +74,10 @@ struct prefill_stats {
   std::vector<float> check_deviation;
   std::vector<std::uint8_t> check_kept;
   std::int32_t exact_hits = 0, relocated_hits = 0, misses = 0;
+  std::int32_t store_hits = 0;  ///< hits fetched from the store (within exact + relocated)
+  /// Blocks by where their K and V came from (reuse_plan's tiers): the pool, the store, or
+  /// computed by this request (misses, and hits recomputed whole).
+  std::int32_t pool_blocks = 0, store_blocks = 0, computed_blocks = 0;
 };
 
 /// One engine instance: a model, a paged KV pool and a relocatable_cache over it.
@@ -78,10 +86,12 @@ template <class P>
 class llama_engine {
  public:
   using cache_type = relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, P,
-                                               relokv::recompute::any_strategy>;
+                                               relokv::recompute::any_strategy, relokv::any_store>;
 
+  /// @param store  where spans outlive the process (empty: the pool only). Pool misses are
+  ///               looked up there, and the blocks a request computes are written at end().
   llama_engine(std::shared_ptr<const llama_model> model, std::int32_t num_blocks,
-               std::int32_t block_size = 16);
+               std::int32_t block_size = 16, relokv::any_store store = {});
   ~llama_engine();
   llama_engine(const llama_engine&) = delete;
   llama_engine& operator=(const llama_engine&) = delete;
@@ -100,6 +110,8 @@ class llama_engine {
   void end(bool commit = true);
 
   [[nodiscard]] cache_type& cache() noexcept { return cache_; }
+  /// The fingerprint this engine's stored blocks carry (model, RoPE, placement).
+  [[nodiscard]] std::uint64_t store_fingerprint() const noexcept;
   [[nodiscard]] const llama_model& model() const noexcept { return *model_; }
   /// The KV pool ([layer][block][k|v][head][slot][dim]), for tests and tools that inspect it.
   [[nodiscard]] const relokv::host_kv_storage<float>& kv() const noexcept { return kv_; }

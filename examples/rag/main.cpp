@@ -1,10 +1,15 @@
 // relokv_rag: multi-document QA that runs every PIC variant side by side in one cache, measures
 // each against full recompute (with bootstrap intervals), sweeps the strategies' budgets, and
 // calibrates which strategy a model can be served with.
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -12,6 +17,9 @@
 #include "model_path.hpp"
 #include "rag.hpp"
 #include "report.hpp"
+#include "store_mode.hpp"
+
+extern char** environ;
 
 namespace {
 
@@ -22,6 +30,7 @@ struct options {
   std::uint32_t seed = 1;
   bool quiet = false, synthetic = false;
   std::string variants;
+  std::string store, role = "both";
   std::int32_t first_k = 16;
   float topk = 0.15f;
   relokv_rag::run_options run;
@@ -75,6 +84,16 @@ void add_options(CLI::App& app, options& o) {
   app.add_option("--csv", o.csv_out, "results as CSV");
   app.add_option("--svg", o.svg_out, "plot: TTFT against agreement, tokens computed per request");
   app.add_flag("--quiet", o.quiet, "no progress bar");
+  app.add_option("--store", o.store,
+                 "share spans through a store: redis://HOST[:PORT], file:DIR or memory:. A "
+                 "writer instance caches every question's passages into it, then a reader "
+                 "instance with an empty pool answers the questions reusing them (variants "
+                 "default to full,naive,epic)");
+  app.add_option("--role", o.role,
+                 "with --store: writer, reader, or both (the writer as a second process, then "
+                 "the reader here; one process for memory:)")
+      ->check(CLI::IsMember({"writer", "reader", "both"}))
+      ->capture_default_str();
 }
 
 std::string resolve_model(const std::string& m) {
@@ -139,6 +158,66 @@ relokv_engine::strategy_profile calibrate(const std::vector<relokv_rag::variant>
   return p;
 }
 
+/// Runs this program again as the writer and waits for it.
+int spawn_writer(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--role") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--role=", 0) == 0) continue;
+    args.push_back(a);
+  }
+  args.push_back("--role");
+  args.push_back("writer");
+  std::vector<char*> cargv;
+  for (auto& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  pid_t pid = 0;
+  if (const int e = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargv.data(), environ))
+    throw std::runtime_error(std::string("could not start the writer process: ") +
+                             std::strerror(e));
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) throw std::runtime_error("waitpid on the writer failed");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int store_mode(int argc, char** argv, const options& o,
+               std::shared_ptr<const relokv_engine::llama_model> model,
+               const relokv_rag::workload& w, const relokv_rag::text_codec& codec) {
+  relokv_rag::store_mode_options so;
+  so.url = o.store;
+  so.placement = o.run.placement;
+  so.max_answer = o.run.max_answer;
+  const bool one_process = o.store == "memory:";
+  if (one_process && o.role != "both")
+    throw std::runtime_error("--store memory: lives in one process: use --role both");
+  if (o.role == "writer" || one_process) {
+    const auto wr = relokv_rag::run_writer(model, w, so);
+    const auto& s = wr.stats;
+    std::printf(
+        "writer (pid %d): %zu passages cached in %.2f s; %lld blocks written to %s (%.1f MiB, "
+        "%lld failed)\n",
+        static_cast<int>(getpid()), wr.passages, wr.seconds, static_cast<long long>(s.store_writes),
+        o.store.c_str(), double(s.store_bytes_written) / (1 << 20),
+        static_cast<long long>(s.store_write_failures));
+    if (o.role == "writer") return 0;
+  }
+  if (o.role == "both" && !one_process) {
+    std::fflush(stdout);
+    if (const int rc = spawn_writer(argc, argv); rc != 0)
+      throw std::runtime_error("the writer process failed (exit " + std::to_string(rc) + ")");
+  }
+  auto variants = pick(relokv_rag::default_variants(o.first_k, o.topk),
+                       o.variants.empty() ? std::string("naive,epic") : o.variants);
+  const auto rr = relokv_rag::run_reader(model, w, codec, variants, so);
+  std::printf("\nreader (pid %d)", static_cast<int>(getpid()));
+  relokv_rag::print_reader(rr, o.store);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,6 +246,7 @@ int main(int argc, char** argv) {
                      std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), d, t);
         if (d == t) std::fprintf(stderr, "\n");
       };
+    if (!o.store.empty()) return store_mode(argc, argv, o, model, w, codec);
     auto variants = sweeping ? relokv_rag::sweep_variants()
                              : pick(relokv_rag::default_variants(o.first_k, o.topk), o.variants);
     if (!o.profile.empty()) {

@@ -1,4 +1,5 @@
 #include "llama.hpp"
+#include "load_model.hpp"
 
 #include <relokv/layout/builder.hpp>
 #include <relokv/recompute/deviation.hpp>
@@ -255,4 +256,52 @@ TEMPLATE_TEST_CASE("engine: a qwen2-shaped model (biases, NeoX) through relokv e
   for (auto& L : plain.layers) L.bq.clear(), L.bk.clear(), L.bv.clear();
   CHECK(max_diff(relokv_engine::plain_prefill(plain, l.tokens),
                  relokv_engine::plain_prefill(*m, l.tokens)) > 1e-3);
+}
+
+TEMPLATE_TEST_CASE("engine: spans from the store give the logits of spans from the pool",
+                   "[engine][store]", relokv::pre_rotated, relokv::at_attention,
+                   relokv::block_relative) {
+  // One engine caches the documents in its own pool; a writer caches them into a store and a
+  // reader with an empty pool fetches them, at other positions. Same bytes, same logits.
+  const relokv::recompute::any_strategy none{relokv::recompute::none{}};
+  auto cache_docs = [&](llama_engine<TestType>& e) {
+    for (const auto* d : {&kA, &kB}) {
+      (void)e.prefill(relokv::layout_builder(16).prefix(kSys).span(*d).build(), none);
+      e.end(true);
+    }
+  };
+  llama_engine<TestType> local(model(), 64);
+  cache_docs(local);
+  const auto want = local.prefill(rag(kB, kA), none);
+  local.end(false);
+
+  relokv::memory_store store;
+  llama_engine<TestType> writer(model(), 64, 16, relokv::any_store(store));
+  cache_docs(writer);
+  CHECK(writer.cache().stats().store_writes > 0);
+  llama_engine<TestType> reader(model(), 64, 16, relokv::any_store(store));
+  relokv_engine::prefill_stats st;
+  const auto got = reader.prefill(rag(kB, kA), none, &st);
+  reader.end(false);
+  CHECK(st.store_hits == st.exact_hits + st.relocated_hits);
+  CHECK(st.store_hits >= 6);
+  CHECK(max_diff(want, got) == 0.0);
+
+  // Another model's blocks are never used, whatever the key.
+  auto c = relokv_engine::demo_config();
+  c.n_layers = 2;
+  c.dim = 64;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.ffn = 128;
+  c.vocab = 256;
+  const auto other = std::make_shared<const llama_model>(llama_model::synthetic(c, 9));
+  REQUIRE(other->cfg.weights_id != model()->cfg.weights_id);
+  llama_engine<TestType> stranger(other, 64, 16, relokv::any_store(store));
+  CHECK(stranger.store_fingerprint() != reader.store_fingerprint());
+  relokv_engine::prefill_stats st2;
+  (void)stranger.prefill(rag(kB, kA), none, &st2);
+  stranger.end(false);
+  CHECK(st2.store_hits == 0);
 }

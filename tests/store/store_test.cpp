@@ -479,3 +479,20 @@ TEST_CASE("any_store: one type for a store chosen at run time", "[store]") {
   CHECK(relokv::any_store::from_url("memory:").operator bool());
   CHECK_THROWS_AS(relokv::any_store::from_url("ftp://x"), relokv::error);
 }
+
+TEST_CASE("store tier: blocks a static strategy recomputes whole are not fetched",
+          "[store][cache]") {
+  relokv::memory_store store;
+  using strat = relokv::recompute::first_k;
+  instance<relokv::memory_store> w(store);
+  (void)w.serve(rag({&kA, &kB}));
+  // EPIC with k = 16 recomputes each span's first block whole: fetching it would be wasted.
+  instance<relokv::memory_store, relokv::xxh3_128, relokv::at_attention, strat> r(store, kFp,
+                                                                                  strat(16));
+  const auto p = r.serve(rag({&kB, &kA}));
+  CHECK(r.cache.stats().store_lookups == 4);  // sys x2, and each span's second block
+  CHECK(p.store_hits == 4);
+  CHECK(count_tier(p, block_tier::kComputed) == 3);  // two first blocks and the question
+  // Nor are they written back: the store holds them as computed in their own context.
+  CHECK(r.cache.stats().store_writes == 0);
+}

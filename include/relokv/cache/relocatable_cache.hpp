@@ -215,6 +215,7 @@ class relocatable_cache {
     rs.ident.assign(static_cast<std::size_t>(nb), kNoBlock);
     rs.exact.assign(static_cast<std::size_t>(nb), 0);
     rs.src_pos0.assign(static_cast<std::size_t>(nb), 0);
+    rs.keep_out.assign(static_cast<std::size_t>(nb), 0);
     rs.held.clear();
 
     // Context identities of relocatable segments, verified by their tokens.
@@ -263,7 +264,7 @@ class relocatable_cache {
         std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{1});
     }
     if constexpr (kHasStore) {
-      if (store_opts_.read) fetch_from_store(layout, rs, p);
+      if (store_opts_.read) fetch_from_store(layout, strategy, rs, p);
     }
 
     // 2. Strategy.
@@ -555,7 +556,8 @@ class relocatable_cache {
     std::vector<block_id> ident;  ///< per block: the shared block that holds its content
     std::vector<block_id> ctx_link, content_link;  ///< parents that commit links children to
     std::vector<std::uint8_t> exact;
-    std::vector<pos_t> src_pos0;  ///< per hit: the position its keys were written at
+    std::vector<pos_t> src_pos0;         ///< per hit: the position its keys were written at
+    std::vector<std::uint8_t> keep_out;  ///< per block: not written to the store
     std::vector<block_id> held;
   };
 
@@ -598,17 +600,43 @@ class relocatable_cache {
   }
 
   /// Looks the pool's misses up in the store, in one batched get; a verified entry becomes a
-  /// hit of tier kStore (its block is taken in step 4).
-  void fetch_from_store(const request_layout& layout, request_state& rs, reuse_plan& p) {
+  /// hit of tier kStore (its block is taken in step 4). A block a static strategy would
+  /// recompute whole even as a hit (EPIC's first k of a span, when k covers the block) is not
+  /// fetched at all.
+  void fetch_from_store(const request_layout& layout, const RecomputeStrategy& strategy,
+                        request_state& rs, reuse_plan& p) {
     const auto nb = static_cast<std::size_t>(layout.num_blocks());
     fetch_keys_.clear();
     fetch_blocks_.clear();
     fetched_.assign(nb, block_fetch{});
-    for (std::size_t b = 0; b < nb; ++b)
-      if (status_[b] == block_status::kMiss && layout.blocks[b].sealed) {
-        fetch_keys_.push_back(store_key_of(rs, b, store_kind(rs, b)));
-        fetch_blocks_.push_back(b);
+    const auto candidate = [&](std::size_t b) {
+      return status_[b] == block_status::kMiss && layout.blocks[b].sealed;
+    };
+    // What the strategy would recompute if every candidate were found.
+    bool speculate = !strategy.dynamic();
+    if (speculate) {
+      spec_status_ = status_;
+      spec_mask_ = p.compute;
+      for (std::size_t b = 0; b < nb; ++b)
+        if (candidate(b)) {
+          spec_status_[b] = store_kind(rs, b) == store_entry_kind::kContext
+                                ? block_status::kExactHit
+                                : block_status::kRelocatedHit;
+          const block_extent& e = layout.blocks[b];
+          std::fill_n(spec_mask_.begin() + e.pos0, e.len, std::uint8_t{0});
+        }
+      strategy.select(layout, std::span<const block_status>(spec_status_), std::span(spec_mask_));
+    }
+    for (std::size_t b = 0; b < nb; ++b) {
+      if (!candidate(b)) continue;
+      const block_extent& e = layout.blocks[b];
+      if (speculate && count_ones(spec_mask_.data() + e.pos0, e.len) == e.len) {
+        rs.keep_out[b] = 1;  // the store may hold it; this request's recompute is not for it
+        continue;
       }
+      fetch_keys_.push_back(store_key_of(rs, b, store_kind(rs, b)));
+      fetch_blocks_.push_back(b);
+    }
     if (fetch_keys_.empty()) return;
     stats_.store_lookups += static_cast<std::int64_t>(fetch_keys_.size());
     if (store_.get(std::span<const store_key>(fetch_keys_), blobs_) != store_status::kOk ||
@@ -655,7 +683,7 @@ class relocatable_cache {
     for (std::size_t bi = 0; bi < rs.blocks.size(); ++bi) {
       const planned_block& pb = rs.plan_blocks[bi];
       const block_extent& e = rs.blocks[bi];
-      if (!e.sealed || !pb.fresh || pb.status != block_status::kMiss) continue;
+      if (!e.sealed || !pb.fresh || pb.status != block_status::kMiss || rs.keep_out[bi]) continue;
       const store_entry_kind kind = store_kind(rs, bi);
       if (kind == store_entry_kind::kContext && !rs.exact[bi]) continue;
       block_header h;
@@ -921,6 +949,8 @@ class relocatable_cache {
   std::vector<std::size_t> fetch_blocks_;
   std::vector<store_blob> blobs_;
   std::vector<block_fetch> fetched_;
+  std::vector<block_status> spec_status_;
+  std::vector<std::uint8_t> spec_mask_;
   std::vector<std::uint32_t> id_chain_;
   std::vector<token_t> id_tokens_;
   std::vector<std::vector<std::byte>> write_bufs_;

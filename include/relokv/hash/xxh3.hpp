@@ -27,11 +27,13 @@
 #define XXH_INLINE_ALL
 #define RELOKV_DEFINED_XXH_INLINE_ALL
 #endif
-// GCC 12 reports a false -Wmaybe-uninitialized inside its AVX-512 intrinsics when xxHash's
-// AVX-512 path is compiled in (-march with AVX-512); silence it for this include only.
+// GCC 12 reports a false -Wmaybe-uninitialized (and, for the streaming API, -Wuninitialized)
+// inside its AVX-512 intrinsics when xxHash's AVX-512 path is compiled in (-march with
+// AVX-512); silence them for this include only.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <xxhash.h>
 #if defined(__GNUC__) && !defined(__clang__)

@@ -7,6 +7,7 @@
 
 #include "support/attention_figures.hpp"
 #include "support/core_figures.hpp"
+#include "support/store_figures.hpp"
 #if RELOKV_REPORT_ENGINE
 #include "support/engine_figures.hpp"
 #include "support/rag_figures.hpp"
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   };
   print(relokv_bench::core_figures(reps));
   print(relokv_bench::attention_figures(reps));
+  print(relokv_bench::store_figures(reps));
 #if RELOKV_REPORT_ENGINE
   print(relokv_bench::engine_figures(reps));
   print(relokv_bench::rag_figures());

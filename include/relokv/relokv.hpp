@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// Umbrella header: the whole host-side library.
+/// Umbrella header: the whole host-side library (redis_store.hpp, which needs hiredis, is
+/// included on its own).
 #include "relokv/attention/host_attention.hpp"
 #include "relokv/attention/kv_append.hpp"
 #include "relokv/attention/paged_view.hpp"
@@ -8,6 +9,7 @@
 #include "relokv/cache/reuse_plan.hpp"
 #include "relokv/concepts/block_allocator.hpp"
 #include "relokv/concepts/hash_scheme.hpp"
+#include "relokv/concepts/kv_store.hpp"
 #include "relokv/concepts/recompute_strategy.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/config.hpp"
@@ -31,4 +33,8 @@
 #include "relokv/rope/pre_rotated.hpp"
 #include "relokv/rope/rope_config.hpp"
 #include "relokv/rope/rotate.hpp"
+#include "relokv/store/any_store.hpp"
+#include "relokv/store/block_format.hpp"
+#include "relokv/store/file_store.hpp"
+#include "relokv/store/memory_store.hpp"
 #include "relokv/types.hpp"

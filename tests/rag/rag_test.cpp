@@ -8,6 +8,12 @@
 #include <vector>
 
 #include "profile.hpp"
+#include "store_mode.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
 
 #include "support/catch.hpp"
 
@@ -167,4 +173,39 @@ TEST_CASE("profile: saved, loaded, checked against the model; bad files named", 
   CHECK(bad(text.substr(0, ratio) + "\"ratio_\"" + text.substr(ratio + 7)).find("strategy.ratio") !=
         std::string::npos);
   std::remove(path.c_str());
+}
+
+TEST_CASE("rag store mode: a reader with an empty pool answers from a writer's spans",
+          "[rag][store]") {
+  const auto model =
+      std::make_shared<const relokv_engine::llama_model>(relokv_engine::llama_model::synthetic());
+  const auto w = relokv_rag::generate(3, 8, 3, 1.0, 5, model->cfg.vocab);
+  const relokv_rag::text_codec codec{nullptr, model->cfg.vocab};
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("relokv_rag_store_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  relokv_rag::store_mode_options so;
+  so.url = "file:" + dir.string();
+  so.num_blocks = 256;
+  so.max_answer = 4;
+  const auto wr = relokv_rag::run_writer(model, w, so);
+  CHECK(wr.passages > 0);
+  CHECK(wr.stats.store_writes > 0);
+  CHECK(wr.stats.store_write_failures == 0);
+  const auto all = relokv_rag::default_variants();
+  const std::vector<relokv_rag::variant> vars = {all[0], all[2]};  // full, naive
+  const auto rr = relokv_rag::run_reader(model, w, codec, vars, so);
+  REQUIRE(rr.rows.size() == 2);
+  CHECK(rr.rows[0].store == 0);
+  CHECK(rr.rows[0].pool == 0);
+  // Every sealed block of every question came from the store; only the questions' open last
+  // blocks were computed.
+  CHECK(rr.rows[1].store > 0);
+  CHECK(rr.rows[1].pool == 0);
+  CHECK(rr.rows[1].computed == 3);
+  CHECK(rr.stats.store_rejected_total() == 0);
+  CHECK(rr.rows[1].ttft_ms.size() == 3);
+  std::filesystem::remove_all(dir);
+  so.url = "ftp://nowhere";
+  CHECK_THROWS_AS(relokv_rag::run_writer(model, w, so), relokv::error);
 }

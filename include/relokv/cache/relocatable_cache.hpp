@@ -44,7 +44,7 @@ struct cache_stats {
   /// Entries fetched and rejected, indexed by their block_check (malformed, version,
   /// checksum, fingerprint, layout, identity; [0], kOk, stays 0).
   std::int64_t store_rejected[7] = {};
-  std::int64_t store_writes = 0;          ///< blocks put by commit
+  std::int64_t store_writes = 0;          ///< blocks commit handed the store (queued, write-behind)
   std::int64_t store_write_failures = 0;  ///< blocks a put did not store
   std::int64_t store_bytes_read = 0, store_bytes_written = 0;
   [[nodiscard]] std::int64_t store_rejected_total() const noexcept {
@@ -709,11 +709,15 @@ class relocatable_cache {
     write_views_.clear();
     for (std::size_t i = 0; i < n; ++i)
       write_views_.emplace_back(write_bufs_[i].data(), write_bufs_[i].size());
+    // Accepted: all of them when the put says so (a write-behind store has queued them),
+    // else as many as the store counted written.
     const std::int64_t before = store_.counters().keys_written;
-    (void)store_.put(std::span<const store_key>(write_keys_),
-                     std::span<const std::span<const std::byte>>(write_views_));
-    const std::int64_t written = std::clamp<std::int64_t>(store_.counters().keys_written - before,
-                                                          0, static_cast<std::int64_t>(n));
+    const store_status st = store_.put(std::span<const store_key>(write_keys_),
+                                       std::span<const std::span<const std::byte>>(write_views_));
+    const std::int64_t written =
+        st == store_status::kOk ? static_cast<std::int64_t>(n)
+                                : std::clamp<std::int64_t>(store_.counters().keys_written - before,
+                                                           0, static_cast<std::int64_t>(n));
     stats_.store_writes += written;
     stats_.store_write_failures += static_cast<std::int64_t>(n) - written;
     for (std::size_t i = 0; i < n; ++i)

@@ -214,8 +214,10 @@ class relocatable_cache {
     rs.segment_context = keys_.segment_context;
     rs.ident.assign(static_cast<std::size_t>(nb), kNoBlock);
     rs.exact.assign(static_cast<std::size_t>(nb), 0);
-    rs.src_pos0.assign(static_cast<std::size_t>(nb), 0);
-    rs.keep_out.assign(static_cast<std::size_t>(nb), 0);
+    if constexpr (kHasStore) {
+      rs.src_pos0.assign(static_cast<std::size_t>(nb), 0);
+      rs.keep_out.assign(static_cast<std::size_t>(nb), 0);
+    }
     rs.held.clear();
 
     // Context identities of relocatable segments, verified by their tokens.
@@ -258,7 +260,6 @@ class relocatable_cache {
       pb.source = hit;
       pb.status = status_[bi];
       pb.tier = hit == kNoBlock ? block_tier::kComputed : block_tier::kPool;
-      if (hit != kNoBlock) rs.src_pos0[bi] = meta_of(hit).stored_pos0;
       rs.ident[bi] = hit;
       if (status_[bi] == block_status::kMiss)
         std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{1});
@@ -281,7 +282,7 @@ class relocatable_cache {
       // A dynamic strategy's first mask is only where it measures: its reused tokens mostly
       // stay, so their blocks are copied, never rebuilt from nothing.
       pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !strategy.dynamic());
-      pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb, rs.src_pos0[bi]));
+      pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb, src_pos0_of(rs, bi, pb)));
       // A fetch the request recomputes whole is not written at all.
       if (pb.fresh) pb.tier = block_tier::kComputed;
       // Hits the request reads are held; a hit it recomputes whole only names its source.
@@ -289,7 +290,7 @@ class relocatable_cache {
         if (alloc_.ref_count(pb.physical) == 0 && !counted_free(pb.physical)) ++hits_now_free;
       }
       // A fetched block takes a block for its bytes (and another for a private copy).
-      if (pb.tier == block_tier::kStore) ++need;
+      if constexpr (kHasStore) need += pb.tier == block_tier::kStore ? 1 : 0;
       if (pb.fresh || pb.copy_on_write) ++need;
     }
     clear_counted(p);
@@ -311,20 +312,22 @@ class relocatable_cache {
     for (std::int32_t b = 0; b < nb; ++b) {
       const auto bi = static_cast<std::size_t>(b);
       planned_block& pb = p.blocks[bi];
-      if (pb.tier == block_tier::kStore) {
-        // The fetched bytes go into a block of their own, which commit registers.
-        const block_id dst = take_block(rs);
-        pb.physical = pb.source = dst;
-        rs.ident[bi] = dst;
-        fetched_[bi].dst = dst;
-        p.fetches.push_back(std::move(fetched_[bi]));
-        ++p.store_hits;
+      if constexpr (kHasStore) {
+        if (pb.tier == block_tier::kStore) {
+          // The fetched bytes go into a block of their own, which commit registers.
+          const block_id dst = take_block(rs);
+          pb.physical = pb.source = dst;
+          rs.ident[bi] = dst;
+          fetched_[bi].dst = dst;
+          p.fetches.push_back(std::move(fetched_[bi]));
+          ++p.store_hits;
+        }
       }
       const block_id shared = pb.physical;
       if (pb.fresh || pb.copy_on_write) {
         const block_id mine = take_block(rs);
         pb.physical = mine;
-        if (pb.copy_on_write) p.copies.push_back({shared, mine, rs.src_pos0[bi], pb.pos0});
+        if (pb.copy_on_write) p.copies.push_back({shared, mine, src_pos0_of(rs, bi, pb), pb.pos0});
         // A block the request writes whole is what its successors chain to from now on (for a
         // hit recomputed whole, not the cached source it was found in).
         if (pb.fresh) rs.ident[bi] = mine;
@@ -756,6 +759,15 @@ class relocatable_cache {
                   std::to_string(block_size) + " tokens exceed 2^31 stored tokens");
     meta_.resize(n);
     tokens_.resize(n * static_cast<std::size_t>(block_size));
+  }
+  /// The position a hit's keys were written at: the fetched entry's, or the pool block's.
+  pos_t src_pos0_of(const request_state& rs, std::size_t bi, const planned_block& pb) const {
+    if constexpr (kHasStore) {
+      if (pb.tier == block_tier::kStore) return rs.src_pos0[bi];
+    }
+    (void)rs;
+    (void)bi;
+    return pb.source == kNoBlock ? 0 : meta_of(pb.source).stored_pos0;
   }
   /// A block for the request: allocated (the plan counted it free), its old keys forgotten.
   block_id take_block(request_state& rs) {

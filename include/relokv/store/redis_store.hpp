@@ -4,9 +4,9 @@
 /// `find_package(relokv COMPONENTS redis)` and relokv::redis). Nothing else in relokv includes
 /// this header: only an engine that asks for Redis needs hiredis.
 ///
-/// One round trip per call: get is an MGET, put a pipeline of SETs. Every call is bounded by
-/// the command timeout; a server that is down, slow or gone mid-reply makes the call answer
-/// kUnavailable (the request computes instead), and the next call after the retry interval
+/// One round trip per call: get is a pipeline of GETs, put a pipeline of SETs. Every call is
+/// bounded by the command timeout; a server that is down, slow or gone mid-reply makes the call
+/// answer kUnavailable (the request computes instead), and the next call after the retry interval
 /// reconnects. A server that refuses a write (maxmemory with noeviction) counts put_rejected.
 #include <sys/time.h>
 #include <cerrno>
@@ -81,22 +81,36 @@ class redis_store {
     c_.keys_requested += static_cast<std::int64_t>(keys.size());
     out.assign(keys.size(), store_blob{});
     if (keys.empty()) return store_status::kOk;
-    args_.assign(1, "MGET");
-    for (const store_key& k : keys) args_.push_back(name_of(k));
+    // A pipeline of GETs, not one MGET: hiredis grows its read buffer by at most 1 MiB at a
+    // time, so one reply of many blocks costs quadratic copying; one reply per block keeps
+    // the buffer at a block's size (3-4x the throughput for 720 KiB blocks).
     return attempt([&]() -> io {
-      redisReply* r = nullptr;
-      if (const io e = command(r); e != io::kOk) return e;
-      std::shared_ptr<const redisReply> owner(
-          r, [](const redisReply* q) { freeReplyObject(const_cast<redisReply*>(q)); });
-      if (r->type != REDIS_REPLY_ARRAY || r->elements != keys.size()) return io::kFailed;
-      for (std::size_t i = 0; i < keys.size(); ++i) {
-        const redisReply* e = r->element[i];
-        if (e->type != REDIS_REPLY_STRING) continue;  // nil: no entry
-        out[i] = store_blob(owner, {reinterpret_cast<const std::byte*>(e->str), e->len});
-        ++c_.keys_found;
-        c_.bytes_read += static_cast<std::int64_t>(e->len);
+      for (const store_key& k : keys) {
+        const std::string name = name_of(k);
+        const char* argv[2] = {"GET", name.data()};
+        const std::size_t len[2] = {3, name.size()};
+        if (redisAppendCommandArgv(ctx_.get(), 2, argv, len) != REDIS_OK) return io_error();
       }
-      return io::kOk;
+      bool ok = true;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        void* rv = nullptr;
+        if (redisGetReply(ctx_.get(), &rv) != REDIS_OK || rv == nullptr) {
+          out.assign(keys.size(), store_blob{});
+          return io_error();
+        }
+        auto* r = static_cast<redisReply*>(rv);
+        std::shared_ptr<const redisReply> owner(
+            r, [](const redisReply* q) { freeReplyObject(const_cast<redisReply*>(q)); });
+        if (r->type == REDIS_REPLY_STRING) {
+          out[i] = store_blob(owner, {reinterpret_cast<const std::byte*>(r->str), r->len});
+          ++c_.keys_found;
+          c_.bytes_read += static_cast<std::int64_t>(r->len);
+        } else if (r->type != REDIS_REPLY_NIL) {
+          ok = false;  // an error reply (e.g. WRONGTYPE): read the rest, then fail the call
+        }
+      }
+      if (!ok) out.assign(keys.size(), store_blob{});
+      return ok ? io::kOk : io::kFailed;
     });
   }
 

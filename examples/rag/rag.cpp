@@ -144,8 +144,6 @@ std::vector<variant> sweep_variants() {
   return out;
 }
 
-namespace {
-
 double kl_divergence(const std::vector<float>& ref, const std::vector<float>& got) {
   const double mr = *std::max_element(ref.begin(), ref.end());
   const double mg = *std::max_element(got.begin(), got.end());
@@ -161,6 +159,8 @@ double kl_divergence(const std::vector<float>& ref, const std::vector<float>& go
   }
   return std::max(0.0, kl);
 }
+
+namespace {
 
 template <class P>
 std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_model> model,

@@ -98,6 +98,9 @@ std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model
                                 const workload& w, const text_codec& codec,
                                 const std::vector<variant>& variants, const run_options& opt);
 
+/// KL(softmax(ref) || softmax(got)) of two logit vectors, in nats.
+double kl_divergence(const std::vector<float>& ref, const std::vector<float>& got);
+
 /// SQuAD's answer normalization, exactly: lowercase, ASCII punctuation deleted (not turned into
 /// spaces), the articles a/an/the removed, whitespace collapsed.
 std::string squad_normalize(const std::string& s);

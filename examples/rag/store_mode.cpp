@@ -14,22 +14,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double kl_of(const std::vector<float>& ref, const std::vector<float>& got) {
-  const double mr = *std::max_element(ref.begin(), ref.end());
-  const double mg = *std::max_element(got.begin(), got.end());
-  double zr = 0, zg = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    zr += std::exp(ref[i] - mr);
-    zg += std::exp(got[i] - mg);
-  }
-  double kl = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double lp = ref[i] - mr - std::log(zr), lq = got[i] - mg - std::log(zg);
-    kl += std::exp(lp) * (lp - lq);
-  }
-  return std::max(0.0, kl);
-}
-
 relokv::request_layout span_layout(const workload& w, const qa_request& r) {
   relokv::layout_builder b(16);
   b.prefix(w.prefix);
@@ -99,7 +83,7 @@ reader_report reader_with(std::shared_ptr<const relokv_engine::llama_model> mode
         ref_logits = first;
         ref_answer = answer;
       }
-      row.kl.push_back(kl_of(ref_logits, first));
+      row.kl.push_back(kl_divergence(ref_logits, first));
       std::size_t same = 0;
       for (std::size_t i = 0; i < std::min(answer.size(), ref_answer.size()); ++i)
         same += answer[i] == ref_answer[i];

@@ -45,9 +45,7 @@ struct placement_policy {
   static constexpr relokv::placement_kind kind = relokv::placement_kind::kAtAttention;
   static constexpr bool relocation_rotates_keys = false;
 #ifndef RELOKV_BREAK_PLACEMENT
-  static constexpr relokv::pos_t stored_position(relokv::pos_t, std::int32_t) noexcept {
-    return 0;
-  }
+  static constexpr relokv::pos_t stored_position(relokv::pos_t, std::int32_t) noexcept { return 0; }
 #endif
 };
 

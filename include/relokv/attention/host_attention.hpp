@@ -32,9 +32,9 @@
 #include <vector>
 
 #include "relokv/attention/detail/simd.hpp"
-#include "relokv/attention/paged_view.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/dtype.hpp"
+#include "relokv/memory/paged_view.hpp"
 #include "relokv/rope/rotate.hpp"
 
 RELOKV_NAMESPACE_BEGIN

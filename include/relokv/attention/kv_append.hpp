@@ -6,11 +6,11 @@
 #include <span>
 #include <string>
 
-#include "relokv/attention/paged_view.hpp"
-#include "relokv/cache/reuse_plan.hpp"
+#include "relokv/block_table.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/dtype.hpp"
 #include "relokv/memory/host_kv_storage.hpp"
+#include "relokv/memory/paged_view.hpp"
 #include "relokv/rope/rotate.hpp"
 
 RELOKV_NAMESPACE_BEGIN

@@ -6,31 +6,17 @@
 #include <string>
 #include <vector>
 
+#include "relokv/block_table.hpp"
 #include "relokv/concepts/kv_store.hpp"
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN
-
-/// Outcome of the lookup for one block.
-enum class block_status : std::uint8_t {
-  kMiss,          ///< not cached: computed by this request
-  kExactHit,      ///< context key hit: same tokens, same everything before; nothing to recompute
-  kRelocatedHit,  ///< content key hit: same span in the same context, now at another position
-};
 
 /// Where a block's K and V come from in this request.
 enum class block_tier : std::uint8_t {
   kComputed,  ///< the request computes every token (a miss, or a hit recomputed whole)
   kPool,      ///< a block of the pool, as it is or through a copy
   kStore,     ///< fetched from the store: the engine writes the fetched bytes (see fetches)
-};
-
-/// One entry of a request's block table: what attention reads.
-struct block_entry {
-  block_id block = kNoBlock;
-  pos_t pos0 = 0;        ///< logical position of slot 0 in this request
-  std::int32_t len = 0;  ///< valid slots; the rest is padding, never attended
-  friend bool operator==(const block_entry&, const block_entry&) = default;
 };
 
 /// One block of a plan.
@@ -59,17 +45,6 @@ struct block_fetch {
   std::int32_t block_index = 0;  ///< in reuse_plan::blocks
   store_blob blob;               ///< keeps the fetched bytes alive
   std::span<const std::byte> payload;
-};
-
-/// A copy the engine performs before prefill: every layer of src into dst. When the RoPE
-/// placement stores keys rotated at absolute positions (pre_rotated) and src_pos0 != dst_pos0,
-/// the keys of the copy are rotated by dst_pos0 - src_pos0 (see rope/relocate.hpp).
-struct block_copy {
-  block_id src = kNoBlock;
-  block_id dst = kNoBlock;
-  pos_t src_pos0 = 0;
-  pos_t dst_pos0 = 0;
-  [[nodiscard]] constexpr bool rotates() const noexcept { return src_pos0 != dst_pos0; }
 };
 
 enum class plan_status : std::uint8_t {

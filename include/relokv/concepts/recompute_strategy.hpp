@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <span>
 
-#include "relokv/cache/reuse_plan.hpp"
+#include "relokv/block_table.hpp"
 #include "relokv/layout/request_layout.hpp"
 
 RELOKV_NAMESPACE_BEGIN

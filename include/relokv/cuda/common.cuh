@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "relokv/attention/paged_view.hpp"
+#include "relokv/memory/paged_view.hpp"
 #include "relokv/rope/rotate.hpp"
 
 RELOKV_NAMESPACE_BEGIN

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "relokv/cache/reuse_plan.hpp"
+#include "relokv/block_table.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/cuda/common.cuh"
 #include "relokv/dtype.hpp"

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "relokv/attention/paged_view.hpp"
 #include "relokv/concepts/kv_store.hpp"
 #include "relokv/detail/huge_page_allocator.hpp"
 #include "relokv/dtype.hpp"
+#include "relokv/memory/paged_view.hpp"
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN

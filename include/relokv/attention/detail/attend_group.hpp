@@ -1,0 +1,334 @@
+#pragma once
+/// @file
+/// One group of queries of one sequence over its blocks, and the one place that picks a path
+/// (portable, AVX-512 fp32, AVX512_BF16) for each block-head; shape checks.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "relokv/attention/detail/avx512_bf16.hpp"
+#include "relokv/attention/detail/avx512_f32.hpp"
+#include "relokv/attention/detail/kernel_common.hpp"
+#include "relokv/attention/detail/portable.hpp"
+#include "relokv/attention/detail/prefetch.hpp"
+#include "relokv/attention/detail/simd.hpp"
+#include "relokv/attention/kv_head_range.hpp"
+#include "relokv/concepts/rope_placement.hpp"
+#include "relokv/dtype.hpp"
+#include "relokv/memory/paged_view.hpp"
+#include "relokv/rope/rotate.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+namespace detail {
+
+/// Attention of a group of queries of one sequence (each with all its query heads) over the
+/// sequence's blocks. Blocks are the outer loop, so a block's K/V are read once per group while
+/// they sit in cache, and per-block work (key rotations for at_attention) is shared.
+/// q: [nq][num_q_heads][head_dim], unrotated; m: [nq]; out: [nq][num_q_heads][head_dim].
+template <class P, class T>
+void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
+                  std::int32_t num_blocks, const float* q, const pos_t* m, int nq,
+                  std::int32_t num_q_heads, float scale, float* out, float* lse, bool decode,
+                  int h_begin, int h_end) {
+  const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
+  const int pairs = rope.pairs();
+  const rope_layout layout = rope.config().layout;
+  const float mag = static_cast<float>(rope.magnitude_factor());
+  attention_scratch& w = scratch();
+  const auto hq = static_cast<std::size_t>(num_q_heads), hd = static_cast<std::size_t>(D);
+  const auto nqs = static_cast<std::size_t>(nq);
+  w.qrot.resize(nqs * hq * hd);
+  w.qblock.resize(hq * hd);
+  w.kbuf.resize(static_cast<std::size_t>(bs) * hd);
+  w.vbuf.resize(static_cast<std::size_t>(bs) * hd);
+  w.kcos.resize(static_cast<std::size_t>(bs) * static_cast<std::size_t>(pairs));
+  w.ksin.resize(w.kcos.size());
+  w.acc.assign(nqs * hq * hd, 0.0f);
+  w.mx.assign(nqs * hq, -std::numeric_limits<float>::infinity());
+  w.sum.assign(nqs * hq, 0.0f);
+  w.scores.resize(static_cast<std::size_t>(bs));
+  w.cs.resize(static_cast<std::size_t>(pairs));
+  w.sn.resize(static_cast<std::size_t>(pairs));
+  w.c0.resize(static_cast<std::size_t>(pairs));
+  w.s0.resize(static_cast<std::size_t>(pairs));
+
+  // The fast path can fuse the per-block query rotation (block_relative) when pairs never
+  // straddle a 16-lane chunk: GPT-J always, NeoX when the whole head rotates.
+  const bool fast = RELOKV_HOST_SIMD && bs % 16 == 0 && (D == 64 || D == 128 || D == 256);
+  const bool fused_q = fast && (layout == rope_layout::kGPTJ || rope.config().rotary_dim == D);
+  w.qcos.resize(hd);
+  w.qsin.resize(hd);
+  // bf16 with VDPBF16PS: accumulators in bf16_acc_index order, restored at the end.
+  constexpr bool is_bf16 = std::is_same_v<std::remove_const_t<T>, bf16>;
+  const bool bf16_dot = RELOKV_HOST_BF16_DOT && is_bf16 && fast;
+  // Prefill on the fast path: all rows that see a block-head at once (group_block_head).
+  const bool grouped = !decode && fast && !bf16_dot;
+  if (grouped) {
+    w.ktile.resize(16 * hd);
+    w.rows.resize(nqs * hq);
+    w.live_rows.resize(nqs * hq);
+  }
+  if (bf16_dot) {
+    w.kb16.resize(kRotHeads * 16 * hd);
+    w.wb16.resize(16 * static_cast<std::size_t>(G));
+    w.corr.resize(static_cast<std::size_t>(G));
+  }
+
+  // at_attention on the bf16 path, NeoX over the whole head: keys rotated with VDPBF16PS from
+  // bf16 (cos, sin) pairs, query rows in bf16_acc_index order (see bf16_block_head).
+  const bool rot_bf16 = P::kind == placement_kind::kAtAttention && bf16_dot &&
+                        layout == rope_layout::kNeoX && 2 * pairs == D;
+  // Unit rotations R(j) of the slots of a block, for composing R(pos0 + j) = R(pos0) R(j).
+  if constexpr (P::kind == placement_kind::kAtAttention) {
+    w.jcos.resize(w.kcos.size());
+    w.jsin.resize(w.kcos.size());
+    for (int j = 0; j < bs; ++j)
+      rope.angles(j, w.jcos.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
+                  w.jsin.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
+                  /*unit=*/true);
+#if RELOKV_HOST_BF16_DOT
+    if (rot_bf16) {
+      w.krot.resize(2 * w.kcos.size());
+      build_slot_rotations_bf16(bs, pairs, mag, w.jcos.data(), w.jsin.data(), w.krot.data());
+    }
+#endif
+  }
+
+  // Queries times the softmax scale (once, not per block), rotated at their positions for the
+  // placements whose keys carry absolute rotations.
+  for (std::size_t i = 0; i < nqs * hq * hd; ++i) w.qrot[i] = q[i] * scale;
+  if ((P::kind != placement_kind::kBlockRelative || grouped) && !rot_bf16) {
+    for (std::size_t i = 0; i < nqs; ++i) {
+      rope.angles(m[i], w.cs.data(), w.sn.data());
+      for (std::size_t h = 0; h < hq; ++h)
+        rotate_inplace(w.qrot.data() + (i * hq + h) * hd, layout, pairs, w.cs.data(), w.sn.data());
+    }
+  }
+#if RELOKV_HOST_BF16_DOT
+  if (rot_bf16) {
+    for (std::size_t r = 0; r < nqs * hq; ++r) {
+      float* row = w.qrot.data() + r * hd;
+      std::copy(row, row + hd, w.kbuf.begin());
+      to_acc_order(D, w.kbuf.data(), row);
+    }
+  }
+#endif
+  const pos_t m_max = *std::max_element(m, m + nq);
+
+  // R(m - pos0) for the placements that rotate the query per block, into w.cs/w.sn. Decode
+  // walks blocks that usually follow each other: then R(m - pos0 - bs) = R(m - pos0) R(-bs) is
+  // composed in fp32 instead of read from the table (a cache miss per block), re-read every
+  // kChain blocks so that the error stays within a few ulp.
+  constexpr int kChain = 8;
+  int chain = kChain;
+  pos_t chain_pos0 = 0;
+  if (P::kind == placement_kind::kBlockRelative || rot_bf16) {
+    w.stepc.resize(static_cast<std::size_t>(pairs));
+    w.steps.resize(static_cast<std::size_t>(pairs));
+    rope.angles(bs, w.stepc.data(), w.steps.data(), /*unit=*/true);
+  }
+  const auto query_angles = [&](std::int32_t bi, pos_t pos0, pos_t mq) {
+    if (nq == 1 && chain < kChain && std::int64_t{pos0} - chain_pos0 == bs) {
+      float* RELOKV_RESTRICT c = w.cs.data();
+      float* RELOKV_RESTRICT sn = w.sn.data();
+      const float* RELOKV_RESTRICT cb = w.stepc.data();
+      const float* RELOKV_RESTRICT sb = w.steps.data();
+      for (int i = 0; i < pairs; ++i) {
+        const float ci = c[i], si = sn[i];
+        c[i] = ci * cb[i] + si * sb[i];
+        sn[i] = si * cb[i] - ci * sb[i];
+      }
+      ++chain;
+    } else {
+      rope.angles(std::int64_t{mq} - pos0, w.cs.data(), w.sn.data());
+      chain = 0;
+    }
+    chain_pos0 = pos0;
+    if (nq == 1 && bi + 1 < num_blocks &&
+        (chain + 1 >= kChain || std::int64_t{blocks[bi + 1].pos0} - pos0 != bs))
+      rope.prefetch(std::int64_t{mq} - blocks[bi + 1].pos0);
+  };
+
+#if RELOKV_HOST_BF16_DOT
+  // Decode on the bf16 path: spans of up to kSpanChunks chunks per kernel call.
+  if constexpr (is_bf16) {
+    const bool spans = bf16_dot && decode && nq == 1 &&
+                       (P::kind == placement_kind::kPreRotated || rot_bf16 ||
+                        (P::kind == placement_kind::kBlockRelative && fused_q));
+    if (spans) {
+      bf16_decode_spans<P>(kv, blocks, num_blocks, m[0], G, h_begin, h_end, layout, pairs, rot_bf16,
+                           query_angles, w);
+      num_blocks = 0;  // all done; the output loop below normalizes
+    }
+  }
+#endif
+  for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
+    const block_entry e = blocks[bi];
+    if (e.pos0 > m_max || e.len <= 0) continue;
+    if (P::kind == placement_kind::kAtAttention && !rot_bf16) {
+      // R(pos0 + j) = R(pos0) R(j): one table row per block, composed per slot, shared by all
+      // KV heads and queries.
+      const int rows = visible_slots(e, m_max);
+      rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
+      if (nq == 1 && bi + 1 < num_blocks) rope.prefetch(blocks[bi + 1].pos0);
+      const float* c0 = w.c0.data();
+      const float* s0 = w.s0.data();
+      for (int j = 0; j < rows; ++j) {
+        const std::size_t row = static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs);
+        const float* cj = w.jcos.data() + row;
+        const float* sj = w.jsin.data() + row;
+        float* kc = w.kcos.data() + row;
+        float* ks = w.ksin.data() + row;
+        for (int i = 0; i < pairs; ++i) {
+          kc[i] = mag * (c0[i] * cj[i] - s0[i] * sj[i]);
+          ks[i] = mag * (s0[i] * cj[i] + c0[i] * sj[i]);
+        }
+      }
+    }
+#if RELOKV_HOST_SIMD
+    if (grouped) {
+      // block_relative: (R(m) q) . (R(pos0) R(j) k), the queries rotated once per call and each
+      // block's keys by R(pos0) as they are loaded: a block has fewer keys than a prefill
+      // group has query rows.
+      const float* qsrc = w.qrot.data();
+      if constexpr (P::kind == placement_kind::kBlockRelative)
+        rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
+      for (int h = h_begin; h < h_end; ++h) {
+        int n = 0, vmax = 0;
+        for (int qi = 0; qi < nq; ++qi) {
+          if (e.pos0 > m[qi]) continue;
+          const int valid = visible_slots(e, m[qi]);
+          vmax = std::max(vmax, valid);
+          for (int g = 0; g < G; ++g) {
+            const std::size_t r =
+                static_cast<std::size_t>(qi) * hq + static_cast<std::size_t>(h * G + g);
+            w.rows[static_cast<std::size_t>(n++)] = {qsrc + r * hd, w.acc.data() + r * hd,
+                                                     w.mx.data() + r, w.sum.data() + r, valid};
+          }
+        }
+        if (n == 0) continue;
+        block_head_t<T> bh{kv.k(e.block, h), kv.v(e.block, h), vmax, h, G, D, layout, pairs,
+                           nullptr};
+        if constexpr (P::kind == placement_kind::kBlockRelative) {
+          bh.kc0 = w.c0.data();
+          bh.ks0 = w.s0.data();
+        }
+        with_chunks(
+            D, [&](auto dc) { group_block_head<decltype(dc)::value, P>(bh, w.rows.data(), n, w); });
+      }
+      continue;
+    }
+#endif
+    for (int qi = 0; qi < nq; ++qi) {
+      const pos_t mq = m[qi];
+      if (e.pos0 > mq) continue;
+      const int valid = visible_slots(e, mq);
+      const auto qoff = static_cast<std::size_t>(qi) * hq;
+      // Scaled query rows; unrotated for block_relative, which rotates them per block below.
+      const float* qsrc = w.qrot.data() + qoff * hd;
+      const float* qcos = nullptr;
+      const float* qsin = nullptr;
+      if constexpr (P::kind == placement_kind::kBlockRelative) {
+        // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k): one rotation per block. The
+        // fast path rotates each query chunk as it loads it; otherwise rotate a copy here.
+        query_angles(bi, e.pos0, mq);
+        if (fused_q && layout == rope_layout::kNeoX) {  // the pair rows as they are
+          qcos = w.cs.data();
+          qsin = w.sn.data();
+        } else if (fused_q) {
+          expand_rotation(layout, pairs, D, w.cs.data(), w.sn.data(), w.qcos.data(), w.qsin.data());
+          qcos = w.qcos.data();
+          qsin = w.qsin.data();
+        } else {
+          std::copy(qsrc, qsrc + hq * hd, w.qblock.begin());
+          for (std::size_t h = 0; h < hq; ++h)
+            rotate_inplace(w.qblock.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
+          qsrc = w.qblock.data();
+        }
+      } else if (rot_bf16) {
+#if RELOKV_HOST_BF16_DOT
+        // The same per-block query rotation, its pair rows in the query's bf16_acc_index order
+        // (which keeps pair (i, i + D/2) at positions (p, p + D/2), p < D/2).
+        query_angles(bi, e.pos0, mq);
+        to_acc_order(pairs, w.cs.data(), w.qcos.data());
+        to_acc_order(pairs, w.sn.data(), w.qsin.data());
+        qcos = w.qcos.data();
+        qsin = w.qsin.data();
+#endif
+      }
+      for (int h = h_begin; h < h_end; ++h) {
+        block_head_t<T> bh{
+            kv.k(e.block, h), kv.v(e.block, h), valid, h, G, D, layout, pairs, qsrc, qcos, qsin};
+        bh.acc = w.acc.data() + qoff * hd;
+        bh.mx = w.mx.data() + qoff;
+        bh.sum = w.sum.data() + qoff;
+        if (rot_bf16) bh.krot = w.krot.data();
+        // Decode: the next block's share for this head streams in while this one computes.
+        if (decode && qi == 0 && bi + 1 < num_blocks) {
+          const std::size_t slice = 2 * static_cast<std::size_t>(kv.tile_elems()) * sizeof(T);
+          bh.pf = reinterpret_cast<const char*>(kv.k(blocks[bi + 1].block, 0)) +
+                  slice * static_cast<std::size_t>(h);
+          bh.pf_bytes = static_cast<std::int32_t>(slice);
+        }
+#if RELOKV_HOST_BF16_DOT
+        if constexpr (is_bf16) {
+          if (bf16_dot) {
+            with_chunks(D, [&](auto dc) { bf16_block_head<decltype(dc)::value, P>(bh, w); });
+            continue;
+          }
+        }
+#endif
+#if RELOKV_HOST_SIMD
+        if (fast) {
+          with_chunks(D, [&](auto dc) { fast_block_head<decltype(dc)::value, P>(bh, w); });
+          continue;
+        }
+#endif
+        portable_block_head<P>(bh, w);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < nqs * hq; ++i) {
+    const auto head = static_cast<int>(i % hq);
+    if (head < h_begin * G || head >= h_end * G) continue;       // another call's share
+    const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
+    if (lse != nullptr)
+      lse[i] =
+          w.sum[i] > 0.0f ? w.mx[i] + std::log(w.sum[i]) : -std::numeric_limits<float>::infinity();
+    const float* acc = w.acc.data() + i * hd;
+    if (bf16_dot) {
+#if RELOKV_HOST_BF16_DOT
+      for (int d = 0; d < D; ++d)
+        out[i * hd + static_cast<std::size_t>(d)] = acc[bf16_acc_index(d)] * inv;
+#endif
+    } else {
+      for (std::size_t d = 0; d < hd; ++d) out[i * hd + d] = acc[d] * inv;
+    }
+  }
+}
+
+template <class T>
+void check_shapes(const rope_table& rope, const paged_kv_view<const T>& kv,
+                  std::int32_t num_q_heads, kv_head_range& heads) {
+  heads.end = std::min(heads.end, kv.num_kv_heads);
+  if (heads.begin < 0 || heads.begin > heads.end)
+    throw error("attention: kv_head_range [" + std::to_string(heads.begin) + ", " +
+                std::to_string(heads.end) + ") is not a range of the " +
+                std::to_string(kv.num_kv_heads) + " KV heads");
+  if (kv.num_kv_heads <= 0 || num_q_heads % kv.num_kv_heads != 0)
+    throw error("attention: num_q_heads (" + std::to_string(num_q_heads) +
+                ") must be a positive multiple of num_kv_heads (" +
+                std::to_string(kv.num_kv_heads) + ")");
+  if (rope.config().head_dim != kv.head_dim)
+    throw error("attention: rope head_dim " + std::to_string(rope.config().head_dim) +
+                " differs from the KV head_dim " + std::to_string(kv.head_dim));
+}
+
+}  // namespace detail
+RELOKV_NAMESPACE_END

@@ -251,11 +251,12 @@ TEST_CASE("store tier: corrupt, truncated and foreign entries are recomputed", "
   (void)m2.serve(l);
   // Find the other model's entry for the same block: same identity, other fingerprint.
   bool forged = false;
+  const auto layout = relokv::host_kv_storage<float>(kShape).block_layout();
+  const auto mine_bytes = store.bytes_of(keys[3]);  // decoded blocks point into these bytes
+  const auto mine = relokv::decode_block(mine_bytes, kFp, layout);
   for (const auto& ok : other.keys()) {
-    const auto d = relokv::decode_block(other.bytes_of(ok), kFp + 1,
-                                        relokv::host_kv_storage<float>(kShape).block_layout());
-    const auto mine = relokv::decode_block(store.bytes_of(keys[3]), kFp,
-                                           relokv::host_kv_storage<float>(kShape).block_layout());
+    const auto theirs = other.bytes_of(ok);
+    const auto d = relokv::decode_block(theirs, kFp + 1, layout);
     if (d.check == block_check::kOk && mine.check == block_check::kOk &&
         d.identity.size() == mine.identity.size() &&
         std::memcmp(d.identity.data(), mine.identity.data(), d.identity.size()) == 0) {

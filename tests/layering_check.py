@@ -19,6 +19,7 @@ RANKS = {
     "cuda": 5,      # device kernels: they share the host kernels' vocabulary (the oracles)
     "store": 5,     # stores and the block format
     "cache": 6,     # the policy host
+    "engine": 7,    # engine-side helpers over a cache: request_kv
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"relokv/([^"]+)"', re.M)
 

@@ -31,4 +31,11 @@ class error : public std::invalid_argument {
   explicit error(const std::string& what) : std::invalid_argument("relokv: " + what) {}
 };
 
+/// What a can_implement says of a call: ok, or the reason it cannot run (host and CUDA).
+struct support {
+  bool ok = true;
+  std::string reason;
+  explicit operator bool() const noexcept { return ok; }
+};
+
 RELOKV_NAMESPACE_END

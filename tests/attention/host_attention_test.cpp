@@ -5,6 +5,7 @@
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/rope/pre_rotated.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -721,4 +722,92 @@ TEST_CASE("attention: the KV path checks shapes and block ids at its entry point
                                                         q.data(), qp, qi, 4, 1.0f, out.data()),
         relokv::error);
   }
+}
+
+TEST_CASE("attention: params struct, can_implement and the positional overloads agree",
+          "[attention]") {
+  relokv::rope_config cfg;
+  cfg.head_dim = cfg.rotary_dim = 64;
+  const relokv::rope_table rope(cfg, 64);
+  relokv::host_kv_storage<float> st(relokv::kv_shape{1, 4, 2, 16, 64});
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (relokv::block_id b = 0; b < 4; ++b)
+    for (std::int32_t h = 0; h < 2; ++h)
+      for (std::int64_t i = 0; i < st.layer(0).tile_elems(); ++i) {
+        st.layer(0).k(b, h)[i] = nd(rng);
+        st.layer(0).v(b, h)[i] = nd(rng);
+      }
+  const relokv::block_entry table[2] = {{2, 0, 16}, {0, 16, 9}};
+  const std::int32_t indptr[2] = {0, 2};
+  std::vector<float> q(3 * 4 * 64), out_a(q.size()), out_b(q.size());
+  for (auto& x : q) x = nd(rng);
+  const relokv::pos_t qp[3] = {3, 17, 24};
+  const std::int32_t qi[2] = {0, 3};
+
+  relokv::attention_params<float> p;
+  p.rope = &rope;
+  p.kv = st.layer(0);
+  p.table = {table, indptr, 1};
+  p.q = q.data();
+  p.q_pos = qp;
+  p.q_indptr = qi;
+  p.num_tokens = 3;
+  p.num_q_heads = 4;
+  p.scale = 0.125f;
+  p.out = out_a.data();
+  REQUIRE(relokv::can_implement(p));
+  relokv::paged_attention<relokv::block_relative>(p);
+  relokv::prefill_attention<relokv::block_relative>(rope, st.layer(0), {table, indptr, 1}, q.data(),
+                                                    qp, qi, 4, 0.125f, out_b.data());
+  CHECK(out_a == out_b);
+
+  // Decode through the params: q_indptr null, one token per sequence.
+  auto d = p;
+  d.q_indptr = nullptr;
+  d.num_tokens = 1;
+  d.q_pos = qp + 2;
+  REQUIRE(relokv::can_implement(d));
+  relokv::paged_attention<relokv::block_relative>(d);
+  relokv::decode_attention<relokv::block_relative>(rope, st.layer(0), {table, indptr, 1}, q.data(),
+                                                   qp + 2, 4, 0.125f, out_b.data());
+  CHECK(std::equal(out_a.begin(), out_a.begin() + 4 * 64, out_b.begin()));
+
+  // Every check says why, and paged_attention throws it before writing anything.
+  const auto reason = [](const relokv::attention_params<float>& bad) {
+    const auto s = relokv::can_implement(bad);
+    CHECK_FALSE(s.ok);
+    return s.reason;
+  };
+  using Catch::Matchers::Contains;
+  auto bad = p;
+  bad.rope = nullptr;
+  CHECK_THAT(reason(bad), Contains("null rope"));
+  bad = p;
+  bad.num_tokens = 4;  // q_indptr ends at 3
+  CHECK_THAT(reason(bad), Contains("q_indptr ends at 3"));
+  bad = d;
+  bad.num_tokens = 2;  // decode: one token per sequence
+  CHECK_THAT(reason(bad), Contains("one query per sequence"));
+  bad = p;
+  bad.q = nullptr;
+  CHECK_THAT(reason(bad), Contains("null q"));
+  bad = p;
+  const std::int32_t backwards[2] = {0, -1};
+  bad.q_indptr = backwards;
+  CHECK_THAT(reason(bad), Contains("q_indptr decreases"));
+  bad = p;
+  bad.heads = {3, 5};
+  CHECK_THAT(reason(bad), Contains("kv_head_range"));
+  bad = p;
+  bad.num_q_heads = 3;
+  CHECK_THAT(reason(bad), Contains("multiple of num_kv_heads"));
+  const relokv::block_entry beyond[2] = {{2, 0, 16}, {4, 16, 9}};
+  bad = p;
+  bad.table = {beyond, indptr, 1};
+  CHECK_THAT(reason(bad), Contains("entry 1 {block 4"));
+  std::fill(out_a.begin(), out_a.end(), -7.0f);
+  bad.out = out_a.data();
+  CHECK_THROWS_AS(relokv::paged_attention<relokv::block_relative>(bad), relokv::error);
+  CHECK(std::all_of(out_a.begin(), out_a.end(), [](float x) { return x == -7.0f; }));
 }

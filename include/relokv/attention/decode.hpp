@@ -1,11 +1,12 @@
 #pragma once
 /// @file
-/// Host decode attention: one query per sequence (see host_attention.hpp).
+/// Host decode attention: one query per sequence (see host_attention.hpp), in positional
+/// arguments that forward to paged_attention (params.hpp).
 #include <cstdint>
 #include <type_traits>
 
-#include "relokv/attention/detail/attend_group.hpp"
 #include "relokv/attention/kv_head_range.hpp"
+#include "relokv/attention/params.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/memory/paged_view.hpp"
 #include "relokv/rope/rotate.hpp"
@@ -28,15 +29,8 @@ template <class P, class T>
 void decode_attention(const rope_table& rope, paged_kv_view<const T> kv, block_table_view table,
                       const float* q, const pos_t* q_pos, std::int32_t num_q_heads, float scale,
                       float* out, kv_head_range heads = {}, float* lse = nullptr) {
-  static_assert(rope_placement<P>, "P must model relokv::rope_placement");
-  detail::check_shapes(rope, kv, num_q_heads, heads);
-  check_block_table(table, kv.num_blocks, kv.block_size);
-  const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
-  for (std::int32_t s = 0; s < table.num_seqs; ++s)
-    detail::attend_group<P>(
-        rope, kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
-        q + s * stride, q_pos + s, 1, num_q_heads, scale, out + s * stride,
-        lse == nullptr ? nullptr : lse + s * num_q_heads, /*decode=*/true, heads.begin, heads.end);
+  paged_attention<P>(attention_params<T>{&rope, kv, table, q, q_pos, nullptr, table.num_seqs,
+                                         num_q_heads, scale, out, lse, heads});
 }
 
 /// Mutable views: template arguments do not deduce through the conversion to a read-only view,

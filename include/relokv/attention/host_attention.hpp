@@ -22,11 +22,13 @@
 /// at_attention (NeoX over the whole head) rotates each key by its offset in the block with
 /// bf16 (cos, sin) pairs and the query by R(m - pos0) once per block, in fp32.
 ///
-/// Layout: decode.hpp and prefill.hpp (the entry points), state.hpp (merging parts of a
-/// sequence), kv_head_range.hpp; detail/attend_group.hpp picks a path per block-head among
+/// Layout: params.hpp (attention_params, can_implement, paged_attention: the entry point),
+/// decode.hpp and prefill.hpp (positional overloads forwarding to it), state.hpp (merging parts of
+/// a sequence), kv_head_range.hpp; detail/attend_group.hpp picks a path per block-head among
 /// detail/portable.hpp, detail/avx512_f32.hpp and detail/avx512_bf16.hpp, which share
 /// detail/kernel_common.hpp (scratch, exp, rotations) and detail/prefetch.hpp.
 #include "relokv/attention/decode.hpp"
 #include "relokv/attention/kv_head_range.hpp"
+#include "relokv/attention/params.hpp"
 #include "relokv/attention/prefill.hpp"
 #include "relokv/attention/state.hpp"

@@ -1,12 +1,12 @@
 #pragma once
 /// @file
 /// Host prefill attention: many queries per sequence at scattered positions (see
-/// host_attention.hpp).
+/// host_attention.hpp), in positional arguments that forward to paged_attention (params.hpp).
 #include <cstdint>
 #include <type_traits>
 
-#include "relokv/attention/detail/attend_group.hpp"
 #include "relokv/attention/kv_head_range.hpp"
+#include "relokv/attention/params.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/memory/paged_view.hpp"
 #include "relokv/rope/rotate.hpp"
@@ -26,21 +26,10 @@ void prefill_attention(const rope_table& rope, paged_kv_view<const T> kv, block_
                        const float* q, const pos_t* q_pos, const std::int32_t* q_indptr,
                        std::int32_t num_q_heads, float scale, float* out, kv_head_range heads = {},
                        float* lse = nullptr) {
-  static_assert(rope_placement<P>, "P must model relokv::rope_placement");
-  detail::check_shapes(rope, kv, num_q_heads, heads);
-  check_block_table(table, kv.num_blocks, kv.block_size);
-  const std::size_t stride = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
-  // Queries of a sequence in groups that share each block while it is in cache.
-  constexpr std::int32_t kGroup = 16;
-  for (std::int32_t s = 0; s < table.num_seqs; ++s)
-    for (std::int32_t t = q_indptr[s]; t < q_indptr[s + 1]; t += kGroup) {
-      const int n = static_cast<int>(std::min(kGroup, q_indptr[s + 1] - t));
-      detail::attend_group<P>(rope, kv, table.entries + table.indptr[s],
-                              table.indptr[s + 1] - table.indptr[s], q + t * stride, q_pos + t, n,
-                              num_q_heads, scale, out + t * stride,
-                              lse == nullptr ? nullptr : lse + t * num_q_heads, /*decode=*/false,
-                              heads.begin, heads.end);
-    }
+  if (table.num_seqs > 0 && q_indptr == nullptr) throw error("prefill_attention: null q_indptr");
+  const std::int32_t num_tokens = table.num_seqs > 0 ? q_indptr[table.num_seqs] : 0;
+  paged_attention<P>(attention_params<T>{&rope, kv, table, q, q_pos, q_indptr, num_tokens,
+                                         num_q_heads, scale, out, lse, heads});
 }
 
 /// Mutable views: template arguments do not deduce through the conversion to a read-only view,

@@ -113,13 +113,6 @@ RELOKV_DEVICE float warp_sum(float v) {
   return v;
 }
 
-/// Result of a launcher's can_implement: ok, or the reason it cannot run.
-struct support {
-  bool ok = true;
-  std::string reason;
-  explicit operator bool() const noexcept { return ok; }
-};
-
 /// The single dispatch point from run-time head_dim and block_size to template parameters.
 /// Calls f(std::integral_constant<int, D>{}, std::integral_constant<int, BS>{}) for the
 /// supported pairs (head_dim 64 or 128, block size 16 or 32); returns cudaErrorInvalidValue

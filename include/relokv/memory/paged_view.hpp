@@ -50,27 +50,35 @@ struct block_table_view {
 
 /// Checks a block table against the view it will index, in one pass over its entries: CSR
 /// offsets ordered, every block inside the view, every length a valid slot count. The host
-/// attention calls run it once per call, before any kernel reads.
-/// @throws error naming the offending sequence or entry.
-inline void check_block_table(block_table_view table, std::int32_t num_blocks,
-                              std::int32_t block_size) {
-  if (table.num_seqs < 0) throw error("attention: negative num_seqs");
-  if (table.num_seqs == 0) return;
+/// attention calls run it once per call (in can_implement), before any kernel reads.
+/// @returns ok, or the reason naming the offending sequence or entry.
+[[nodiscard]] inline support validate_block_table(block_table_view table, std::int32_t num_blocks,
+                                                  std::int32_t block_size) {
+  if (table.num_seqs < 0) return {false, "attention: negative num_seqs"};
+  if (table.num_seqs == 0) return {};
   if (table.indptr == nullptr || table.indptr[0] != 0)
-    throw error("attention: block table indptr must start at 0");
+    return {false, "attention: block table indptr must start at 0"};
   for (std::int32_t s = 0; s < table.num_seqs; ++s)
     if (table.indptr[s + 1] < table.indptr[s])
-      throw error("attention: block table indptr decreases at sequence " + std::to_string(s));
+      return {false, "attention: block table indptr decreases at sequence " + std::to_string(s)};
   const std::int32_t n = table.indptr[table.num_seqs];
-  if (n > 0 && table.entries == nullptr) throw error("attention: null block table entries");
+  if (n > 0 && table.entries == nullptr) return {false, "attention: null block table entries"};
   for (std::int32_t i = 0; i < n; ++i) {
     const block_entry& e = table.entries[i];
     if (e.block < 0 || e.block >= num_blocks || e.len < 0 || e.len > block_size)
-      throw error("attention: block table entry " + std::to_string(i) + " {block " +
-                  std::to_string(e.block) + ", len " + std::to_string(e.len) +
-                  "} outside the view of " + std::to_string(num_blocks) + " blocks of " +
-                  std::to_string(block_size));
+      return {false, "attention: block table entry " + std::to_string(i) + " {block " +
+                         std::to_string(e.block) + ", len " + std::to_string(e.len) +
+                         "} outside the view of " + std::to_string(num_blocks) + " blocks of " +
+                         std::to_string(block_size)};
   }
+  return {};
+}
+
+/// validate_block_table, throwing.
+/// @throws error naming the offending sequence or entry.
+inline void check_block_table(block_table_view table, std::int32_t num_blocks,
+                              std::int32_t block_size) {
+  if (auto s = validate_block_table(table, num_blocks, block_size); !s) throw error(s.reason);
 }
 
 static_assert(std::is_trivially_copyable_v<paged_kv_view<float>>);

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// One group of queries of one sequence over its blocks, and the one place that picks a path
-/// (portable, AVX-512 fp32, AVX512_BF16) for each block-head; shape checks.
+/// (portable, AVX-512 fp32, AVX512_BF16) for each block-head.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -311,23 +311,6 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       for (std::size_t d = 0; d < hd; ++d) out[i * hd + d] = acc[d] * inv;
     }
   }
-}
-
-template <class T>
-void check_shapes(const rope_table& rope, const paged_kv_view<const T>& kv,
-                  std::int32_t num_q_heads, kv_head_range& heads) {
-  heads.end = std::min(heads.end, kv.num_kv_heads);
-  if (heads.begin < 0 || heads.begin > heads.end)
-    throw error("attention: kv_head_range [" + std::to_string(heads.begin) + ", " +
-                std::to_string(heads.end) + ") is not a range of the " +
-                std::to_string(kv.num_kv_heads) + " KV heads");
-  if (kv.num_kv_heads <= 0 || num_q_heads % kv.num_kv_heads != 0)
-    throw error("attention: num_q_heads (" + std::to_string(num_q_heads) +
-                ") must be a positive multiple of num_kv_heads (" +
-                std::to_string(kv.num_kv_heads) + ")");
-  if (rope.config().head_dim != kv.head_dim)
-    throw error("attention: rope head_dim " + std::to_string(rope.config().head_dim) +
-                " differs from the KV head_dim " + std::to_string(kv.head_dim));
 }
 
 }  // namespace detail

@@ -14,6 +14,7 @@
 
 #include <relokv/attention/host_attention.hpp>
 #include <relokv/attention/kv_append.hpp>
+#include <relokv/engine/request_kv.hpp>
 #include <relokv/recompute/deviation.hpp>
 #include <relokv/rope/at_attention.hpp>
 #include <relokv/rope/block_relative.hpp>
@@ -439,11 +440,11 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
 
 template <class P>
 struct llama_engine<P>::live_request {
-  relokv::reuse_plan plan;
-  kv_map map;
-  std::vector<bool> writable;  // per table entry: decode may append into it
+  // The request's KV in the library's words: fetches, copies, (position, block, slot) of each
+  // computed token, the last-token rule, decode's blocks, commit and release.
+  std::optional<relokv::request_kv<cache_type, float>> req;
+  kv_map map;  // position -> (block, slot) for the layer loop, indexed from req->blocks()
   std::vector<relokv::token_t> tokens;
-  bool committed = false;
 };
 
 namespace {
@@ -485,43 +486,36 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
   if (live_) throw std::logic_error("llama_engine: end() the live request first");
   check_tokens(*model_, layout.tokens, "llama_engine::prefill");
   auto r = std::make_unique<live_request>();
-  r->plan = cache_.plan(layout, strategy);
-  if (!r->plan.ok())
+  auto plan = cache_.plan(layout, strategy);
+  if (!plan.ok())
     throw std::runtime_error("llama_engine: out of KV blocks (" +
-                             std::to_string(r->plan.blocks_short) + " more needed)");
-  relokv::apply_fetches(kv_, r->plan.fetches);  // store hits first: copies may read them
-  relokv::apply_copies<P>(rope_, kv_, r->plan.copies);
-  r->map.table = r->plan.block_table();
+                             std::to_string(plan.blocks_short) + " more needed)");
+  // Writes the store's blocks, then performs the copies (which may read them).
+  r->req.emplace(cache_, kv_, rope_, layout, std::move(plan));
+  const relokv::reuse_plan& pl = r->req->plan();
+  r->map.table.assign(r->req->blocks().begin(), r->req->blocks().end());
   r->map.index();
-  // Decode may append only into a private block left open; a sealed one (a span's end) is
-  // cached as it is, so the next token starts a new block.
-  for (std::size_t b = 0; b < r->plan.blocks.size(); ++b) {
-    const auto& pb = r->plan.blocks[b];
-    r->writable.push_back((pb.fresh || pb.copy_on_write) && !layout.blocks[b].sealed);
-  }
   r->tokens = layout.tokens;
-  auto mask = r->plan.compute;
-  const auto reused = r->plan.reused_mask();
-  const auto last = static_cast<std::int32_t>(layout.tokens.size()) - 1;
+  auto mask = pl.compute;
+  const auto reused = pl.reused_mask();
+  // The tokens to compute, by position. The library adds the last token when the plan reuses
+  // it (its hidden state gives the logits) with write == false: its K/V are cached already,
+  // in a block that may be shared.
   std::vector<std::int32_t> positions;
-  for (std::int32_t p = 0; p <= last; ++p)
-    if (mask[static_cast<std::size_t>(p)]) positions.push_back(p);
-  // The last token's hidden state gives the logits: computed even when its K/V are cached
-  // (then exactly, in a block that may be shared, so its K/V are not written).
   std::int32_t no_write = -1;
-  if (positions.empty() || positions.back() != last) {
-    positions.push_back(last);
-    no_write = last;
+  for (const relokv::token_slot& t : r->req->prefill_tokens()) {
+    positions.push_back(t.pos);
+    if (!t.write) no_write = t.pos;
   }
   if (stats) {
     stats->tokens = layout.num_tokens();
     stats->computed = static_cast<std::int32_t>(positions.size());
-    stats->exact_hits = r->plan.exact_hits;
-    stats->relocated_hits = r->plan.relocated_hits;
-    stats->misses = r->plan.misses;
-    stats->store_hits = r->plan.store_hits;
+    stats->exact_hits = pl.exact_hits;
+    stats->relocated_hits = pl.relocated_hits;
+    stats->misses = pl.misses;
+    stats->store_hits = pl.store_hits;
     stats->pool_blocks = stats->store_blocks = stats->computed_blocks = 0;
-    for (const auto& pb : r->plan.blocks) {
+    for (const auto& pb : pl.blocks) {
       stats->pool_blocks += pb.tier == relokv::block_tier::kPool;
       stats->store_blocks += pb.tier == relokv::block_tier::kStore;
       stats->computed_blocks += pb.tier == relokv::block_tier::kComputed;
@@ -536,7 +530,7 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
   // Tokens a combined strategy computes at every layer (EPIC's first k of first_k_and_topk).
   std::vector<std::uint8_t> pinned(mask.size(), 0);
   std::vector<relokv::block_status> status;
-  for (const auto& pb : r->plan.blocks) status.push_back(pb.status);
+  for (const auto& pb : pl.blocks) status.push_back(pb.status);
   strategy.pin(layout, status, pinned);
   run_layers<P>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
                 &reused, &strategy, hidden, stats, &pinned);
@@ -549,18 +543,11 @@ std::vector<float> llama_engine<P>::decode(relokv::token_t token) {
   if (!live_) throw std::logic_error("llama_engine: decode needs a prefilled request");
   check_tokens(*model_, {&token, 1}, "llama_engine::decode");
   live_request& r = *live_;
-  const auto pos = static_cast<std::int32_t>(r.tokens.size());
+  const auto slot = r.req->append_token();  // the open block, or a new one (cache.extend)
+  if (!slot) throw std::runtime_error("llama_engine: out of KV blocks during decode");
+  const relokv::pos_t pos = slot->pos;
   r.tokens.push_back(token);
-  auto& last = r.map.table.back();
-  if (r.writable.back() && last.len < cache_.block_size() && last.pos0 + last.len == pos) {
-    ++last.len;
-  } else {
-    const auto a = cache_.extend(r.plan.id);
-    if (a.status != relokv::alloc_status::kOk)
-      throw std::runtime_error("llama_engine: out of KV blocks during decode");
-    r.map.table.push_back({a.block, pos, 1});
-    r.writable.push_back(true);
-  }
+  r.map.table.assign(r.req->blocks().begin(), r.req->blocks().end());
   r.map.index();
   std::vector<float> hidden;
   run_layers<P>(*model_, rope_, kv_, r.map, {pos}, r.tokens, -1, nullptr, nullptr, nullptr, hidden);
@@ -584,9 +571,8 @@ std::vector<relokv::token_t> llama_engine<P>::generate(const std::vector<float>&
 template <class P>
 void llama_engine<P>::end(bool commit) {
   if (!live_) return;
-  if (commit) cache_.commit(live_->plan.id, kv_);
-  cache_.release(live_->plan.id);
-  live_.reset();
+  if (commit) live_->req->commit();  // and writes new blocks to the store, when there is one
+  live_.reset();                     // ~request_kv releases the request
 }
 
 template class llama_engine<relokv::pre_rotated>;

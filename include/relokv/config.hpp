@@ -21,6 +21,14 @@
 #define RELOKV_COMPILING_CUDA 0
 #endif
 
+/// Before a RELOKV_HOST_DEVICE template whose parameters may be device-only functors (an __expf
+/// wrapper): nvcc then checks the calls only where it instantiates them.
+#if defined(__CUDACC__)
+#define RELOKV_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#define RELOKV_EXEC_CHECK_DISABLE
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define RELOKV_RESTRICT __restrict__
 #define RELOKV_ALWAYS_INLINE __attribute__((always_inline))

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "relokv/attention/softmax.hpp"
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN
@@ -45,11 +46,11 @@ inline void merge_attention_states(std::size_t rows, std::int32_t head_dim, floa
       lse[r] = lb;
       continue;
     }
-    const float mx = std::max(la, lb);
-    const float wa = std::exp(la - mx), wb = std::exp(lb - mx), total = wa + wb;
-    const float fa = wa / total, fb = wb / total;
+    float fa = 0.0f, fb = 0.0f;
+    softmax_merge(
+        la, lb, fa, fb, lse[r], [](float x) { return std::exp(x); },
+        [](float x) { return std::log(x); });
     for (std::size_t d = 0; d < hd; ++d) o[d] = fa * o[d] + fb * ob[d];
-    lse[r] = mx + std::log(total);
   }
 }
 

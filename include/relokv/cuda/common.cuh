@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// Shared pieces of relokv's CUDA kernels: the device view of a RoPE table, the one dispatch
-/// point from run-time shapes to template parameters, warp reductions.
+/// Shared pieces of relokv's CUDA kernels: the device copy of a RoPE table (read through
+/// rope_table_view and rope_angle, as the host kernels read theirs), the one dispatch point
+/// from run-time shapes to template parameters, warp reductions.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -15,48 +16,34 @@
 RELOKV_NAMESPACE_BEGIN
 namespace cuda {
 
-/// Non-owning device view of a rope_table: cos/sin [max_position][pairs] (magnitude included)
-/// and the inverse frequencies for exact evaluation beyond the table.
-struct rope_table_view {
-  const float* cos = nullptr;
-  const float* sin = nullptr;
-  const double* inv_freq = nullptr;
-  std::int32_t pairs = 0;
-  std::int32_t rotary_dim = 0;
-  std::int32_t max_position = 0;
-  rope_layout layout = rope_layout::kNeoX;
-  float magnitude = 1.0f;
-};
-static_assert(std::is_trivially_copyable_v<rope_table_view>);
-
 /// Owns a device copy of a host rope_table (same values, so device and host kernels agree).
 class device_rope_table {
  public:
   explicit device_rope_table(const rope_table& host) {
     const auto p = static_cast<std::size_t>(host.pairs());
     const auto n = static_cast<std::size_t>(host.max_position()) * p;
-    std::vector<float> c(n), s(n);
-    for (std::int32_t pos = 0; pos < host.max_position(); ++pos)
-      host.angles(pos, c.data() + static_cast<std::size_t>(pos) * p,
-                  s.data() + static_cast<std::size_t>(pos) * p);
-    check(cudaMalloc(&cos_, n * sizeof(float)));
-    check(cudaMalloc(&sin_, n * sizeof(float)));
+    const rope_table_view hv = host.view();
+    // The host's rows as they are: device and host kernels read the same values.
+    cos_ = upload(hv.cos, n);
+    sin_ = upload(hv.sin, n);
+    if (hv.unit_cos != nullptr) {
+      ucos_ = upload(hv.unit_cos, n);
+      usin_ = upload(hv.unit_sin, n);
+    }
     check(cudaMalloc(&freq_, p * sizeof(double)));
-    check(cudaMemcpy(cos_, c.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    check(cudaMemcpy(sin_, s.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    check(cudaMemcpy(freq_, host.inv_freqs(), p * sizeof(double), cudaMemcpyHostToDevice));
-    view_ = {cos_,
-             sin_,
-             freq_,
-             host.pairs(),
-             host.config().rotary_dim,
-             host.max_position(),
-             host.config().layout,
-             static_cast<float>(host.magnitude_factor())};
+    check(cudaMemcpy(freq_, hv.inv_freq, p * sizeof(double), cudaMemcpyHostToDevice));
+    view_ = hv;
+    view_.cos = cos_;
+    view_.sin = sin_;
+    view_.unit_cos = ucos_;
+    view_.unit_sin = usin_;
+    view_.inv_freq = freq_;
   }
   ~device_rope_table() {
     cudaFree(cos_);
     cudaFree(sin_);
+    cudaFree(ucos_);
+    cudaFree(usin_);
     cudaFree(freq_);
   }
   device_rope_table(const device_rope_table&) = delete;
@@ -67,25 +54,19 @@ class device_rope_table {
   static void check(cudaError_t e) {
     if (e != cudaSuccess) throw error(std::string("device_rope_table: ") + cudaGetErrorString(e));
   }
+  float* upload(const float* src, std::size_t n) {
+    float* d = nullptr;
+    check(cudaMalloc(&d, n * sizeof(float)));
+    check(cudaMemcpy(d, src, n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+  }
   float* cos_ = nullptr;
   float* sin_ = nullptr;
+  float* ucos_ = nullptr;
+  float* usin_ = nullptr;
   double* freq_ = nullptr;
   rope_table_view view_{};
 };
-
-/// cos/sin of pair i at position pos (unit: without YaRN's magnitude).
-RELOKV_DEVICE void angle(const rope_table_view& r, long long pos, int i, bool unit, float& c,
-                         float& s) {
-  if (pos >= 0 && pos < r.max_position && (!unit || r.magnitude == 1.0f)) {
-    c = r.cos[pos * r.pairs + i];
-    s = r.sin[pos * r.pairs + i];
-    return;
-  }
-  const double a = static_cast<double>(pos) * r.inv_freq[i];
-  const double mag = unit ? 1.0 : static_cast<double>(r.magnitude);
-  c = static_cast<float>(mag * ::cos(a));
-  s = static_cast<float>(mag * ::sin(a));
-}
 
 /// The two head elements of "pair" p in [0, head_dim / 2): rotated pairs first, then the
 /// unrotated tail (partial rotary) taken two by two, so every element belongs to one pair.

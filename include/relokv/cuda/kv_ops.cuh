@@ -57,7 +57,7 @@ __global__ void append_kernel(const append_params<T> p) {
     float x1 = ks[a], x2 = ks[c];
     if (P::kind != placement_kind::kAtAttention && rotates) {
       float cs, sn;
-      angle(p.rope, rotpos, pr, false, cs, sn);
+      rope_angle(p.rope, rotpos, pr, false, cs, sn);
       rotate_pair(x1, x2, cs, sn);
     }
     kd[a] = from_f32<T>(x1);
@@ -82,7 +82,7 @@ __global__ void relocate_kernel(const relocate_params<T> p) {
     float x1 = to_f32(ks[a]), x2 = to_f32(ks[b]);
     if (rotates) {
       float cs, sn;
-      angle(p.rope, static_cast<long long>(c.dst_pos0) - c.src_pos0, pr, true, cs, sn);
+      rope_angle(p.rope, static_cast<long long>(c.dst_pos0) - c.src_pos0, pr, true, cs, sn);
       rotate_pair(x1, x2, cs, sn);
     }
     kd[a] = from_f32<T>(x1);

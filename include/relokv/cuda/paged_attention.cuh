@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "relokv/attention/softmax.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/cuda/common.cuh"
 #include "relokv/dtype.hpp"
@@ -61,6 +62,14 @@ support can_implement(const attention_params<T>& p) {
 
 namespace detail {
 
+/// __expf and logf as the functors of softmax.hpp's state arithmetic (shared with the host).
+struct fast_exp {
+  __device__ float operator()(float x) const { return __expf(x); }
+};
+struct device_log {
+  __device__ float operator()(float x) const { return logf(x); }
+};
+
 /// One CTA per (query token, KV head): kWarps warps split the sequence's blocks, each lane
 /// owns D/64 element pairs (so rotations stay in registers), warps merge online-softmax
 /// states through shared memory at the end.
@@ -96,7 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
       q2[g][i] = qg[eb[i]];
       if (P::kind != placement_kind::kBlockRelative && rot[i]) {
         float c, s;
-        angle(p.rope, m, lane * kPairs + i, false, c, s);
+        rope_angle(p.rope, m, lane * kPairs + i, false, c, s);
         rotate_pair(q1[g][i], q2[g][i], c, s);
       }
     }
@@ -121,7 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
         r2[g][i] = q2[g][i];
         if (P::kind == placement_kind::kBlockRelative && rot[i]) {
           float c, s;  // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k)
-          angle(p.rope, static_cast<long long>(m) - be.pos0, lane * kPairs + i, false, c, s);
+          rope_angle(p.rope, static_cast<long long>(m) - be.pos0, lane * kPairs + i, false, c, s);
           rotate_pair(r1[g][i], r2[g][i], c, s);
         }
       }
@@ -136,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
         v2[i] = to_f32(vt[j * D + eb[i]]);
         if (P::kind == placement_kind::kAtAttention && rot[i]) {
           float c, s;
-          angle(p.rope, static_cast<long long>(be.pos0) + j, lane * kPairs + i, false, c, s);
+          rope_angle(p.rope, static_cast<long long>(be.pos0) + j, lane * kPairs + i, false, c, s);
           rotate_pair(k1[i], k2[i], c, s);
         }
       }
@@ -144,15 +153,13 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
         float part = 0.0f;
         for (int i = 0; i < kPairs; ++i) part += r1[g][i] * k1[i] + r2[g][i] * k2[i];
         const float score = warp_sum(part) * p.scale;
-        const float m_new = fmaxf(mx[g], score);
-        const float corr = mx[g] == -INFINITY ? 0.0f : __expf(mx[g] - m_new);
-        const float w = __expf(score - m_new);
-        sum[g] = sum[g] * corr + w;
+        const float corr = online_softmax_step(mx[g], sum[g], score, fast_exp{});
+        const float w = __expf(score - mx[g]);
+        sum[g] += w;
         for (int i = 0; i < kPairs; ++i) {
           a1[g][i] = a1[g][i] * corr + w * v1[i];
           a2[g][i] = a2[g][i] * corr + w * v2[i];
         }
-        mx[g] = m_new;
       }
     }
   }
@@ -178,13 +185,13 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
     float total = 0.0f, o = 0.0f;
     if (M != -INFINITY)
       for (int w = 0; w < kWarps; ++w) {
-        const float f = s_mx[w][g] == -INFINITY ? 0.0f : __expf(s_mx[w][g] - M);
+        const float f = softmax_rescale(s_mx[w][g], M, fast_exp{});
         total += s_sum[w][g] * f;
         o += s_acc[w][g][d] * f;
       }
     const long long row = static_cast<long long>(t) * p.num_q_heads + h * G + g;
     p.out[row * D + d] = total > 0.0f ? o / total : 0.0f;
-    if (p.lse != nullptr && d == 0) p.lse[row] = total > 0.0f ? M + logf(total) : -INFINITY;
+    if (p.lse != nullptr && d == 0) p.lse[row] = softmax_lse(M, total, device_log{});
   }
 }
 

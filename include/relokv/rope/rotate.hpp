@@ -9,6 +9,7 @@
 /// why the table (and the exact path beyond it) never does.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "relokv/detail/huge_page_allocator.hpp"
@@ -57,8 +58,59 @@ RELOKV_HOST_DEVICE void exact_angles(const double* inv_freq, std::int32_t pairs,
   }
 }
 
+/// Non-owning view of a cos/sin table, on the host (rope_table::view) or the device
+/// (cuda::device_rope_table::view): [max_position][pairs] rows, with the magnitude (YaRN)
+/// included, unit-magnitude rows for composing relative rotations (null where the magnitude is
+/// 1, or where a copy leaves them out), and the inverse frequencies for exact evaluation
+/// beyond the table. Host and device kernels look angles up through it by the same rule.
+struct rope_table_view {
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  const float* unit_cos = nullptr;
+  const float* unit_sin = nullptr;
+  const double* inv_freq = nullptr;
+  std::int32_t pairs = 0;
+  std::int32_t rotary_dim = 0;
+  std::int32_t max_position = 0;
+  rope_layout layout = rope_layout::kNeoX;
+  double magnitude = 1.0;
+};
+
+/// The table rows holding position pos (unit: without the magnitude), or false when the table
+/// does not hold them (pos outside [0, max_position), or unit rows absent): then the angles
+/// are evaluated exactly (exact_angles, rope_angle).
+RELOKV_HOST_DEVICE bool table_rows(const rope_table_view& r, long long pos, bool unit,
+                                   const float*& cs, const float*& sn) {
+  if (pos < 0 || pos >= r.max_position) return false;
+  const bool u = unit && r.magnitude != 1.0;
+  if (u && r.unit_cos == nullptr) return false;
+  const long long off = pos * r.pairs;
+  cs = (u ? r.unit_cos : r.cos) + off;
+  sn = (u ? r.unit_sin : r.sin) + off;
+  return true;
+}
+
+/// cos and sin of pair i at position pos: from the table when it holds the position, else in
+/// double, as exact_angles does. The lookup of the device kernels (one pair per lane).
+RELOKV_HOST_DEVICE void rope_angle(const rope_table_view& r, long long pos, std::int32_t i,
+                                   bool unit, float& c, float& s) {
+  const float* cs = nullptr;
+  const float* sn = nullptr;
+  if (table_rows(r, pos, unit, cs, sn)) {
+    c = cs[i];
+    s = sn[i];
+    return;
+  }
+  const double a = static_cast<double>(pos) * r.inv_freq[i];
+  const double mag = unit ? 1.0 : r.magnitude;
+  c = static_cast<float>(mag * ::cos(a));
+  s = static_cast<float>(mag * ::sin(a));
+}
+
 /// Host cos/sin table for positions [0, max_position), with exact evaluation beyond it and for
 /// negative positions. Immutable after construction; share it between threads.
+static_assert(std::is_trivially_copyable_v<rope_table_view>);
+
 class rope_table {
  public:
   explicit rope_table(const rope_config& cfg, std::int32_t max_position = 8192)
@@ -94,11 +146,9 @@ class rope_table {
   /// `unit` drops YaRN's magnitude (used for relative rotations between stored vectors).
   void angles(std::int64_t pos, float* cs, float* sn, bool unit = false) const {
     const std::int32_t p = pairs();
-    if (pos >= 0 && pos < max_position_) {
-      const auto off = static_cast<std::size_t>(pos) * static_cast<std::size_t>(p);
-      const bool u = unit && mag_ != 1.0;
-      const float* c = (u ? ucos_.data() : cos_.data()) + off;
-      const float* s = (u ? usin_.data() : sin_.data()) + off;
+    const float* c = nullptr;
+    const float* s = nullptr;
+    if (table_rows(view(), pos, unit, c, s)) {
       for (std::int32_t i = 0; i < p; ++i) {
         cs[i] = c[i];
         sn[i] = s[i];
@@ -106,6 +156,20 @@ class rope_table {
       return;
     }
     exact_angles(freq_.data(), p, static_cast<double>(pos), unit ? 1.0 : mag_, cs, sn);
+  }
+
+  /// The table as host and device kernels read it (valid while this table lives).
+  [[nodiscard]] rope_table_view view() const noexcept {
+    return {cos_.data(),
+            sin_.data(),
+            mag_ != 1.0 ? ucos_.data() : nullptr,
+            mag_ != 1.0 ? usin_.data() : nullptr,
+            freq_.data(),
+            cfg_.pairs(),
+            cfg_.rotary_dim,
+            max_position_,
+            cfg_.layout,
+            mag_};
   }
 
   /// Hints that angles(pos) is needed soon (a table row is 2 * pairs floats, usually a miss).

@@ -19,6 +19,7 @@
 #include "relokv/attention/detail/prefetch.hpp"
 #include "relokv/attention/detail/simd.hpp"
 #include "relokv/attention/kv_head_range.hpp"
+#include "relokv/attention/softmax.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/dtype.hpp"
 #include "relokv/memory/paged_view.hpp"
@@ -298,9 +299,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     const auto head = static_cast<int>(i % hq);
     if (head < h_begin * G || head >= h_end * G) continue;       // another call's share
     const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
-    if (lse != nullptr)
-      lse[i] =
-          w.sum[i] > 0.0f ? w.mx[i] + std::log(w.sum[i]) : -std::numeric_limits<float>::infinity();
+    if (lse != nullptr) lse[i] = softmax_lse(w.mx[i], w.sum[i], host_log{});
     const float* acc = w.acc.data() + i * hd;
     if (bf16_dot) {
 #if RELOKV_HOST_BF16_DOT

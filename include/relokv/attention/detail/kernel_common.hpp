@@ -47,6 +47,14 @@ inline float exp_nonpositive(float x) {
   return p * bits_f32(static_cast<std::uint32_t>(n + 127) << 23);
 }
 
+/// exp_nonpositive and std::log as the functors of softmax.hpp's shared state arithmetic.
+struct host_exp {
+  float operator()(float x) const noexcept { return exp_nonpositive(x); }
+};
+struct host_log {
+  float operator()(float x) const noexcept { return std::log(x); }
+};
+
 inline float dot(const float* RELOKV_RESTRICT a, const float* RELOKV_RESTRICT b, int n) {
   float acc[kLanes] = {};
   int d = 0;

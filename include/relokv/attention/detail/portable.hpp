@@ -14,6 +14,7 @@
 
 #include "relokv/attention/detail/kernel_common.hpp"
 #include "relokv/attention/detail/simd.hpp"
+#include "relokv/attention/softmax.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/dtype.hpp"
 #include "relokv/memory/paged_view.hpp"
@@ -64,16 +65,15 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         s[j] = dot(qg, kf + static_cast<std::ptrdiff_t>(j) * D, D);
         bmax = std::max(bmax, s[j]);
       }
-      const float m_old = bh.mx[qh];
-      const float m_new = std::max(m_old, bmax);
-      const float corr = exp_nonpositive(m_old - m_new);  // 0 on the first block
+      // 0 on the first block; the CUDA kernels take the same step per score
+      const float corr = online_softmax_step(bh.mx[qh], bh.sum[qh], bmax, host_exp{});
+      const float m_new = bh.mx[qh];
       float bsum = 0.0f;
       for (int j = 0; j < valid; ++j) {
         s[j] = exp_nonpositive(s[j] - m_new);
         bsum += s[j];
       }
-      bh.mx[qh] = m_new;
-      bh.sum[qh] = bh.sum[qh] * corr + bsum;
+      bh.sum[qh] += bsum;
       float* acc = bh.acc + qh * hd;
       for (int d = 0; d < D; ++d) acc[d] *= corr;
       for (int j = 0; j < valid; ++j) {

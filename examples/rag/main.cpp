@@ -15,6 +15,7 @@
 
 #include "load_model.hpp"
 #include "model_path.hpp"
+#include "options.hpp"
 #include "rag.hpp"
 #include "report.hpp"
 #include "store_mode.hpp"
@@ -23,78 +24,7 @@ extern char** environ;
 
 namespace {
 
-struct options {
-  std::string data, model, json_out, csv_out, svg_out, sweep_out, calibrate_out, profile;
-  std::size_t requests = 24, passages = 10, corpus = 40;
-  double zipf = 1.0, max_kl = 0.05, min_agreement = 0.8;
-  std::uint32_t seed = 1;
-  bool quiet = false, synthetic = false;
-  std::string variants;
-  std::string store, role = "both";
-  std::int32_t first_k = 16;
-  float topk = 0.15f;
-  relokv_rag::run_options run;
-};
-
-void add_options(CLI::App& app, options& o) {
-  app.description(
-      "Runs a multi-document QA workload under every position-independent caching variant, all "
-      "served by ONE relocatable_cache with their requests interleaved, and compares each with "
-      "full recompute: TTFT, prefill work, hit rates, KV memory, the KL divergence of the first "
-      "answer token and of the whole answer (teacher-forced), greedy agreement, EM and F1, each "
-      "with a bootstrap 95% interval.");
-  app.add_option("--data", o.data,
-                 "2WikiMultihopQA-style JSONL (question, answer, context as [[title, "
-                 "[sentences]], ...]); default: the built-in generator");
-  app.add_option("--requests", o.requests, "questions to run")->capture_default_str();
-  app.add_option("--passages", o.passages, "generator: passages per question")
-      ->capture_default_str();
-  app.add_option("--corpus", o.corpus, "generator: passages in the corpus")->capture_default_str();
-  app.add_option("--zipf", o.zipf, "generator: Zipf exponent of passage popularity")
-      ->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for passage order and the generator")
-      ->capture_default_str();
-  app.add_option("--model", o.model,
-                 "GGUF model path, or a name scripts/get-model knows (smollm2, qwen2.5-0.5b), or "
-                 "auto ($RELOKV_MODEL or the smollm2 cache); default: the synthetic model");
-  app.add_flag("--synthetic", o.synthetic, "the offline synthetic model (the default)");
-  app.add_option("--placement", o.run.placement, "pre_rotated, at_attention or block_relative")
-      ->capture_default_str();
-  app.add_option("--max-answer", o.run.max_answer, "greedy answer tokens")->capture_default_str();
-  app.add_option("--first-k", o.first_k, "EPIC's tokens per span, and KVBoost's seam window")
-      ->capture_default_str();
-  app.add_option("--topk", o.topk, "CacheBlend's recompute ratio in [0, 1]")->capture_default_str();
-  app.add_option("--variants", o.variants,
-                 "comma-separated subset of full, prefix, naive, block, epic, kvboost, "
-                 "cacheblend, union (full always runs first, as the reference)");
-  app.add_option("--profile", o.profile,
-                 "a strategy profile (--calibrate's output): adds the variant it selects");
-  app.add_option("--sweep", o.sweep_out,
-                 "run every strategy over its budget; write PREFIX.csv and PREFIX.svg "
-                 "(accuracy against prefill work)");
-  app.add_option("--calibrate", o.calibrate_out,
-                 "sweep, then write the cheapest strategy within --max-kl and "
-                 "--min-agreement as a profile (JSON)");
-  app.add_option("--max-kl", o.max_kl, "calibration: largest mean first-token KL allowed")
-      ->capture_default_str();
-  app.add_option("--min-agreement", o.min_agreement,
-                 "calibration: smallest mean greedy agreement allowed")
-      ->capture_default_str();
-  app.add_option("--json", o.json_out, "results as JSON");
-  app.add_option("--csv", o.csv_out, "results as CSV");
-  app.add_option("--svg", o.svg_out, "plot: TTFT against agreement, tokens computed per request");
-  app.add_flag("--quiet", o.quiet, "no progress bar");
-  app.add_option("--store", o.store,
-                 "share spans through a store: redis://HOST[:PORT], file:DIR or memory:. A "
-                 "writer instance caches every question's passages into it, then a reader "
-                 "instance with an empty pool answers the questions reusing them (variants "
-                 "default to full,naive,epic)");
-  app.add_option("--role", o.role,
-                 "with --store: writer, reader, or both (the writer as a second process, then "
-                 "the reader here; one process for memory:)")
-      ->check(CLI::IsMember({"writer", "reader", "both"}))
-      ->capture_default_str();
-}
+using relokv_rag::options;
 
 std::string resolve_model(const std::string& m) {
   if (m.empty() || m.find('/') != std::string::npos || m.ends_with(".gguf")) return m;
@@ -218,12 +148,82 @@ int store_mode(int argc, char** argv, const options& o,
   return 0;
 }
 
+/// A progress bar on stderr, redrawn as requests finish.
+void progress_bar(std::size_t done, std::size_t total) {
+  const int width = 30, filled = static_cast<int>(double(width) * double(done) / double(total));
+  std::fprintf(stderr, "\r[%s%s] %zu/%zu",
+               std::string(static_cast<std::size_t>(filled), '=').c_str(),
+               std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), done, total);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+/// The variants to run: the sweep's, or the chosen defaults, plus a profile's when given.
+std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
+                                             const relokv_engine::llama_model& model) {
+  auto variants = sweeping ? relokv_rag::sweep_variants()
+                           : pick(relokv_rag::default_variants(o.first_k, o.topk), o.variants);
+  if (o.profile.empty()) return variants;
+  const auto prof = relokv_engine::load_profile(o.profile);
+  variants.push_back({"calibrated: " + (prof.safe ? prof.strategy.label() : "full (unsafe)"),
+                      relokv_engine::profile_strategy(prof, model), true, o.profile, "calibrated",
+                      prof.safe ? prof.strategy : relokv_engine::strategy_spec{"full"}});
+  if (!prof.safe)
+    std::printf(
+        "profile %s: no strategy met the thresholds on this model; serving it with full "
+        "recompute\n",
+        o.profile.c_str());
+  return variants;
+}
+
+/// The files --csv, --json, --svg and --sweep ask for.
+void write_outputs(const options& o, const std::vector<relokv_rag::variant>& variants,
+                   const std::vector<relokv_rag::row>& rows,
+                   const std::vector<relokv_rag::variant_result>& res,
+                   const relokv_rag::workload& w, const std::string& model_name) {
+  if (!o.csv_out.empty()) relokv_rag::write_csv(o.csv_out, rows);
+  if (!o.json_out.empty())
+    relokv_rag::write_json(o.json_out, rows, w.source, w.requests.size(), o.run.placement,
+                           model_name);
+  if (!o.svg_out.empty()) relokv_rag::write_svg(o.svg_out, rows, res);
+  if (o.sweep_out.empty()) return;
+  std::vector<relokv_rag::sweep_point> pts;
+  for (std::size_t i = 1; i < rows.size(); ++i) {  // row 0 is the reference
+    const auto& s = variants[i].spec;
+    const double budget = s.kind == "deviation_topk" ? 100.0 * s.ratio : double(s.k);
+    pts.push_back({s.kind, s.label(), budget, rows[i]});
+  }
+  relokv_rag::write_sweep_csv(o.sweep_out + ".csv", pts, model_name);
+  relokv_rag::write_sweep_svg(o.sweep_out + ".svg", pts,
+                              model_name + ": accuracy against recompute, " +
+                                  std::to_string(w.requests.size()) + " questions");
+  std::printf("sweep: %s.csv, %s.svg\n", o.sweep_out.c_str(), o.sweep_out.c_str());
+}
+
+/// --calibrate: the cheapest strategy within the thresholds, saved as a profile.
+void write_calibration(const options& o, const std::vector<relokv_rag::variant>& variants,
+                       const std::vector<relokv_rag::row>& rows,
+                       const relokv_engine::llama_model& model, const std::string& source) {
+  const auto p = calibrate(variants, rows, model, o, source);
+  relokv_engine::save_profile(o.calibrate_out, p);
+  if (p.safe)
+    std::printf("calibration: %s (work %.1f%%, first-token KL %.4f, agreement %.1f%%) -> %s\n",
+                p.strategy.label().c_str(), 100 * p.work, p.kl, 100 * p.agreement,
+                o.calibrate_out.c_str());
+  else
+    std::printf(
+        "calibration: UNSAFE: no strategy kept KL <= %.3f and agreement >= %.0f%% on "
+        "this model; the profile serves it with full recompute -> %s\n",
+        o.max_kl, 100 * o.min_agreement, o.calibrate_out.c_str());
+  for (const auto& k : p.unsafe_kinds)
+    std::printf("  unsafe for this model at every budget tried: %s\n", k.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"relokv_rag"};
   options o;
-  add_options(app, o);
+  relokv_rag::add_options(app, o);
   CLI11_PARSE(app, argc, argv);
   try {
     const std::string model_path = o.synthetic ? std::string() : resolve_model(o.model);
@@ -234,84 +234,19 @@ int main(int argc, char** argv) {
                                                          o.seed, model->cfg.vocab)
                                   : relokv_rag::load_jsonl(o.data, o.requests, o.seed, codec);
     const bool sweeping = !o.sweep_out.empty() || !o.calibrate_out.empty();
-    std::printf("relokv_rag: %zu requests from %s, %zu passages, model %s, placement %s%s\n",
+    std::printf("relokv_rag: %zu requests from %s, %zu passages, model %s, placement %s, KV %s%s\n",
                 w.requests.size(), w.source.c_str(), w.corpus.size(),
                 model_path.empty() ? "synthetic (offline)" : model_path.c_str(),
-                o.run.placement.c_str(), sweeping ? ", budget sweep" : "");
-    if (!o.quiet)
-      o.run.progress = [](std::size_t d, std::size_t t) {
-        const int width = 30, filled = static_cast<int>(double(width) * double(d) / double(t));
-        std::fprintf(stderr, "\r[%s%s] %zu/%zu",
-                     std::string(static_cast<std::size_t>(filled), '=').c_str(),
-                     std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), d, t);
-        if (d == t) std::fprintf(stderr, "\n");
-      };
+                o.run.placement.c_str(), o.run.kv_dtype.c_str(), sweeping ? ", budget sweep" : "");
+    if (!o.quiet) o.run.progress = progress_bar;
     if (!o.store.empty()) return store_mode(argc, argv, o, model, w, codec);
-    auto variants = sweeping ? relokv_rag::sweep_variants()
-                             : pick(relokv_rag::default_variants(o.first_k, o.topk), o.variants);
-    if (!o.profile.empty()) {
-      const auto prof = relokv_engine::load_profile(o.profile);
-      relokv_rag::variant v{"calibrated: " + (prof.safe ? prof.strategy.label() : "full (unsafe)"),
-                            relokv_engine::profile_strategy(prof, *model),
-                            true,
-                            o.profile,
-                            "calibrated",
-                            prof.safe ? prof.strategy : relokv_engine::strategy_spec{"full"}};
-      if (!prof.safe)
-        std::printf(
-            "profile %s: no strategy met the thresholds on this model; serving it with "
-            "full recompute\n",
-            o.profile.c_str());
-      variants.push_back(std::move(v));
-    }
+
+    const auto variants = variants_of(o, sweeping, *model);
     const auto res = relokv_rag::run(model, w, codec, variants, o.run);
     const auto rows = relokv_rag::rows_of(res);
-    relokv_rag::print_table(rows);
-    std::printf("\nTTFT speedup over full prefill:");
-    for (std::size_t i = 1; i < rows.size(); ++i)
-      std::printf(" %s %.1fx;", rows[i].name.c_str(), rows[0].p50 / rows[i].p50);
-    std::printf("\n");
-    for (const auto& r : rows)
-      if (!r.note.empty()) std::printf("  %s: %s\n", r.name.c_str(), r.note.c_str());
-    if (!loaded.tokenizer)
-      std::printf(
-          "\n*** synthetic model (random weights, offline): EM and F1 against the generator's "
-          "answers mean nothing; KL and agreement still compare the variants. Run "
-          "scripts/get-model for a real one. ***\n");
-    const std::string model_name = model_path.empty() ? "synthetic" : model->cfg.name;
-    if (!o.csv_out.empty()) relokv_rag::write_csv(o.csv_out, rows);
-    if (!o.json_out.empty())
-      relokv_rag::write_json(o.json_out, rows, w.source, w.requests.size(), o.run.placement,
-                             model_name);
-    if (!o.svg_out.empty()) relokv_rag::write_svg(o.svg_out, rows, res);
-    if (!o.sweep_out.empty()) {
-      std::vector<relokv_rag::sweep_point> pts;
-      for (std::size_t i = 1; i < rows.size(); ++i) {
-        const auto& s = variants[i].spec;
-        const double budget = s.kind == "deviation_topk" ? 100.0 * s.ratio : double(s.k);
-        pts.push_back({s.kind, s.label(), budget, rows[i]});
-      }
-      relokv_rag::write_sweep_csv(o.sweep_out + ".csv", pts, model_name);
-      relokv_rag::write_sweep_svg(o.sweep_out + ".svg", pts,
-                                  model_name + ": accuracy against recompute, " +
-                                      std::to_string(w.requests.size()) + " questions");
-      std::printf("sweep: %s.csv, %s.svg\n", o.sweep_out.c_str(), o.sweep_out.c_str());
-    }
-    if (!o.calibrate_out.empty()) {
-      const auto p = calibrate(variants, rows, *model, o, w.source);
-      relokv_engine::save_profile(o.calibrate_out, p);
-      if (p.safe)
-        std::printf("calibration: %s (work %.1f%%, first-token KL %.4f, agreement %.1f%%) -> %s\n",
-                    p.strategy.label().c_str(), 100 * p.work, p.kl, 100 * p.agreement,
-                    o.calibrate_out.c_str());
-      else
-        std::printf(
-            "calibration: UNSAFE: no strategy kept KL <= %.3f and agreement >= %.0f%% on "
-            "this model; the profile serves it with full recompute -> %s\n",
-            o.max_kl, 100 * o.min_agreement, o.calibrate_out.c_str());
-      for (const auto& k : p.unsafe_kinds)
-        std::printf("  unsafe for this model at every budget tried: %s\n", k.c_str());
-    }
+    relokv_rag::print_summary(rows, /*synthetic=*/!loaded.tokenizer);
+    write_outputs(o, variants, rows, res, w, model_path.empty() ? "synthetic" : model->cfg.name);
+    if (!o.calibrate_out.empty()) write_calibration(o, variants, rows, *model, w.source);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "relokv_rag: %s\n", e.what());

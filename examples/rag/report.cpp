@@ -249,4 +249,19 @@ void write_sweep_svg(const std::string& path, const std::vector<sweep_point>& pt
   if (!o) throw std::runtime_error(path + ": cannot write");
 }
 
+void print_summary(const std::vector<row>& rows, bool synthetic) {
+  print_table(rows);
+  std::printf("\nTTFT speedup over full prefill:");
+  for (std::size_t i = 1; i < rows.size(); ++i)
+    std::printf(" %s %.1fx;", rows[i].name.c_str(), rows[0].p50 / rows[i].p50);
+  std::printf("\n");
+  for (const auto& r : rows)
+    if (!r.note.empty()) std::printf("  %s: %s\n", r.name.c_str(), r.note.c_str());
+  if (synthetic)
+    std::printf(
+        "\n*** synthetic model (random weights, offline): EM and F1 against the generator's "
+        "answers mean nothing; KL and agreement still compare the variants. Run "
+        "scripts/get-model for a real one. ***\n");
+}
+
 }  // namespace relokv_rag

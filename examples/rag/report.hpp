@@ -17,6 +17,9 @@ struct row {
 std::vector<row> rows_of(const std::vector<variant_result>& res);
 
 void print_table(const std::vector<row>& rows);
+/// The table, each variant's TTFT speedup over full prefill and its notes, and a warning when
+/// the model is the synthetic one (its EM and F1 mean nothing).
+void print_summary(const std::vector<row>& rows, bool synthetic);
 void write_csv(const std::string& path, const std::vector<row>& rows);
 void write_json(const std::string& path, const std::vector<row>& rows, const std::string& source,
                 std::size_t requests, const std::string& placement, const std::string& model);

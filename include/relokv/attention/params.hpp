@@ -96,26 +96,27 @@ void paged_attention(const attention_params<T>& p) {
   const int hb = p.heads.begin, he = std::min(p.heads.end, p.kv.num_kv_heads);
   const std::size_t stride = static_cast<std::size_t>(p.num_q_heads) * p.kv.head_dim;
   const auto& table = p.table;
-  if (p.q_indptr == nullptr) {
-    for (std::int32_t s = 0; s < table.num_seqs; ++s)
-      detail::attend_group<P>(rope, p.kv, table.entries + table.indptr[s],
-                              table.indptr[s + 1] - table.indptr[s], p.q + s * stride, p.q_pos + s,
-                              1, p.num_q_heads, p.scale, p.out + s * stride,
-                              p.lse == nullptr ? nullptr : p.lse + s * p.num_q_heads,
-                              /*decode=*/true, hb, he);
-    return;
-  }
-  // Queries of a sequence in groups that share each block while it is in cache.
-  constexpr std::int32_t kGroup = 16;
-  for (std::int32_t s = 0; s < table.num_seqs; ++s)
-    for (std::int32_t t = p.q_indptr[s]; t < p.q_indptr[s + 1]; t += kGroup) {
-      const int n = static_cast<int>(std::min(kGroup, p.q_indptr[s + 1] - t));
-      detail::attend_group<P>(rope, p.kv, table.entries + table.indptr[s],
-                              table.indptr[s + 1] - table.indptr[s], p.q + t * stride, p.q_pos + t,
-                              n, p.num_q_heads, p.scale, p.out + t * stride,
-                              p.lse == nullptr ? nullptr : p.lse + t * p.num_q_heads,
-                              /*decode=*/false, hb, he);
+  detail::with_path(p.kv, [&](auto path) {  // the path, chosen once per call
+    using Path = decltype(path);
+    if (p.q_indptr == nullptr) {
+      for (std::int32_t s = 0; s < table.num_seqs; ++s)
+        detail::attend_group<P, Path, /*Decode=*/true>(
+            rope, p.kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
+            p.q + s * stride, p.q_pos + s, 1, p.num_q_heads, p.scale, p.out + s * stride,
+            p.lse == nullptr ? nullptr : p.lse + s * p.num_q_heads, hb, he);
+      return;
     }
+    // Queries of a sequence in groups that share each block while it is in cache.
+    constexpr std::int32_t kGroup = 16;
+    for (std::int32_t s = 0; s < table.num_seqs; ++s)
+      for (std::int32_t t = p.q_indptr[s]; t < p.q_indptr[s + 1]; t += kGroup) {
+        const int n = static_cast<int>(std::min(kGroup, p.q_indptr[s + 1] - t));
+        detail::attend_group<P, Path, /*Decode=*/false>(
+            rope, p.kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
+            p.q + t * stride, p.q_pos + t, n, p.num_q_heads, p.scale, p.out + t * stride,
+            p.lse == nullptr ? nullptr : p.lse + t * p.num_q_heads, hb, he);
+      }
+  });
 }
 
 RELOKV_NAMESPACE_END

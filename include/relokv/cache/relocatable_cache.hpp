@@ -11,6 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "relokv/cache/cache_stats.hpp"
+#include "relokv/cache/detail/cache_state.hpp"
+#include "relokv/cache/detail/store_tier.hpp"
 #include "relokv/cache/reuse_plan.hpp"
 #include "relokv/concepts/block_allocator.hpp"
 #include "relokv/concepts/hash_scheme.hpp"
@@ -27,56 +30,12 @@
 
 RELOKV_NAMESPACE_BEGIN
 
-/// Running totals, for reports and tests.
-struct cache_stats {
-  std::int64_t requests = 0;
-  std::int64_t blocks_looked_up = 0;
-  std::int64_t exact_hits = 0;
-  std::int64_t relocated_hits = 0;
-  std::int64_t misses = 0;
-  std::int64_t evictions = 0;
-  std::int64_t out_of_blocks = 0;
-  // The store tier (zero without a store).
-  std::int64_t store_lookups = 0;      ///< pool misses looked up in the store
-  std::int64_t store_hits = 0;         ///< verified fetches that became hits
-  std::int64_t store_misses = 0;       ///< no entry under the key
-  std::int64_t store_unavailable = 0;  ///< store calls that were not answered
-  /// Entries fetched and rejected, indexed by their block_check (malformed, version,
-  /// checksum, fingerprint, layout, identity; [0], kOk, stays 0).
-  std::int64_t store_rejected[7] = {};
-  std::int64_t store_writes = 0;          ///< blocks commit handed the store (queued, write-behind)
-  std::int64_t store_write_failures = 0;  ///< blocks a put did not store
-  std::int64_t store_bytes_read = 0, store_bytes_written = 0;
-  [[nodiscard]] std::int64_t store_rejected_total() const noexcept {
-    std::int64_t n = 0;
-    for (std::int64_t r : store_rejected) n += r;
-    return n;
-  }
-};
-
-/// How a cache uses its store (relocatable_cache's fifth policy).
-struct store_options {
-  /// store_fingerprint(model, RoPE configuration, placement): blocks of another fingerprint
-  /// are never used, and it is part of every store key.
-  std::uint64_t fingerprint = 0;
-  /// The engine's KV layout (its storage's block_layout()); fetched blocks must match it.
-  kv_block_layout layout{};
-  bool read = true;   ///< plan() looks pool misses up in the store
-  bool write = true;  ///< commit() puts the blocks the request computed
-};
-
 /// Relocatable KV-cache manager. The library decides and manages memory; the engine computes.
 ///
-/// Protocol for one request:
-/// @code
-///   auto plan = cache.plan(layout);             // lookup: exact, relocated or miss per block
-///   if (!plan.ok()) { /* wait or preempt, retry */ }
-///   // engine: perform plan.copies, compute the tokens with plan.compute[pos] == 1 into
-///   //         plan.blocks[i].physical, attend over plan.block_table()
-///   cache.commit(plan.id);                      // new blocks become reusable
-///   ...                                         // decode
-///   cache.release(plan.id);                     // refcounts drop, blocks join the LRU queue
-/// @endcode
+/// Protocol for one request: plan (exact hit, relocated hit or miss per block; kOutOfBlocks
+/// takes nothing), the engine computes what the plan masks, commit (the new blocks become
+/// reusable), decode (extend), release (refcounts drop, blocks join the LRU queue).
+/// engine/request_kv.hpp drives it for an engine loop; see README "Writing an engine loop".
 ///
 /// Correctness does not rest on the hash: every hit compares the stored tokens and segment
 /// structure of the block, and the identity of what precedes it (for an exact hit, the physical
@@ -95,13 +54,9 @@ struct store_options {
 /// @tparam RecomputeStrategy models recompute_strategy (recompute::none by default)
 /// @tparam KvStore           models kv_store (no_store by default: no store tier at all)
 ///
-/// With a store: a sealed block the pool misses is looked up in the store (its context key
-/// for a block of a prefix or plain segment, its content key for a span's), all of a request's
-/// in one batched get; a fetched entry is used only when its checksum, fingerprint, layout,
-/// extra keys and identity (tokens, segment structure, context) all match, and it then counts
-/// as a hit whose bytes the engine writes (plan.fetches, apply_fetches). commit(id, storage)
-/// puts the blocks the request computed from nothing, and registers fetched blocks in the
-/// pool so that later requests find them there. A store that is down makes lookups misses.
+/// With a store, pool misses are looked up there in one batched get and used only when they
+/// verify as a pool hit does; commit(id, storage) puts the blocks a request computed from
+/// nothing (detail/store_tier.hpp, docs/store.md). A store that is down makes lookups misses.
 template <class HashScheme = xxh3_128, class BlockAllocator = lru_block_pool,
           class RopePlacement = at_attention, class RecomputeStrategy = recompute::none,
           class KvStore = no_store>
@@ -142,10 +97,10 @@ class relocatable_cache {
         hash_(std::move(hash)),
         strategy_(std::move(strategy)),
         block_size_(block_size),
-        store_() {
+        tier_() {
     init_pool();
     // Without store_options, a cache never touches its store.
-    store_opts_.read = store_opts_.write = false;
+    tier_.opts.read = tier_.opts.write = false;
   }
 
   /// A cache with a store tier (see the class comment).
@@ -156,8 +111,7 @@ class relocatable_cache {
         hash_(std::move(hash)),
         strategy_(std::move(strategy)),
         block_size_(block_size),
-        store_(std::move(store)),
-        store_opts_(so) {
+        tier_(std::move(store), so) {
     init_pool();
     const kv_block_layout& l = so.layout;
     if (l.block_size != block_size || l.num_layers <= 0 || l.num_kv_heads <= 0 || l.head_dim <= 0 ||
@@ -223,7 +177,7 @@ class relocatable_cache {
     // Context identities of relocatable segments, verified by their tokens.
     rs.segment_entry.assign(layout.segments.size(), -1);
     for (std::size_t s = 0; s < layout.segments.size(); ++s)
-      if (relocatable(layout.segments[s]))
+      if (detail::relocatable(layout.segments[s]))
         rs.segment_entry[s] = find_context(rs, static_cast<std::int32_t>(s));
 
     p.status = plan_status::kOk;
@@ -248,7 +202,7 @@ class relocatable_cache {
         if (hit != kNoBlock && !verify_chain(rs, b, hit, true)) hit = kNoBlock;
         if (hit != kNoBlock) status_[bi] = block_status::kExactHit;
       }
-      if (hit == kNoBlock && e.sealed && relocatable(seg)) {
+      if (hit == kNoBlock && e.sealed && detail::relocatable(seg)) {
         hit = lookup(content_index_, keys_.content[bi]);
         if (hit != kNoBlock && !verify_chain(rs, b, hit, false)) hit = kNoBlock;
         if (hit != kNoBlock) status_[bi] = block_status::kRelocatedHit;
@@ -265,7 +219,8 @@ class relocatable_cache {
         std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{1});
     }
     if constexpr (kHasStore) {
-      if (store_opts_.read) fetch_from_store(layout, strategy, rs, p);
+      if (tier_.opts.read)
+        tier_.fetch(layout, strategy, rs, p, status_, stats_, block_size_, RopePlacement::kind);
     }
 
     // 2. Strategy.
@@ -278,7 +233,7 @@ class relocatable_cache {
       planned_block& pb = p.blocks[bi];
       const block_extent& e = layout.blocks[bi];
       const auto first = p.compute.begin() + e.pos0;
-      const std::int32_t computed = count_ones(&*first, e.len);
+      const std::int32_t computed = detail::count_ones(&*first, e.len);
       // A dynamic strategy's first mask is only where it measures: its reused tokens mostly
       // stay, so their blocks are copied, never rebuilt from nothing.
       pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !strategy.dynamic());
@@ -318,8 +273,8 @@ class relocatable_cache {
           const block_id dst = take_block(rs);
           pb.physical = pb.source = dst;
           rs.ident[bi] = dst;
-          fetched_[bi].dst = dst;
-          p.fetches.push_back(std::move(fetched_[bi]));
+          tier_.fetched[bi].dst = dst;
+          p.fetches.push_back(std::move(tier_.fetched[bi]));
           ++p.store_hits;
         }
       }
@@ -343,7 +298,8 @@ class relocatable_cache {
       p.relocated_hits += pb.status == block_status::kRelocatedHit;
       p.misses += pb.status == block_status::kMiss;
     }
-    p.tokens_to_compute = count_ones(p.compute.data(), static_cast<std::int32_t>(p.compute.size()));
+    p.tokens_to_compute =
+        detail::count_ones(p.compute.data(), static_cast<std::int32_t>(p.compute.size()));
     rs.plan_blocks.assign(p.blocks.begin(), p.blocks.end());
     rs.ctx_link = rs.ident;
     rs.content_link = rs.ident;
@@ -364,7 +320,7 @@ class relocatable_cache {
   /// @throws error for an unknown, released or already committed request, for kNoRequest (the
   ///         id of a failed plan), and when the cache has a store to write to.
   void commit(request_id id) {
-    if (kHasStore && store_opts_.write)
+    if (kHasStore && tier_.opts.write)
       throw error(
           "commit: this cache writes new blocks to its store; call commit(id, storage) "
           "with the KV storage, or set store_options.write = false");
@@ -378,7 +334,7 @@ class relocatable_cache {
   template <class Storage>
   requires kv_block_io<Storage>
   void commit(request_id id, const Storage& storage) {
-    if (kHasStore && store_opts_.write && !(storage.block_layout() == store_opts_.layout))
+    if (kHasStore && tier_.opts.write && !(storage.block_layout() == tier_.opts.layout))
       throw error("commit: the storage's block layout differs from store_options.layout");
     commit_impl(id, &storage);
   }
@@ -399,7 +355,7 @@ class relocatable_cache {
     // context: re-derive them (by tokens and extra keys, never by slot) before linking.
     for (std::size_t s = 0; s < rs.segments.size(); ++s)
       rs.segment_entry[s] =
-          relocatable(rs.segments[s]) ? find_context(rs, static_cast<std::int32_t>(s)) : -1;
+          detail::relocatable(rs.segments[s]) ? find_context(rs, static_cast<std::int32_t>(s)) : -1;
     const auto nb = rs.blocks.size();
     for (std::size_t bi = 0; bi < nb; ++bi) {
       const planned_block& pb = rs.plan_blocks[bi];
@@ -432,7 +388,7 @@ class relocatable_cache {
           rs.ctx_link[bi] = it->second;
         }
       }
-      if (relocatable(seg)) {
+      if (detail::relocatable(seg)) {
         // Content links are recorded even when the key is taken, so that a chain walk through
         // this block (reached as an exact parent) can still prove the span's content.
         const bool first = b == seg.first_block;
@@ -459,7 +415,7 @@ class relocatable_cache {
       if (cached) alloc_.set_cached(reg, true);
     }
     if constexpr (kHasStore && !std::is_same_v<Storage, no_block_io>) {
-      if (store_opts_.write) write_to_store(rs, *storage);
+      if (tier_.opts.write) tier_.write(rs, *storage, stats_, block_size_, RopePlacement::kind);
     }
   }
 
@@ -498,9 +454,9 @@ class relocatable_cache {
   [[nodiscard]] const BlockAllocator& allocator() const noexcept { return alloc_; }
   [[nodiscard]] const HashScheme& hash() const noexcept { return hash_; }
   [[nodiscard]] const RecomputeStrategy& strategy() const noexcept { return strategy_; }
-  [[nodiscard]] KvStore& store() noexcept { return store_; }
-  [[nodiscard]] const KvStore& store() const noexcept { return store_; }
-  [[nodiscard]] const store_options& store_config() const noexcept { return store_opts_; }
+  [[nodiscard]] KvStore& store() noexcept { return tier_.store; }
+  [[nodiscard]] const KvStore& store() const noexcept { return tier_.store; }
+  [[nodiscard]] const store_options& store_config() const noexcept { return tier_.opts; }
   [[nodiscard]] std::int32_t block_size() const noexcept { return block_size_; }
   /// Requests planned and not yet released.
   [[nodiscard]] std::size_t live_requests() const noexcept { return live_.size(); }
@@ -522,221 +478,10 @@ class relocatable_cache {
   };
   using index_t = std::unordered_map<key_type, block_id, key_hasher>;
 
-  struct block_meta {
-    key_type ctx_key{};
-    key_type content_key{};
-    std::uint32_t generation = 0;
-    std::uint32_t ctx_parent_gen = 0;
-    std::uint32_t content_parent_gen = 0;
-    std::uint32_t tag = 0;
-    block_id ctx_parent = kNoBlock;      ///< kNoBlock: first block of a request (root)
-    block_id content_parent = kNoBlock;  ///< kNoBlock: first block of a span (context_entry)
-    std::int32_t context_entry = -1;
-    std::int32_t len = 0;
-    pos_t stored_pos0 = 0;
-    extra_keys extras{};
-    bool in_ctx = false;
-    bool in_content = false;
-  };
-  /// An interned context (a span's prefix, or a dependent segment's window) and extra keys.
-  struct context_entry {
-    key_type key{};
-    std::vector<token_t> tokens;
-    extra_keys extras{};
-    std::int32_t refs = 0;
-    bool live = false;
-  };
-  struct request_state {
-    bool live = false;
-    bool committed = false;
-    extra_keys extras{};
-    std::vector<token_t> tokens;
-    std::vector<block_extent> blocks;
-    std::vector<segment> segments;
-    std::vector<key_type> context_key, content_key, segment_context;
-    std::vector<std::int32_t> segment_entry;
-    std::vector<planned_block> plan_blocks;
-    std::vector<block_id> ident;  ///< per block: the shared block that holds its content
-    std::vector<block_id> ctx_link, content_link;  ///< parents that commit links children to
-    std::vector<std::uint8_t> exact;
-    std::vector<pos_t> src_pos0;         ///< per hit: the position its keys were written at
-    std::vector<std::uint8_t> keep_out;  ///< per block: not written to the store
-    std::vector<block_id> held;
-  };
+  using block_meta = detail::block_meta<key_type>;
+  using context_entry = detail::context_entry<key_type>;
+  using request_state = detail::request_state<key_type>;
 
-  /// Which key a block is stored under: content for a span's (or windowed dependent
-  /// segment's) blocks, context for the others. One copy per block: a span's context entry
-  /// would duplicate its bytes for the rare request that shows it in the same place.
-  static store_entry_kind store_kind(const request_state& rs, std::size_t bi) noexcept {
-    const segment& seg = rs.segments[static_cast<std::size_t>(rs.blocks[bi].segment)];
-    return relocatable(seg) ? store_entry_kind::kContent : store_entry_kind::kContext;
-  }
-  store_key store_key_of(const request_state& rs, std::size_t bi, store_entry_kind kind) const {
-    return make_store_key(
-        store_opts_.fingerprint, kind, block_size_, rs.extras,
-        kind == store_entry_kind::kContent ? rs.content_key[bi] : rs.context_key[bi]);
-  }
-  /// What a stored block is verified by (block_format.hpp): every block of its chain (from
-  /// the request's start for a context entry, from the span's start for a content entry)
-  /// with its tag, length and tokens, and the span's context tokens.
-  block_identity identity_of(const request_state& rs, std::size_t bi, store_entry_kind kind) {
-    const block_extent& e = rs.blocks[bi];
-    const std::int32_t seg_index = e.segment;
-    const auto start = kind == store_entry_kind::kContext
-                           ? std::size_t{0}
-                           : static_cast<std::size_t>(
-                                 rs.segments[static_cast<std::size_t>(seg_index)].first_block);
-    id_chain_.clear();
-    id_tokens_.clear();
-    for (std::size_t i = start; i <= bi; ++i) {
-      const block_extent& x = rs.blocks[i];
-      const segment& seg = rs.segments[static_cast<std::size_t>(x.segment)];
-      id_chain_.push_back(block_tag(seg, static_cast<std::int32_t>(i) == seg.first_block));
-      id_chain_.push_back(static_cast<std::uint32_t>(x.len));
-      id_tokens_.insert(id_tokens_.end(), rs.tokens.begin() + x.pos0,
-                        rs.tokens.begin() + x.pos0 + x.len);
-    }
-    const std::span<const token_t> ctx = kind == store_entry_kind::kContent
-                                             ? context_tokens(rs, seg_index)
-                                             : std::span<const token_t>{};
-    return {id_chain_, ctx, id_tokens_};
-  }
-
-  /// Looks the pool's misses up in the store, in one batched get; a verified entry becomes a
-  /// hit of tier kStore (its block is taken in step 4). A block a static strategy would
-  /// recompute whole even as a hit (EPIC's first k of a span, when k covers the block) is not
-  /// fetched at all.
-  void fetch_from_store(const request_layout& layout, const RecomputeStrategy& strategy,
-                        request_state& rs, reuse_plan& p) {
-    const auto nb = static_cast<std::size_t>(layout.num_blocks());
-    fetch_keys_.clear();
-    fetch_blocks_.clear();
-    fetched_.assign(nb, block_fetch{});
-    const auto candidate = [&](std::size_t b) {
-      return status_[b] == block_status::kMiss && layout.blocks[b].sealed;
-    };
-    // What the strategy would recompute if every candidate were found.
-    bool speculate = !strategy.dynamic();
-    if (speculate) {
-      spec_status_ = status_;
-      spec_mask_ = p.compute;
-      for (std::size_t b = 0; b < nb; ++b)
-        if (candidate(b)) {
-          spec_status_[b] = store_kind(rs, b) == store_entry_kind::kContext
-                                ? block_status::kExactHit
-                                : block_status::kRelocatedHit;
-          const block_extent& e = layout.blocks[b];
-          std::fill_n(spec_mask_.begin() + e.pos0, e.len, std::uint8_t{0});
-        }
-      strategy.select(layout, std::span<const block_status>(spec_status_), std::span(spec_mask_));
-    }
-    for (std::size_t b = 0; b < nb; ++b) {
-      if (!candidate(b)) continue;
-      const block_extent& e = layout.blocks[b];
-      if (speculate && count_ones(spec_mask_.data() + e.pos0, e.len) == e.len) {
-        rs.keep_out[b] = 1;  // the store may hold it; this request's recompute is not for it
-        continue;
-      }
-      fetch_keys_.push_back(store_key_of(rs, b, store_kind(rs, b)));
-      fetch_blocks_.push_back(b);
-    }
-    if (fetch_keys_.empty()) return;
-    stats_.store_lookups += static_cast<std::int64_t>(fetch_keys_.size());
-    if (store_.get(std::span<const store_key>(fetch_keys_), blobs_) != store_status::kOk ||
-        blobs_.size() != fetch_keys_.size()) {
-      ++stats_.store_unavailable;
-      return;
-    }
-    for (std::size_t i = 0; i < fetch_blocks_.size(); ++i) {
-      const std::size_t b = fetch_blocks_[i];
-      const store_blob& blob = blobs_[i];
-      if (blob.empty()) {
-        ++stats_.store_misses;
-        continue;
-      }
-      stats_.store_bytes_read += static_cast<std::int64_t>(blob.size());
-      const store_entry_kind kind = store_kind(rs, b);
-      decoded_block d = decode_block(blob.bytes(), store_opts_.fingerprint, store_opts_.layout);
-      if (d.check == block_check::kOk && d.header.placement != RopePlacement::kind)
-        d.check = block_check::kFingerprint;
-      if (d.check == block_check::kOk &&
-          !same_identity(d, fetch_keys_[i], kind, rs.extras, identity_of(rs, b, kind)))
-        d.check = block_check::kIdentity;
-      if (d.check != block_check::kOk) {
-        ++stats_.store_rejected[static_cast<std::size_t>(d.check)];
-        continue;
-      }
-      const block_extent& e = layout.blocks[b];
-      status_[b] = kind == store_entry_kind::kContext ? block_status::kExactHit
-                                                      : block_status::kRelocatedHit;
-      planned_block& pb = p.blocks[b];
-      pb.status = status_[b];
-      pb.tier = block_tier::kStore;
-      rs.src_pos0[b] = d.header.pos0;
-      std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{0});
-      fetched_[b] = block_fetch{kNoBlock, e.len, static_cast<std::int32_t>(b), blob, d.payload};
-    }
-  }
-
-  /// Puts the blocks a committed request computed from nothing, in one batched put.
-  template <class Storage>
-  void write_to_store(request_state& rs, const Storage& storage) {
-    write_keys_.clear();
-    std::size_t n = 0;
-    for (std::size_t bi = 0; bi < rs.blocks.size(); ++bi) {
-      const planned_block& pb = rs.plan_blocks[bi];
-      const block_extent& e = rs.blocks[bi];
-      if (!e.sealed || !pb.fresh || pb.status != block_status::kMiss || rs.keep_out[bi]) continue;
-      const store_entry_kind kind = store_kind(rs, bi);
-      if (kind == store_entry_kind::kContext && !rs.exact[bi]) continue;
-      block_header h;
-      h.fingerprint = store_opts_.fingerprint;
-      h.key = store_key_of(rs, bi, kind);
-      h.layout = store_opts_.layout;
-      h.kind = kind;
-      h.placement = RopePlacement::kind;
-      h.len = e.len;
-      h.pos0 = e.pos0;
-      h.extras = rs.extras;
-      if (write_bufs_.size() <= n) write_bufs_.emplace_back();
-      const block_id src = pb.physical;
-      const std::int32_t len = e.len;
-      encode_block(
-          h, identity_of(rs, bi, kind),
-          [&storage, src, len](std::span<std::byte> out) { storage.read_block(src, len, out); },
-          write_bufs_[n]);
-      write_keys_.push_back(h.key);
-      ++n;
-    }
-    if (n == 0) return;
-    write_views_.clear();
-    for (std::size_t i = 0; i < n; ++i)
-      write_views_.emplace_back(write_bufs_[i].data(), write_bufs_[i].size());
-    // Accepted: all of them when the put says so (a write-behind store has queued them),
-    // else as many as the store counted written.
-    const std::int64_t before = store_.counters().keys_written;
-    const store_status st = store_.put(std::span<const store_key>(write_keys_),
-                                       std::span<const std::span<const std::byte>>(write_views_));
-    const std::int64_t written =
-        st == store_status::kOk ? static_cast<std::int64_t>(n)
-                                : std::clamp<std::int64_t>(store_.counters().keys_written - before,
-                                                           0, static_cast<std::int64_t>(n));
-    stats_.store_writes += written;
-    stats_.store_write_failures += static_cast<std::int64_t>(n) - written;
-    for (std::size_t i = 0; i < n; ++i)
-      stats_.store_bytes_written += static_cast<std::int64_t>(write_bufs_[i].size());
-  }
-
-  /// Ones in a 0/1 mask (a plain sum, which vectorizes; std::count does not here).
-  static std::int32_t count_ones(const std::uint8_t* m, std::int32_t n) noexcept {
-    std::int32_t s = 0;
-    for (std::int32_t i = 0; i < n; ++i) s += m[i];
-    return s;
-  }
-  static bool relocatable(const segment& s) noexcept {
-    return s.kind == segment_kind::kSpan ||
-           (s.kind == segment_kind::kDependent && s.dep_window > 0);
-  }
   static constexpr bool needs_rotation_v = RopePlacement::relocation_rotates_keys;
   /// src_pos0: the position the hit's keys were written at (pool or store).
   static bool needs_rotation(const planned_block& pb, pos_t src_pos0) noexcept {
@@ -831,22 +576,11 @@ class relocatable_cache {
   }
 
   /// Tokens a relocatable segment's content is bound to: the prefix (spans) or the window.
-  static std::span<const token_t> context_tokens(const request_state& rs, std::int32_t s) {
-    const segment& seg = rs.segments[static_cast<std::size_t>(s)];
-    if (seg.kind == segment_kind::kSpan) {
-      if (rs.segments.front().kind != segment_kind::kPrefix) return {};
-      return std::span<const token_t>(rs.tokens).first(
-          static_cast<std::size_t>(rs.segments.front().num_tokens));
-    }
-    const std::int32_t n = std::min(seg.dep_window, seg.first_token);
-    return std::span<const token_t>(rs.tokens).subspan(
-        static_cast<std::size_t>(seg.first_token - n), static_cast<std::size_t>(n));
-  }
   std::int32_t find_context(const request_state& rs, std::int32_t s) const {
     const auto it = context_index_.find(rs.segment_context[static_cast<std::size_t>(s)]);
     if (it == context_index_.end()) return -1;
     const context_entry& c = contexts_[static_cast<std::size_t>(it->second)];
-    const auto toks = context_tokens(rs, s);
+    const auto toks = detail::context_tokens(rs, s);
     if (c.extras != rs.extras ||
         !std::equal(toks.begin(), toks.end(), c.tokens.begin(), c.tokens.end()))
       return -1;
@@ -869,7 +603,7 @@ class relocatable_cache {
       contexts_.emplace_back();
     }
     context_entry& c = contexts_[static_cast<std::size_t>(idx)];
-    const auto toks = context_tokens(rs, s);
+    const auto toks = detail::context_tokens(rs, s);
     c.key = k;
     c.tokens.assign(toks.begin(), toks.end());
     c.extras = rs.extras;
@@ -958,19 +692,7 @@ class relocatable_cache {
   std::vector<block_status> status_;
   std::vector<std::uint8_t> counted_;
   cache_stats stats_;
-  // The store tier (empty without a store).
-  KvStore store_;
-  store_options store_opts_{};
-  std::vector<store_key> fetch_keys_, write_keys_;
-  std::vector<std::size_t> fetch_blocks_;
-  std::vector<store_blob> blobs_;
-  std::vector<block_fetch> fetched_;
-  std::vector<block_status> spec_status_;
-  std::vector<std::uint8_t> spec_mask_;
-  std::vector<std::uint32_t> id_chain_;
-  std::vector<token_t> id_tokens_;
-  std::vector<std::vector<std::byte>> write_bufs_;
-  std::vector<std::span<const std::byte>> write_views_;
+  detail::store_tier<KvStore> tier_;  ///< empty without a store
 };
 
 RELOKV_NAMESPACE_END

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// One group of queries of one sequence over its blocks, and the one place that picks a path
-/// (portable, AVX-512 fp32, AVX512_BF16) for each block-head.
+/// One group of queries of one sequence over its blocks, for a path chosen once per call by a
+/// tag type (portable_path, avx512_f32_path, avx512_bf16_path; with_path picks it), and decode
+/// or prefill as a template argument.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -32,11 +33,28 @@ namespace detail {
 /// sequence's blocks. Blocks are the outer loop, so a block's K/V are read once per group while
 /// they sit in cache, and per-block work (key rotations for at_attention) is shared.
 /// q: [nq][num_q_heads][head_dim], unrotated; m: [nq]; out: [nq][num_q_heads][head_dim].
-template <class P, class T>
+/// The one place a path is chosen: AVX512_BF16 for bf16 storage where the host has it,
+/// AVX-512 fp32 for the shapes its kernels take (head_dim 64, 128 or 256, block size a
+/// multiple of 16), the portable path otherwise. Calls f(path tag).
+template <class T, class F>
+void with_path(const paged_kv_view<const T>& kv, F&& f) {
+  [[maybe_unused]] const bool fast =
+      kv.block_size % 16 == 0 && (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256);
+#if RELOKV_HOST_BF16_DOT
+  if constexpr (std::is_same_v<T, bf16>)
+    if (fast) return f(avx512_bf16_path{});
+#endif
+#if RELOKV_HOST_SIMD
+  if (fast) return f(avx512_f32_path{});
+#endif
+  f(portable_path{});
+}
+
+template <class P, class Path, bool Decode, class T>
 void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
                   std::int32_t num_blocks, const float* q, const pos_t* m, int nq,
-                  std::int32_t num_q_heads, float scale, float* out, float* lse, bool decode,
-                  int h_begin, int h_end) {
+                  std::int32_t num_q_heads, float scale, float* out, float* lse, int h_begin,
+                  int h_end) {
   const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
   const int pairs = rope.pairs();
   const rope_layout layout = rope.config().layout;
@@ -59,23 +77,23 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   w.c0.resize(static_cast<std::size_t>(pairs));
   w.s0.resize(static_cast<std::size_t>(pairs));
 
-  // The fast path can fuse the per-block query rotation (block_relative) when pairs never
-  // straddle a 16-lane chunk: GPT-J always, NeoX when the whole head rotates.
-  const bool fast = RELOKV_HOST_SIMD && bs % 16 == 0 && (D == 64 || D == 128 || D == 256);
+  constexpr bool fast = Path::kSimd;
+  // bf16 with VDPBF16PS: accumulators in bf16_acc_index order, restored at the end.
+  constexpr bool bf16_dot = Path::kBf16Dot;
+  // Prefill on the fast path: all rows that see a block-head at once (group_block_head).
+  constexpr bool grouped = !Decode && fast && !bf16_dot;
+  // The path's options, which depend on the RoPE table rather than on the path. The fast path
+  // fuses the per-block query rotation (block_relative) when pairs never straddle a 16-lane
+  // chunk: GPT-J always, NeoX when the whole head rotates.
   const bool fused_q = fast && (layout == rope_layout::kGPTJ || rope.config().rotary_dim == D);
   w.qcos.resize(hd);
   w.qsin.resize(hd);
-  // bf16 with VDPBF16PS: accumulators in bf16_acc_index order, restored at the end.
-  constexpr bool is_bf16 = std::is_same_v<std::remove_const_t<T>, bf16>;
-  const bool bf16_dot = RELOKV_HOST_BF16_DOT && is_bf16 && fast;
-  // Prefill on the fast path: all rows that see a block-head at once (group_block_head).
-  const bool grouped = !decode && fast && !bf16_dot;
-  if (grouped) {
+  if constexpr (grouped) {
     w.ktile.resize(16 * hd);
     w.rows.resize(nqs * hq);
     w.live_rows.resize(nqs * hq);
   }
-  if (bf16_dot) {
+  if constexpr (bf16_dot) {
     w.kb16.resize(kRotHeads * 16 * hd);
     w.wb16.resize(16 * static_cast<std::size_t>(G));
     w.corr.resize(static_cast<std::size_t>(G));
@@ -93,12 +111,12 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       rope.angles(j, w.jcos.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
                   w.jsin.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
                   /*unit=*/true);
-#if RELOKV_HOST_BF16_DOT
-    if (rot_bf16) {
-      w.krot.resize(2 * w.kcos.size());
-      build_slot_rotations_bf16(bs, pairs, mag, w.jcos.data(), w.jsin.data(), w.krot.data());
+    if constexpr (bf16_dot) {
+      if (rot_bf16) {
+        w.krot.resize(2 * w.kcos.size());
+        Path::slot_rotations(bs, pairs, mag, w.jcos.data(), w.jsin.data(), w.krot.data());
+      }
     }
-#endif
   }
 
   // Queries times the softmax scale (once, not per block), rotated at their positions for the
@@ -111,15 +129,15 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
         rotate_inplace(w.qrot.data() + (i * hq + h) * hd, layout, pairs, w.cs.data(), w.sn.data());
     }
   }
-#if RELOKV_HOST_BF16_DOT
-  if (rot_bf16) {
-    for (std::size_t r = 0; r < nqs * hq; ++r) {
-      float* row = w.qrot.data() + r * hd;
-      std::copy(row, row + hd, w.kbuf.begin());
-      to_acc_order(D, w.kbuf.data(), row);
+  if constexpr (bf16_dot) {
+    if (rot_bf16) {
+      for (std::size_t r = 0; r < nqs * hq; ++r) {
+        float* row = w.qrot.data() + r * hd;
+        std::copy(row, row + hd, w.kbuf.begin());
+        Path::acc_order(D, w.kbuf.data(), row);
+      }
     }
   }
-#endif
   const pos_t m_max = *std::max_element(m, m + nq);
 
   // R(m - pos0) for the placements that rotate the query per block, into w.cs/w.sn. Decode
@@ -156,19 +174,16 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       rope.prefetch(std::int64_t{mq} - blocks[bi + 1].pos0);
   };
 
-#if RELOKV_HOST_BF16_DOT
   // Decode on the bf16 path: spans of up to kSpanChunks chunks per kernel call.
-  if constexpr (is_bf16) {
-    const bool spans = bf16_dot && decode && nq == 1 &&
-                       (P::kind == placement_kind::kPreRotated || rot_bf16 ||
-                        (P::kind == placement_kind::kBlockRelative && fused_q));
+  if constexpr (bf16_dot && Decode) {
+    const bool spans = nq == 1 && (P::kind == placement_kind::kPreRotated || rot_bf16 ||
+                                   (P::kind == placement_kind::kBlockRelative && fused_q));
     if (spans) {
-      bf16_decode_spans<P>(kv, blocks, num_blocks, m[0], G, h_begin, h_end, layout, pairs, rot_bf16,
-                           query_angles, w);
+      Path::template decode_spans<P>(kv, blocks, num_blocks, m[0], G, h_begin, h_end, layout, pairs,
+                                     rot_bf16, query_angles, w);
       num_blocks = 0;  // all done; the output loop below normalizes
     }
   }
-#endif
   for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
     const block_entry e = blocks[bi];
     if (e.pos0 > m_max || e.len <= 0) continue;
@@ -192,8 +207,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
         }
       }
     }
-#if RELOKV_HOST_SIMD
-    if (grouped) {
+    if constexpr (grouped) {
       // block_relative: (R(m) q) . (R(pos0) R(j) k), the queries rotated once per call and each
       // block's keys by R(pos0) as they are loaded: a block has fewer keys than a prefill
       // group has query rows.
@@ -220,12 +234,10 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
           bh.kc0 = w.c0.data();
           bh.ks0 = w.s0.data();
         }
-        with_chunks(
-            D, [&](auto dc) { group_block_head<decltype(dc)::value, P>(bh, w.rows.data(), n, w); });
+        Path::template group<P>(bh, w.rows.data(), n, w);
       }
       continue;
     }
-#endif
     for (int qi = 0; qi < nq; ++qi) {
       const pos_t mq = m[qi];
       if (e.pos0 > mq) continue;
@@ -252,16 +264,16 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
             rotate_inplace(w.qblock.data() + h * hd, layout, pairs, w.cs.data(), w.sn.data());
           qsrc = w.qblock.data();
         }
-      } else if (rot_bf16) {
-#if RELOKV_HOST_BF16_DOT
-        // The same per-block query rotation, its pair rows in the query's bf16_acc_index order
-        // (which keeps pair (i, i + D/2) at positions (p, p + D/2), p < D/2).
-        query_angles(bi, e.pos0, mq);
-        to_acc_order(pairs, w.cs.data(), w.qcos.data());
-        to_acc_order(pairs, w.sn.data(), w.qsin.data());
-        qcos = w.qcos.data();
-        qsin = w.qsin.data();
-#endif
+      } else if constexpr (bf16_dot) {
+        if (rot_bf16) {
+          // The same per-block query rotation, its pair rows in the query's bf16_acc_index
+          // order (which keeps pair (i, i + D/2) at positions (p, p + D/2), p < D/2).
+          query_angles(bi, e.pos0, mq);
+          Path::acc_order(pairs, w.cs.data(), w.qcos.data());
+          Path::acc_order(pairs, w.sn.data(), w.qsin.data());
+          qcos = w.qcos.data();
+          qsin = w.qsin.data();
+        }
       }
       for (int h = h_begin; h < h_end; ++h) {
         block_head_t<T> bh{
@@ -271,27 +283,13 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
         bh.sum = w.sum.data() + qoff;
         if (rot_bf16) bh.krot = w.krot.data();
         // Decode: the next block's share for this head streams in while this one computes.
-        if (decode && qi == 0 && bi + 1 < num_blocks) {
+        if (Decode && qi == 0 && bi + 1 < num_blocks) {
           const std::size_t slice = 2 * static_cast<std::size_t>(kv.tile_elems()) * sizeof(T);
           bh.pf = reinterpret_cast<const char*>(kv.k(blocks[bi + 1].block, 0)) +
                   slice * static_cast<std::size_t>(h);
           bh.pf_bytes = static_cast<std::int32_t>(slice);
         }
-#if RELOKV_HOST_BF16_DOT
-        if constexpr (is_bf16) {
-          if (bf16_dot) {
-            with_chunks(D, [&](auto dc) { bf16_block_head<decltype(dc)::value, P>(bh, w); });
-            continue;
-          }
-        }
-#endif
-#if RELOKV_HOST_SIMD
-        if (fast) {
-          with_chunks(D, [&](auto dc) { fast_block_head<decltype(dc)::value, P>(bh, w); });
-          continue;
-        }
-#endif
-        portable_block_head<P>(bh, w);
+        Path::template block_head<P>(bh, w);
       }
     }
   }
@@ -301,11 +299,9 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
     if (lse != nullptr) lse[i] = softmax_lse(w.mx[i], w.sum[i], host_log{});
     const float* acc = w.acc.data() + i * hd;
-    if (bf16_dot) {
-#if RELOKV_HOST_BF16_DOT
+    if constexpr (bf16_dot) {
       for (int d = 0; d < D; ++d)
-        out[i * hd + static_cast<std::size_t>(d)] = acc[bf16_acc_index(d)] * inv;
-#endif
+        out[i * hd + static_cast<std::size_t>(d)] = acc[Path::acc_index(d)] * inv;
     } else {
       for (std::size_t d = 0; d < hd; ++d) out[i * hd + d] = acc[d] * inv;
     }

@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "relokv/attention/detail/avx512_f32.hpp"
@@ -627,6 +628,27 @@ inline void build_slot_rotations_bf16(int bs, int pairs, float mag, const float*
       _mm512_storeu_si512(dst + 16, pairs_of(S, C));
     }
 }
+
+/// The AVX512_BF16 path as attend_group's dispatch tag (bf16 storage, the fast path's shapes):
+/// VDPBF16PS products with fp32 sums, accumulators in bf16_acc_index order, decode in spans.
+struct avx512_bf16_path {
+  static constexpr bool kSimd = true;
+  static constexpr bool kBf16Dot = true;
+  template <class P>
+  static void block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
+    with_chunks(bh.D, [&](auto dc) { bf16_block_head<decltype(dc)::value, P>(bh, w); });
+  }
+  template <class P, class... Args>
+  static void decode_spans(Args&&... args) {
+    bf16_decode_spans<P>(std::forward<Args>(args)...);
+  }
+  static int acc_index(int d) { return bf16_acc_index(d); }
+  static void acc_order(int n, const float* src, float* dst) { to_acc_order(n, src, dst); }
+  static void slot_rotations(int bs, int pairs, float mag, const float* jcos, const float* jsin,
+                             std::uint32_t* out) {
+    build_slot_rotations_bf16(bs, pairs, mag, jcos, jsin, out);
+  }
+};
 #endif
 #endif  // RELOKV_HOST_SIMD
 

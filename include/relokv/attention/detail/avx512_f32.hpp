@@ -300,6 +300,21 @@ void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, att
     for (; i < n; ++i) group_rows<DC, 1>(kt, vf, live + i, j0);
   }
 }
+/// The AVX-512 fp32 path as attend_group's dispatch tag (head_dim 64, 128 or 256, block size
+/// a multiple of 16): fast_block_head for decode and prefill rows one at a time,
+/// group_block_head for prefill's rows that see a block-head at once.
+struct avx512_f32_path {
+  static constexpr bool kSimd = true;
+  static constexpr bool kBf16Dot = false;
+  template <class P, class T>
+  static void block_head(const block_head_t<T>& bh, attention_scratch& w) {
+    with_chunks(bh.D, [&](auto dc) { fast_block_head<decltype(dc)::value, P>(bh, w); });
+  }
+  template <class P, class T>
+  static void group(const block_head_t<T>& bh, group_row* rows, int n, attention_scratch& w) {
+    with_chunks(bh.D, [&](auto dc) { group_block_head<decltype(dc)::value, P>(bh, rows, n, w); });
+  }
+};
 #endif  // RELOKV_HOST_SIMD
 
 }  // namespace detail

@@ -1,0 +1,69 @@
+// relokv_rag's options (see options.hpp).
+#include "options.hpp"
+
+namespace relokv_rag {
+
+void add_options(CLI::App& app, options& o) {
+  app.description(
+      "Runs a multi-document QA workload under every position-independent caching variant, all "
+      "served by ONE relocatable_cache with their requests interleaved, and compares each with "
+      "full recompute: TTFT, prefill work, hit rates, KV memory, the KL divergence of the first "
+      "answer token and of the whole answer (teacher-forced), greedy agreement, EM and F1, each "
+      "with a bootstrap 95% interval.");
+  app.add_option("--data", o.data,
+                 "2WikiMultihopQA-style JSONL (question, answer, context as [[title, "
+                 "[sentences]], ...]); default: the built-in generator");
+  app.add_option("--requests", o.requests, "questions to run")->capture_default_str();
+  app.add_option("--passages", o.passages, "generator: passages per question")
+      ->capture_default_str();
+  app.add_option("--corpus", o.corpus, "generator: passages in the corpus")->capture_default_str();
+  app.add_option("--zipf", o.zipf, "generator: Zipf exponent of passage popularity")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for passage order and the generator")
+      ->capture_default_str();
+  app.add_option("--model", o.model,
+                 "GGUF model path, or a name scripts/get-model knows (smollm2, qwen2.5-0.5b), or "
+                 "auto ($RELOKV_MODEL or the smollm2 cache); default: the synthetic model");
+  app.add_flag("--synthetic", o.synthetic, "the offline synthetic model (the default)");
+  app.add_option("--placement", o.run.placement, "pre_rotated, at_attention or block_relative")
+      ->capture_default_str();
+  app.add_option("--kv-dtype", o.run.kv_dtype, "the KV pool's element type: bf16 or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--max-answer", o.run.max_answer, "greedy answer tokens")->capture_default_str();
+  app.add_option("--first-k", o.first_k, "EPIC's tokens per span, and KVBoost's seam window")
+      ->capture_default_str();
+  app.add_option("--topk", o.topk, "CacheBlend's recompute ratio in [0, 1]")->capture_default_str();
+  app.add_option("--variants", o.variants,
+                 "comma-separated subset of full, prefix, naive, block, epic, kvboost, "
+                 "cacheblend, union (full always runs first, as the reference)");
+  app.add_option("--profile", o.profile,
+                 "a strategy profile (--calibrate's output): adds the variant it selects");
+  app.add_option("--sweep", o.sweep_out,
+                 "run every strategy over its budget; write PREFIX.csv and PREFIX.svg "
+                 "(accuracy against prefill work)");
+  app.add_option("--calibrate", o.calibrate_out,
+                 "sweep, then write the cheapest strategy within --max-kl and "
+                 "--min-agreement as a profile (JSON)");
+  app.add_option("--max-kl", o.max_kl, "calibration: largest mean first-token KL allowed")
+      ->capture_default_str();
+  app.add_option("--min-agreement", o.min_agreement,
+                 "calibration: smallest mean greedy agreement allowed")
+      ->capture_default_str();
+  app.add_option("--json", o.json_out, "results as JSON");
+  app.add_option("--csv", o.csv_out, "results as CSV");
+  app.add_option("--svg", o.svg_out, "plot: TTFT against agreement, tokens computed per request");
+  app.add_flag("--quiet", o.quiet, "no progress bar");
+  app.add_option("--store", o.store,
+                 "share spans through a store: redis://HOST[:PORT], file:DIR or memory:. A "
+                 "writer instance caches every question's passages into it, then a reader "
+                 "instance with an empty pool answers the questions reusing them (variants "
+                 "default to full,naive,epic)");
+  app.add_option("--role", o.role,
+                 "with --store: writer, reader, or both (the writer as a second process, then "
+                 "the reader here; one process for memory:)")
+      ->check(CLI::IsMember({"writer", "reader", "both"}))
+      ->capture_default_str();
+}
+
+}  // namespace relokv_rag

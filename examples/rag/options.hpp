@@ -1,0 +1,30 @@
+#pragma once
+// relokv_rag's command line: every option with its default, parsed by CLI11 (Debian
+// libcli11-dev; the examples' dependency, never the library's).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "rag.hpp"
+
+namespace relokv_rag {
+
+struct options {
+  std::string data, model, json_out, csv_out, svg_out, sweep_out, calibrate_out, profile;
+  std::size_t requests = 24, passages = 10, corpus = 40;
+  double zipf = 1.0, max_kl = 0.05, min_agreement = 0.8;
+  std::uint32_t seed = 1;
+  bool quiet = false, synthetic = false;
+  std::string variants;
+  std::string store, role = "both";
+  std::int32_t first_k = 16;
+  float topk = 0.15f;
+  relokv_rag::run_options run;
+};
+
+/// Registers every option of relokv_rag on `app`, writing into `o`.
+void add_options(CLI::App& app, options& o);
+
+}  // namespace relokv_rag

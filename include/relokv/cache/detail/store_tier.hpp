@@ -1,0 +1,219 @@
+#pragma once
+/// @file
+/// relocatable_cache's store tier: its store and options, the lookup of a plan's pool misses
+/// in one batched get (each fetched entry verified before it becomes a hit), and the batched
+/// put of the blocks a committed request computed. Empty, and never called, with no_store.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "relokv/block_table.hpp"
+#include "relokv/cache/cache_stats.hpp"
+#include "relokv/cache/detail/cache_state.hpp"
+#include "relokv/cache/reuse_plan.hpp"
+#include "relokv/concepts/kv_store.hpp"
+#include "relokv/concepts/rope_placement.hpp"
+#include "relokv/layout/request_layout.hpp"
+#include "relokv/store/block_format.hpp"
+
+RELOKV_NAMESPACE_BEGIN
+namespace detail {
+
+template <class KvStore>
+class store_tier {
+ public:
+  store_tier() = default;
+  store_tier(KvStore s, store_options o) : store(std::move(s)), opts(o) {}
+
+  KvStore store;
+  store_options opts{};
+  /// Per block of the plan being made: the verified fetch, if any (moved into plan.fetches).
+  std::vector<block_fetch> fetched;
+
+  /// Which key a block is stored under: content for a span's (or windowed dependent
+  /// segment's) blocks, context for the others. One copy per block: a span's context entry
+  /// would duplicate its bytes for the rare request that shows it in the same place.
+  template <class Key>
+  static store_entry_kind store_kind(const request_state<Key>& rs, std::size_t bi) noexcept {
+    const segment& seg = rs.segments[static_cast<std::size_t>(rs.blocks[bi].segment)];
+    return relocatable(seg) ? store_entry_kind::kContent : store_entry_kind::kContext;
+  }
+  template <class Key>
+  store_key store_key_of(const request_state<Key>& rs, std::size_t bi, store_entry_kind kind,
+                         std::int32_t block_size) const {
+    return make_store_key(
+        opts.fingerprint, kind, block_size, rs.extras,
+        kind == store_entry_kind::kContent ? rs.content_key[bi] : rs.context_key[bi]);
+  }
+  /// What a stored block is verified by (block_format.hpp): every block of its chain (from
+  /// the request's start for a context entry, from the span's start for a content entry)
+  /// with its tag, length and tokens, and the span's context tokens.
+  template <class Key>
+  block_identity identity_of(const request_state<Key>& rs, std::size_t bi, store_entry_kind kind) {
+    const block_extent& e = rs.blocks[bi];
+    const std::int32_t seg_index = e.segment;
+    const auto start = kind == store_entry_kind::kContext
+                           ? std::size_t{0}
+                           : static_cast<std::size_t>(
+                                 rs.segments[static_cast<std::size_t>(seg_index)].first_block);
+    id_chain_.clear();
+    id_tokens_.clear();
+    for (std::size_t i = start; i <= bi; ++i) {
+      const block_extent& x = rs.blocks[i];
+      const segment& seg = rs.segments[static_cast<std::size_t>(x.segment)];
+      id_chain_.push_back(block_tag(seg, static_cast<std::int32_t>(i) == seg.first_block));
+      id_chain_.push_back(static_cast<std::uint32_t>(x.len));
+      id_tokens_.insert(id_tokens_.end(), rs.tokens.begin() + x.pos0,
+                        rs.tokens.begin() + x.pos0 + x.len);
+    }
+    const std::span<const token_t> ctx = kind == store_entry_kind::kContent
+                                             ? context_tokens(rs, seg_index)
+                                             : std::span<const token_t>{};
+    return {id_chain_, ctx, id_tokens_};
+  }
+
+  /// Looks the pool's misses up in the store, in one batched get; a verified entry becomes a
+  /// hit of tier kStore (its block is taken in step 4). A block a static strategy would
+  /// recompute whole even as a hit (EPIC's first k of a span, when k covers the block) is not
+  /// fetched at all.
+  template <class Key, class Strategy>
+  void fetch(const request_layout& layout, const Strategy& strategy, request_state<Key>& rs,
+             reuse_plan& p, std::vector<block_status>& status_, cache_stats& stats_,
+             std::int32_t block_size, placement_kind placement) {
+    const auto nb = static_cast<std::size_t>(layout.num_blocks());
+    fetch_keys_.clear();
+    fetch_blocks_.clear();
+    fetched.assign(nb, block_fetch{});
+    const auto candidate = [&](std::size_t b) {
+      return status_[b] == block_status::kMiss && layout.blocks[b].sealed;
+    };
+    // What the strategy would recompute if every candidate were found.
+    bool speculate = !strategy.dynamic();
+    if (speculate) {
+      spec_status_ = status_;
+      spec_mask_ = p.compute;
+      for (std::size_t b = 0; b < nb; ++b)
+        if (candidate(b)) {
+          spec_status_[b] = store_kind(rs, b) == store_entry_kind::kContext
+                                ? block_status::kExactHit
+                                : block_status::kRelocatedHit;
+          const block_extent& e = layout.blocks[b];
+          std::fill_n(spec_mask_.begin() + e.pos0, e.len, std::uint8_t{0});
+        }
+      strategy.select(layout, std::span<const block_status>(spec_status_), std::span(spec_mask_));
+    }
+    for (std::size_t b = 0; b < nb; ++b) {
+      if (!candidate(b)) continue;
+      const block_extent& e = layout.blocks[b];
+      if (speculate && count_ones(spec_mask_.data() + e.pos0, e.len) == e.len) {
+        rs.keep_out[b] = 1;  // the store may hold it; this request's recompute is not for it
+        continue;
+      }
+      fetch_keys_.push_back(store_key_of(rs, b, store_kind(rs, b), block_size));
+      fetch_blocks_.push_back(b);
+    }
+    if (fetch_keys_.empty()) return;
+    stats_.store_lookups += static_cast<std::int64_t>(fetch_keys_.size());
+    if (store.get(std::span<const store_key>(fetch_keys_), blobs_) != store_status::kOk ||
+        blobs_.size() != fetch_keys_.size()) {
+      ++stats_.store_unavailable;
+      return;
+    }
+    for (std::size_t i = 0; i < fetch_blocks_.size(); ++i) {
+      const std::size_t b = fetch_blocks_[i];
+      const store_blob& blob = blobs_[i];
+      if (blob.empty()) {
+        ++stats_.store_misses;
+        continue;
+      }
+      stats_.store_bytes_read += static_cast<std::int64_t>(blob.size());
+      const store_entry_kind kind = store_kind(rs, b);
+      decoded_block d = decode_block(blob.bytes(), opts.fingerprint, opts.layout);
+      if (d.check == block_check::kOk && d.header.placement != placement)
+        d.check = block_check::kFingerprint;
+      if (d.check == block_check::kOk &&
+          !same_identity(d, fetch_keys_[i], kind, rs.extras, identity_of(rs, b, kind)))
+        d.check = block_check::kIdentity;
+      if (d.check != block_check::kOk) {
+        ++stats_.store_rejected[static_cast<std::size_t>(d.check)];
+        continue;
+      }
+      const block_extent& e = layout.blocks[b];
+      status_[b] = kind == store_entry_kind::kContext ? block_status::kExactHit
+                                                      : block_status::kRelocatedHit;
+      planned_block& pb = p.blocks[b];
+      pb.status = status_[b];
+      pb.tier = block_tier::kStore;
+      rs.src_pos0[b] = d.header.pos0;
+      std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{0});
+      fetched[b] = block_fetch{kNoBlock, e.len, static_cast<std::int32_t>(b), blob, d.payload};
+    }
+  }
+
+  /// Puts the blocks a committed request computed from nothing, in one batched put.
+  template <class Key, class Storage>
+  void write(request_state<Key>& rs, const Storage& storage, cache_stats& stats_,
+             std::int32_t block_size, placement_kind placement) {
+    write_keys_.clear();
+    std::size_t n = 0;
+    for (std::size_t bi = 0; bi < rs.blocks.size(); ++bi) {
+      const planned_block& pb = rs.plan_blocks[bi];
+      const block_extent& e = rs.blocks[bi];
+      if (!e.sealed || !pb.fresh || pb.status != block_status::kMiss || rs.keep_out[bi]) continue;
+      const store_entry_kind kind = store_kind(rs, bi);
+      if (kind == store_entry_kind::kContext && !rs.exact[bi]) continue;
+      block_header h;
+      h.fingerprint = opts.fingerprint;
+      h.key = store_key_of(rs, bi, kind, block_size);
+      h.layout = opts.layout;
+      h.kind = kind;
+      h.placement = placement;
+      h.len = e.len;
+      h.pos0 = e.pos0;
+      h.extras = rs.extras;
+      if (write_bufs_.size() <= n) write_bufs_.emplace_back();
+      const block_id src = pb.physical;
+      const std::int32_t len = e.len;
+      encode_block(
+          h, identity_of(rs, bi, kind),
+          [&storage, src, len](std::span<std::byte> out) { storage.read_block(src, len, out); },
+          write_bufs_[n]);
+      write_keys_.push_back(h.key);
+      ++n;
+    }
+    if (n == 0) return;
+    write_views_.clear();
+    for (std::size_t i = 0; i < n; ++i)
+      write_views_.emplace_back(write_bufs_[i].data(), write_bufs_[i].size());
+    // Accepted: all of them when the put says so (a write-behind store has queued them),
+    // else as many as the store counted written.
+    const std::int64_t before = store.counters().keys_written;
+    const store_status st = store.put(std::span<const store_key>(write_keys_),
+                                      std::span<const std::span<const std::byte>>(write_views_));
+    const std::int64_t written =
+        st == store_status::kOk ? static_cast<std::int64_t>(n)
+                                : std::clamp<std::int64_t>(store.counters().keys_written - before,
+                                                           0, static_cast<std::int64_t>(n));
+    stats_.store_writes += written;
+    stats_.store_write_failures += static_cast<std::int64_t>(n) - written;
+    for (std::size_t i = 0; i < n; ++i)
+      stats_.store_bytes_written += static_cast<std::int64_t>(write_bufs_[i].size());
+  }
+
+ private:
+  std::vector<store_key> fetch_keys_, write_keys_;
+  std::vector<std::size_t> fetch_blocks_;
+  std::vector<store_blob> blobs_;
+  std::vector<block_status> spec_status_;
+  std::vector<std::uint8_t> spec_mask_;
+  std::vector<std::uint32_t> id_chain_;
+  std::vector<token_t> id_tokens_;
+  std::vector<std::vector<std::byte>> write_bufs_;
+  std::vector<std::span<const std::byte>> write_views_;
+};
+
+}  // namespace detail
+RELOKV_NAMESPACE_END

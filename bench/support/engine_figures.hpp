@@ -1,6 +1,13 @@
 #pragma once
-// Reference-engine figures on a synthetic Llama (runs offline): prefill and decode throughput
-// at a 2k-token context, and relokv's overhead against a plain contiguous KV buffer.
+// Reference-engine figures: on SmolLM2 when it is present, else on the synthetic Llama
+// (engine_on_real_model says which): prefill and decode throughput at a 1k-token context,
+// resident memory against the file, relokv's overhead against a plain contiguous KV buffer,
+// and the quantized GEMV kernels' bandwidth against a plain read.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -9,8 +16,11 @@
 
 #include <relokv/layout/builder.hpp>
 
+#include "lanes.hpp"
 #include "llama.hpp"
 #include "load_model.hpp"
+#include "model_path.hpp"
+#include "qgemm.hpp"
 #include "support/measure.hpp"
 #include "tokenizer.hpp"
 
@@ -49,13 +59,94 @@ inline void tokenizer_figures(int reps, std::vector<std::pair<std::string, doubl
   out.emplace_back("bpe_growth_8k_over_2k", median_ratio(enc8, enc2, r, 1));
 }
 
+/// Pages resident in this process (bytes), from /proc/self/statm.
+inline double resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%ld %ld", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+/// GEMV (one activation row) from weights of type t straight from their blocks, rows split
+/// over the engine's two lanes as its matmul does, against a plain read of the same bytes on
+/// the same lanes: the fraction of the read's bandwidth the kernel reaches. The matrix (about
+/// 48 MB) does not fit in the caches.
+inline double gemv_bw_fraction(relokv_engine::ggml_type t, int reps) {
+  constexpr int kCols = 4096;
+  const auto tr = relokv_engine::traits_of(t);
+  const int rows = static_cast<int>(
+      48.0 * 1024 * 1024 / (double(kCols) / double(tr.block_elems) * double(tr.block_bytes)));
+  relokv_engine::qmatrix w;
+  w.type = t;
+  w.rows = rows;
+  w.cols = kCols;
+  w.row_bytes = kCols / tr.block_elems * tr.block_bytes;
+  auto bytes = std::make_shared<std::vector<std::uint8_t>>(w.bytes());
+  std::mt19937 rng(5);
+  for (auto& b : *bytes) b = static_cast<std::uint8_t>(rng() & 0x77);  // finite fp16 scales
+  w.data = bytes->data();
+  std::vector<float> x(kCols), y(static_cast<std::size_t>(rows));
+  for (auto& v : x) v = static_cast<float>(rng() % 1000) / 500.0f - 1.0f;
+  relokv_engine::q8_activations xq;
+  auto& lanes = relokv_engine::lanes::get();
+  const int mid = rows / 2;
+  auto gemv = [&] {
+    xq.quantize(x.data(), 1, kCols);
+    lanes.run([&](int lane) {
+      relokv_engine::qmatmul_rows(w, x.data(), &xq, 1, y.data(), rows, lane == 0 ? 0 : mid,
+                                  lane == 0 ? mid : rows);
+    });
+    keep(y[0]);
+  };
+  std::uint64_t sink[2] = {0, 0};
+  auto read = [&] {
+    lanes.run([&](int lane) {
+      const std::size_t half = w.bytes() / 2 / 64 * 64;
+      const auto* p =
+          reinterpret_cast<const std::uint64_t*>(bytes->data() + (lane == 0 ? 0 : half));
+      std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+      for (std::size_t i = 0; i + 8 <= half / 8; i += 8) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+        s4 += p[i + 4];
+        s5 += p[i + 5];
+        s6 += p[i + 6];
+        s7 += p[i + 7];
+      }
+      sink[lane] = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
+    });
+    keep(sink[0] + sink[1]);
+  };
+  const int r = reps < 5 ? 5 : reps;
+  return median_ratio(read, gemv, r, 1);
+}
+
+/// The reference engine: SmolLM2 when scripts/get-model has fetched it (engine_on_real_model
+/// 1), the synthetic model otherwise (0). Prefill of a 1,024-token prompt, decode after it,
+/// the memory a loaded model keeps resident over its file's size, relokv's overhead against a
+/// contiguous KV buffer, and the GEMV kernels' bandwidth.
 inline std::vector<std::pair<std::string, double>> engine_figures(int reps) {
   std::vector<std::pair<std::string, double>> out;
-  const auto model = std::make_shared<const relokv_engine::llama_model>(
-      relokv_engine::llama_model::synthetic(relokv_engine::demo_config()));
-  constexpr int kContext = 2048;
+  const std::string path = relokv_engine::default_model_path("smollm2");
+  const double rss0 = resident_bytes();
+  const auto loaded = relokv_engine::load_model(path);
+  const auto model = loaded.model;
+  constexpr int kContext = 1024;
   std::vector<relokv::token_t> prompt(kContext);
-  for (int i = 0; i < kContext; ++i) prompt[static_cast<std::size_t>(i)] = (i * 7919) % 4096;
+  for (int i = 0; i < kContext; ++i)
+    prompt[static_cast<std::size_t>(i)] = (i * 7919) % std::min(4096, model->cfg.vocab);
+  out.emplace_back("engine_on_real_model", path.empty() ? 0.0 : 1.0);
+  if (!path.empty()) {
+    keep(relokv_engine::plain_prefill(
+        *model, std::vector<relokv::token_t>(prompt.begin(), prompt.begin() + 8)));
+    out.emplace_back(
+        "engine_resident_over_file",
+        (resident_bytes() - rss0) / static_cast<double>(std::filesystem::file_size(path)));
+  }
   const auto layout = relokv::layout_builder(16).prefix(prompt).build();
   // The placement the engine serves with (relokv_rag, relokv_chat): block_relative.
   relokv_engine::llama_engine<relokv::block_relative> rel(model, kContext / 16 + 64);
@@ -65,20 +156,19 @@ inline std::vector<std::pair<std::string, double>> engine_figures(int reps) {
   };
   auto plain = [&] { keep(relokv_engine::plain_prefill(*model, prompt)); };
   const int r = reps < 3 ? reps : 3;
-  const double t_prefill = median_ns(
-      [&] {
-        keep(rel.prefill(layout, relokv::recompute::none{}));
-        rel.end(false);
-      },
-      r, 1);
+  const double t_prefill = median_ns(via_relokv, r, 1);
   out.emplace_back("engine_prefill_tok_s", kContext / (t_prefill * 1e-9));
-  // Decode at a 2k-token context: the median over 32 greedy steps.
+  // Decode after the 1,024-token prompt: the median over 32 greedy steps.
   auto logits = rel.prefill(layout, relokv::recompute::none{});
   relokv::token_t t = relokv_engine::argmax(logits);
   const double t_decode = median_ns([&] { t = relokv_engine::argmax(rel.decode(t)); }, 32, 1);
   rel.end(false);
   out.emplace_back("engine_decode_tok_s", 1e9 / t_decode);
   out.emplace_back("engine_relokv_overhead", median_ratio(via_relokv, plain, r, 1));
+  out.emplace_back("gemv_bw_fraction_q4_1",
+                   gemv_bw_fraction(relokv_engine::ggml_type::kQ4_1, reps));
+  out.emplace_back("gemv_bw_fraction_q8_0",
+                   gemv_bw_fraction(relokv_engine::ggml_type::kQ8_0, reps));
   tokenizer_figures(reps, out);
   return out;
 }

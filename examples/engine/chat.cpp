@@ -25,15 +25,18 @@ void usage() {
       "                    without one, a small synthetic model)\n"
       "  --placement P     pre_rotated, at_attention or block_relative (default)\n"
       "  --max-tokens N    most tokens to generate (default 64)\n"
+      "  --kv-dtype T      the KV pool's element type: bf16 (default) or fp32\n"
+      "  --fp32-activations  multiply every weight type in fp32 (dequantized panels) instead of\n"
+      "                    Q4_1/Q8_0 integer dot products with int8 activations\n"
       "  --profile FILE    strategy profile from relokv_rag --calibrate: checked against the\n"
       "                    model and used for the request's reuse plan\n");
 }
 
-template <class P>
+template <class P, class T>
 int run(std::shared_ptr<const relokv_engine::llama_model> m,
         const relokv_engine::bpe_tokenizer* tok, const std::string& question, int max_tokens,
         const relokv::recompute::any_strategy& strategy) {
-  relokv_engine::llama_engine<P> eng(m, 1024);
+  relokv_engine::llama_engine<P, T> eng(m, 1024);
   std::vector<relokv::token_t> prompt;
   relokv::token_t stop = -1;
   if (tok) {
@@ -64,7 +67,7 @@ int run(std::shared_ptr<const relokv_engine::llama_model> m,
 
 int main(int argc, char** argv) {
   std::string model = relokv_engine::default_model_path(), placement = "block_relative", question;
-  std::string profile;
+  std::string profile, kv_dtype = "bf16";
   int max_tokens = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -72,6 +75,10 @@ int main(int argc, char** argv) {
       model = argv[++i];
     } else if (a == "--placement" && i + 1 < argc) {
       placement = argv[++i];
+    } else if (a == "--fp32-activations") {
+      relokv_engine::use_integer_kernels(false);
+    } else if (a == "--kv-dtype" && i + 1 < argc) {
+      kv_dtype = argv[++i];
     } else if (a == "--profile" && i + 1 < argc) {
       profile = argv[++i];
     } else if (a == "--max-tokens" && i + 1 < argc) {
@@ -103,12 +110,19 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "relokv_chat: profile %s: %s\n", profile.c_str(),
                    p.safe ? p.strategy.label().c_str() : "unsafe: full recompute");
     }
-    if (placement == "pre_rotated")
-      return run<relokv::pre_rotated>(m, tok, question, max_tokens, strategy);
-    if (placement == "at_attention")
-      return run<relokv::at_attention>(m, tok, question, max_tokens, strategy);
-    if (placement == "block_relative")
-      return run<relokv::block_relative>(m, tok, question, max_tokens, strategy);
+    if (kv_dtype != "bf16" && kv_dtype != "fp32") {
+      std::fprintf(stderr, "relokv_chat: unknown KV dtype '%s' (bf16 or fp32)\n", kv_dtype.c_str());
+      return 2;
+    }
+    const bool f32 = kv_dtype == "fp32";
+    const auto go = [&](auto placement_tag) {
+      using P = decltype(placement_tag);
+      return f32 ? run<P, float>(m, tok, question, max_tokens, strategy)
+                 : run<P, relokv::bf16>(m, tok, question, max_tokens, strategy);
+    };
+    if (placement == "pre_rotated") return go(relokv::pre_rotated{});
+    if (placement == "at_attention") return go(relokv::at_attention{});
+    if (placement == "block_relative") return go(relokv::block_relative{});
     std::fprintf(stderr, "relokv_chat: unknown placement '%s'\n", placement.c_str());
     return 2;
   } catch (const std::exception& e) {

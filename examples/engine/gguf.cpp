@@ -366,8 +366,12 @@ const gguf_tensor& gguf_file::tensor(const std::string& n) const {
 void gguf_file::dequantize_row(const gguf_tensor& t, std::uint64_t row, float* out) const {
   const std::uint64_t n = t.dims[0];
   const type_traits tr = traits_of(t.type);
-  const std::uint8_t* p = t.data + row * (n / tr.block_elems) * tr.block_bytes;
-  switch (t.type) {
+  dequantize_blocks(t.type, t.data + row * (n / tr.block_elems) * tr.block_bytes, n, out);
+}
+
+void dequantize_blocks(ggml_type type, const std::uint8_t* p, std::uint64_t n, float* out) {
+  const type_traits tr = traits_of(type);
+  switch (type) {
     case ggml_type::kF32:
       std::memcpy(out, p, n * 4);
       return;
@@ -387,7 +391,7 @@ void gguf_file::dequantize_row(const gguf_tensor& t, std::uint64_t row, float* o
       // nibble of byte j, element j + 16 in its high nibble.
       for (std::uint64_t b = 0; b < n / 32; ++b, p += tr.block_bytes, out += 32) {
         const float d = half(p);
-        const bool q41 = t.type == ggml_type::kQ4_1;
+        const bool q41 = type == ggml_type::kQ4_1;
         const float m = q41 ? half(p + 2) : -8.0f * d;
         const std::uint8_t* q = p + (q41 ? 4 : 2);
         for (int j = 0; j < 16; ++j) {

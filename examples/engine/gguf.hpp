@@ -82,6 +82,9 @@ class gguf_file {
 
   /// Dequantizes row `row` (dims[0] elements) of a tensor into out.
   void dequantize_row(const gguf_tensor& t, std::uint64_t row, float* out) const;
+  /// What keeps the file's bytes alive (the mapping, or the vector of from_memory): views
+  /// into tensor data that outlive this object hold it.
+  [[nodiscard]] std::shared_ptr<const void> keep_alive() const noexcept { return hold_; }
   /// Dequantizes a whole tensor (elements floats).
   [[nodiscard]] std::vector<float> dequantize(const gguf_tensor& t) const;
 
@@ -107,6 +110,8 @@ struct type_traits {
   const char* name;
 };
 [[nodiscard]] bool type_supported(std::uint32_t id) noexcept;
+/// Dequantizes n elements (whole blocks) of type `type` starting at p.
+void dequantize_blocks(ggml_type type, const std::uint8_t* p, std::uint64_t n, float* out);
 [[nodiscard]] type_traits traits_of(ggml_type t) noexcept;
 
 }  // namespace relokv_engine

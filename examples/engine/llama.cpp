@@ -24,16 +24,25 @@
 namespace relokv_engine {
 namespace {
 
-/// Y[n][out] = X[n][in] * W[out][in]^T (+ bias[out] when given), the output features split
-/// between the two lanes.
-void matmul(const float* x, int n, int in, const std::vector<float>& w, int out, float* y,
-            const std::vector<float>* bias = nullptr) {
+/// Y[n][out] = X[n][in] * W[out][in]^T (+ bias[out] when given), from the weights in their
+/// own type (qgemm.hpp), the output features split between the two lanes.
+/// `decode`: the integer kernels may serve (int8 activations); prefill keeps them in fp32.
+void matmul(const float* x, int n, int in, const qmatrix& w, int out, float* y,
+            const std::vector<float>* bias = nullptr, bool decode = false) {
+  if (w.cols != in || w.rows != out)
+    throw std::logic_error("matmul: a [" + std::to_string(w.rows) + "][" + std::to_string(w.cols) +
+                           "] matrix for " + std::to_string(in) + " -> " + std::to_string(out));
+  thread_local q8_activations q8;  // quantized once by the caller, read by both lanes
+  const bool integer = decode && integer_product(w, n);
+  if (integer) q8.quantize(x, n, in);
+  // The lanes must read the caller's buffer, not their own thread's (a thread_local named in
+  // the lambda would be the helper's).
+  const q8_activations* xq = integer ? &q8 : nullptr;
   const int mid = std::min(out, (out / 2 + 15) / 16 * 16);
   lanes::get().run([&](int lane) {
     const int o0 = lane == 0 ? 0 : mid, o1 = lane == 0 ? mid : out;
     if (o1 <= o0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, o1 - o0, in, 1.0f, x, in,
-                w.data() + static_cast<std::size_t>(o0) * in, in, 0.0f, y + o0, out);
+    qmatmul_rows(w, x, xq, n, y, out, o0, o1);
     if (bias != nullptr && !bias->empty())
       for (int r = 0; r < n; ++r)
         for (int o = o0; o < o1; ++o)
@@ -85,8 +94,8 @@ struct kv_map {
 /// Prefill attention of n queries on the two lanes when there are enough of them: the queries
 /// are independent, so the set is cut where the causal work (each query's visible positions)
 /// is halved.
-template <class P>
-void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const float> kv,
+template <class P, class T>
+void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv,
                relokv::block_table_view view, const float* q, const std::int32_t* pos, int n,
                int num_q_heads, float scale, float* out) {
   const auto call = [&](int begin, int end) {
@@ -137,14 +146,15 @@ int compact_rows(std::vector<float>& x, std::vector<float>* q, std::vector<std::
 /// `positions` (ascending; their K/V are written where `map` says, except where `no_write`),
 /// attends over every block of `map`, and leaves the last token's hidden state in last_hidden.
 /// With a dynamic strategy the set shrinks layer by layer (mask/reused per position).
-template <class P>
+template <class P, class T>
 void run_layers(const llama_model& m, const relokv::rope_table& rope,
-                relokv::host_kv_storage<float>& kv, const kv_map& map,
+                relokv::host_kv_storage<T>& kv, const kv_map& map,
                 std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
                 std::int32_t no_write, std::vector<std::uint8_t>* mask,
                 const std::vector<std::uint8_t>* reused,
                 const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden,
-                prefill_stats* trace = nullptr, const std::vector<std::uint8_t>* pinned = nullptr) {
+                prefill_stats* trace = nullptr, const std::vector<std::uint8_t>* pinned = nullptr,
+                bool decode = false) {
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
   auto n = static_cast<int>(positions.size());
@@ -156,7 +166,8 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   for (int i = 0; i < n; ++i) {
     const auto t = static_cast<std::size_t>(
         tokens[static_cast<std::size_t>(positions[static_cast<std::size_t>(i)])]);
-    std::copy_n(m.tok_emb.begin() + static_cast<std::ptrdiff_t>(t * D), D, x.begin() + i * D);
+    m.tok_emb.dequantize_row(static_cast<std::int32_t>(t),
+                             x.data() + static_cast<std::size_t>(i) * D);
   }
   const bool dynamic = strategy != nullptr && strategy->dynamic() && mask && reused;
   int step = 0;
@@ -174,9 +185,9 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     q.resize(N * H * hd);
     k.resize(N * Hk * hd);
     v.resize(N * Hk * hd);
-    matmul(h.data(), n, D, L.wq, H * hd, q.data(), &L.bq);
-    matmul(h.data(), n, D, L.wk, Hk * hd, k.data(), &L.bk);
-    matmul(h.data(), n, D, L.wv, Hk * hd, v.data(), &L.bv);
+    matmul(h.data(), n, D, L.wq, H * hd, q.data(), &L.bq, decode);
+    matmul(h.data(), n, D, L.wk, Hk * hd, k.data(), &L.bk, decode);
+    matmul(h.data(), n, D, L.wv, Hk * hd, v.data(), &L.bv, decode);
     auto layer_kv = kv.layer(l);
     if (dynamic && step < strategy->steps() && strategy->check_layer(step) == l) {
       // Deviation of the fresh K/V (in storage form) from the cached ones, before they are
@@ -228,18 +239,18 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
       N = static_cast<std::size_t>(n);
     }
     att.resize(N * H * hd);
-    attention<P>(rope, relokv::paged_kv_view<const float>(layer_kv), view, q.data(),
-                 positions.data(), n, H, scale, att.data());
+    attention<P>(rope, relokv::paged_kv_view<const T>(layer_kv), view, q.data(), positions.data(),
+                 n, H, scale, att.data());
     o.resize(N * D);
-    matmul(att.data(), n, H * hd, L.wo, D, o.data());
+    matmul(att.data(), n, H * hd, L.wo, D, o.data(), nullptr, decode);
     for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
     for (int i = 0; i < n; ++i) rmsnorm(&x[i * D], L.ffn_norm, D, c.rms_eps, &h[i * D]);
     g.resize(N * F);
     u.resize(N * F);
-    matmul(h.data(), n, D, L.w_gate, F, g.data());
-    matmul(h.data(), n, D, L.w_up, F, u.data());
+    matmul(h.data(), n, D, L.w_gate, F, g.data(), nullptr, decode);
+    matmul(h.data(), n, D, L.w_up, F, u.data(), nullptr, decode);
     for (std::size_t i = 0; i < N * F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    matmul(g.data(), n, F, L.w_down, D, o.data());
+    matmul(g.data(), n, F, L.w_down, D, o.data(), nullptr, decode);
     for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
     if (trace) trace->token_layers += n;
     if (dynamic) n = compact_rows(x, nullptr, positions, *mask, n, D, qrow);  // next layer's rows
@@ -247,11 +258,10 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   last_hidden.assign(x.end() - D, x.end());
 }
 
-std::vector<float> head(const llama_model& m, const std::vector<float>& hidden) {
+std::vector<float> head(const llama_model& m, const std::vector<float>& hidden, bool decode) {
   std::vector<float> hn(hidden.size()), out(static_cast<std::size_t>(m.cfg.vocab));
   rmsnorm(hidden.data(), m.out_norm, m.cfg.dim, m.cfg.rms_eps, hn.data());
-  cblas_sgemv(CblasRowMajor, CblasNoTrans, m.cfg.vocab, m.cfg.dim, 1.0f, m.lm_head().data(),
-              m.cfg.dim, hn.data(), 1, 0.0f, out.data(), 1);
+  matmul(hn.data(), 1, m.cfg.dim, m.lm_head(), m.cfg.vocab, out.data(), nullptr, decode);
   return out;
 }
 
@@ -347,26 +357,32 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
   const auto Q = static_cast<std::uint64_t>(c.n_heads * c.head_dim);
   const auto K = static_cast<std::uint64_t>(c.n_kv_heads * c.head_dim);
   const auto V = static_cast<std::uint64_t>(c.vocab);
-  m.tok_emb = tensor_as(f, "token_embd.weight", {D, V});
-  if (f.has_tensor("output.weight")) m.output = tensor_as(f, "output.weight", {D, V});
+  // Matrices stay in the file's mapping and types; norms and biases are read as fp32.
+  const auto mat = [&](const std::string& name, std::vector<std::uint64_t> dims) {
+    const gguf_tensor& t = f.tensor(name);
+    if (t.dims != dims) (void)tensor_as(f, name, dims);  // throws, naming both shapes
+    return qmatrix::view(f, t, f.keep_alive());
+  };
+  m.tok_emb = mat("token_embd.weight", {D, V});
+  if (f.has_tensor("output.weight")) m.output = mat("output.weight", {D, V});
   m.out_norm = tensor_as(f, "output_norm.weight", {D});
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     llama_layer L;
     L.attn_norm = tensor_as(f, p + "attn_norm.weight", {D});
-    L.wq = tensor_as(f, p + "attn_q.weight", {D, Q});
-    L.wk = tensor_as(f, p + "attn_k.weight", {D, K});
-    L.wv = tensor_as(f, p + "attn_v.weight", {D, K});
+    L.wq = mat(p + "attn_q.weight", {D, Q});
+    L.wk = mat(p + "attn_k.weight", {D, K});
+    L.wv = mat(p + "attn_v.weight", {D, K});
     if (qwen2) {
       L.bq = tensor_as(f, p + "attn_q.bias", {Q});
       L.bk = tensor_as(f, p + "attn_k.bias", {K});
       L.bv = tensor_as(f, p + "attn_v.bias", {K});
     }
-    L.wo = tensor_as(f, p + "attn_output.weight", {Q, D});
+    L.wo = mat(p + "attn_output.weight", {Q, D});
     L.ffn_norm = tensor_as(f, p + "ffn_norm.weight", {D});
-    L.w_gate = tensor_as(f, p + "ffn_gate.weight", {D, F});
-    L.w_up = tensor_as(f, p + "ffn_up.weight", {D, F});
-    L.w_down = tensor_as(f, p + "ffn_down.weight", {F, D});
+    L.w_gate = mat(p + "ffn_gate.weight", {D, F});
+    L.w_up = mat(p + "ffn_up.weight", {D, F});
+    L.w_down = mat(p + "ffn_down.weight", {F, D});
     m.layers.push_back(std::move(L));
   }
   // The weights' identity for the store fingerprint: every tensor's name, type and bytes.
@@ -394,11 +410,16 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
   c.rope.layout = qwen2 ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
-  auto mat = [&](int out, int in) {
+  auto vec = [&](int out, int in, float gain = 1.0f) {
     std::vector<float> w(static_cast<std::size_t>(out) * in);
     const float s = 1.0f / std::sqrt(static_cast<float>(in));
     for (auto& x : w) x = nd(rng) * s;
+    if (gain != 1.0f)
+      for (auto& x : w) x *= gain;
     return w;
+  };
+  auto mat = [&](int out, int in, float gain = 1.0f) {
+    return qmatrix::owned(vec(out, in, gain), out, in);
   };
   auto ones = [](int n) { return std::vector<float>(static_cast<std::size_t>(n), 1.0f); };
   m.tok_emb = mat(c.vocab, c.dim);  // rows of norm ~1: the attention output is not drowned
@@ -406,17 +427,15 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
   for (int l = 0; l < c.n_layers; ++l) {
     llama_layer L;
     L.attn_norm = ones(c.dim);
-    L.wq = mat(c.n_heads * c.head_dim, c.dim);
-    L.wk = mat(c.n_kv_heads * c.head_dim, c.dim);
     // Sharper attention than random init gives, so that context (and reusing KV computed in
     // another context) visibly changes the output.
-    for (auto& x : L.wq) x *= 3.0f;
-    for (auto& x : L.wk) x *= 3.0f;
+    L.wq = mat(c.n_heads * c.head_dim, c.dim, 3.0f);
+    L.wk = mat(c.n_kv_heads * c.head_dim, c.dim, 3.0f);
     L.wv = mat(c.n_kv_heads * c.head_dim, c.dim);
     if (qwen2) {
-      L.bq = mat(1, c.n_heads * c.head_dim);
-      L.bk = mat(1, c.n_kv_heads * c.head_dim);
-      L.bv = mat(1, c.n_kv_heads * c.head_dim);
+      L.bq = vec(1, c.n_heads * c.head_dim);
+      L.bk = vec(1, c.n_kv_heads * c.head_dim);
+      L.bv = vec(1, c.n_kv_heads * c.head_dim);
     }
     L.wo = mat(c.dim, c.n_heads * c.head_dim);
     L.ffn_norm = ones(c.dim);
@@ -438,22 +457,22 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
   return m;
 }
 
-template <class P>
-struct llama_engine<P>::live_request {
+template <class P, class T>
+struct llama_engine<P, T>::live_request {
   // The request's KV in the library's words: fetches, copies, (position, block, slot) of each
   // computed token, the last-token rule, decode's blocks, commit and release.
-  std::optional<relokv::request_kv<cache_type, float>> req;
+  std::optional<relokv::request_kv<cache_type, T>> req;
   kv_map map;  // position -> (block, slot) for the layer loop, indexed from req->blocks()
   std::vector<relokv::token_t> tokens;
 };
 
 namespace {
-template <class P>
-typename llama_engine<P>::cache_type make_cache(const llama_model& m,
-                                                const relokv::host_kv_storage<float>& kv,
-                                                std::int32_t num_blocks, std::int32_t block_size,
-                                                relokv::any_store store) {
-  using cache_t = typename llama_engine<P>::cache_type;
+template <class P, class T>
+typename llama_engine<P, T>::cache_type make_cache(const llama_model& m,
+                                                   const relokv::host_kv_storage<T>& kv,
+                                                   std::int32_t num_blocks, std::int32_t block_size,
+                                                   relokv::any_store store) {
+  using cache_t = typename llama_engine<P, T>::cache_type;
   if (!store) return cache_t(relokv::lru_block_pool(num_blocks), block_size);
   const relokv::store_options so{relokv::store_fingerprint(m.cfg.weights_id, m.cfg.rope, P::kind),
                                  kv.block_layout()};
@@ -462,27 +481,27 @@ typename llama_engine<P>::cache_type make_cache(const llama_model& m,
 }
 }  // namespace
 
-template <class P>
-llama_engine<P>::llama_engine(std::shared_ptr<const llama_model> model, std::int32_t num_blocks,
-                              std::int32_t block_size, relokv::any_store store)
+template <class P, class T>
+llama_engine<P, T>::llama_engine(std::shared_ptr<const llama_model> model, std::int32_t num_blocks,
+                                 std::int32_t block_size, relokv::any_store store)
     : model_(std::move(model)),
       rope_(model_->cfg.rope, 8192),
       kv_(relokv::kv_shape{model_->cfg.n_layers, num_blocks, model_->cfg.n_kv_heads, block_size,
                            model_->cfg.head_dim}),
-      cache_(make_cache<P>(*model_, kv_, num_blocks, block_size, std::move(store))) {}
+      cache_(make_cache<P, T>(*model_, kv_, num_blocks, block_size, std::move(store))) {}
 
-template <class P>
-std::uint64_t llama_engine<P>::store_fingerprint() const noexcept {
+template <class P, class T>
+std::uint64_t llama_engine<P, T>::store_fingerprint() const noexcept {
   return relokv::store_fingerprint(model_->cfg.weights_id, model_->cfg.rope, P::kind);
 }
 
-template <class P>
-llama_engine<P>::~llama_engine() = default;
+template <class P, class T>
+llama_engine<P, T>::~llama_engine() = default;
 
-template <class P>
-std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout,
-                                            const relokv::recompute::any_strategy& strategy,
-                                            prefill_stats* stats) {
+template <class P, class T>
+std::vector<float> llama_engine<P, T>::prefill(const relokv::request_layout& layout,
+                                               const relokv::recompute::any_strategy& strategy,
+                                               prefill_stats* stats) {
   if (live_) throw std::logic_error("llama_engine: end() the live request first");
   check_tokens(*model_, layout.tokens, "llama_engine::prefill");
   auto r = std::make_unique<live_request>();
@@ -532,14 +551,14 @@ std::vector<float> llama_engine<P>::prefill(const relokv::request_layout& layout
   std::vector<relokv::block_status> status;
   for (const auto& pb : pl.blocks) status.push_back(pb.status);
   strategy.pin(layout, status, pinned);
-  run_layers<P>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
-                &reused, &strategy, hidden, stats, &pinned);
+  run_layers<P, T>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
+                   &reused, &strategy, hidden, stats, &pinned);
   live_ = std::move(r);
-  return head(*model_, hidden);
+  return head(*model_, hidden, /*decode=*/false);
 }
 
-template <class P>
-std::vector<float> llama_engine<P>::decode(relokv::token_t token) {
+template <class P, class T>
+std::vector<float> llama_engine<P, T>::decode(relokv::token_t token) {
   if (!live_) throw std::logic_error("llama_engine: decode needs a prefilled request");
   check_tokens(*model_, {&token, 1}, "llama_engine::decode");
   live_request& r = *live_;
@@ -550,14 +569,15 @@ std::vector<float> llama_engine<P>::decode(relokv::token_t token) {
   r.map.table.assign(r.req->blocks().begin(), r.req->blocks().end());
   r.map.index();
   std::vector<float> hidden;
-  run_layers<P>(*model_, rope_, kv_, r.map, {pos}, r.tokens, -1, nullptr, nullptr, nullptr, hidden);
-  return head(*model_, hidden);
+  run_layers<P, T>(*model_, rope_, kv_, r.map, {pos}, r.tokens, -1, nullptr, nullptr, nullptr,
+                   hidden, nullptr, nullptr, /*decode=*/true);
+  return head(*model_, hidden, /*decode=*/true);
 }
 
-template <class P>
-std::vector<relokv::token_t> llama_engine<P>::generate(const std::vector<float>& first_logits,
-                                                       std::int32_t max_tokens,
-                                                       relokv::token_t stop) {
+template <class P, class T>
+std::vector<relokv::token_t> llama_engine<P, T>::generate(const std::vector<float>& first_logits,
+                                                          std::int32_t max_tokens,
+                                                          relokv::token_t stop) {
   std::vector<relokv::token_t> out;
   relokv::token_t t = argmax(first_logits);
   for (std::int32_t i = 0; i < max_tokens; ++i) {
@@ -568,16 +588,19 @@ std::vector<relokv::token_t> llama_engine<P>::generate(const std::vector<float>&
   return out;
 }
 
-template <class P>
-void llama_engine<P>::end(bool commit) {
+template <class P, class T>
+void llama_engine<P, T>::end(bool commit) {
   if (!live_) return;
   if (commit) live_->req->commit();  // and writes new blocks to the store, when there is one
   live_.reset();                     // ~request_kv releases the request
 }
 
-template class llama_engine<relokv::pre_rotated>;
-template class llama_engine<relokv::at_attention>;
-template class llama_engine<relokv::block_relative>;
+template class llama_engine<relokv::pre_rotated, relokv::bf16>;
+template class llama_engine<relokv::at_attention, relokv::bf16>;
+template class llama_engine<relokv::block_relative, relokv::bf16>;
+template class llama_engine<relokv::pre_rotated, float>;
+template class llama_engine<relokv::at_attention, float>;
+template class llama_engine<relokv::block_relative, float>;
 
 std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv::token_t>& tokens) {
   check_tokens(m, tokens, "plain_prefill");
@@ -592,9 +615,17 @@ std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv:
   std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
   for (std::int32_t i = 0; i < n; ++i) positions[static_cast<std::size_t>(i)] = i;
   std::vector<float> hidden;
-  run_layers<relokv::pre_rotated>(m, rope, kv, map, std::move(positions), tokens, -1, nullptr,
-                                  nullptr, nullptr, hidden);
-  return head(m, hidden);
+  run_layers<relokv::pre_rotated, float>(m, rope, kv, map, std::move(positions), tokens, -1,
+                                         nullptr, nullptr, nullptr, hidden);
+  return head(m, hidden, /*decode=*/false);
+}
+
+std::size_t llama_model::weight_bytes() const {
+  std::size_t n = tok_emb.bytes() + output.bytes();
+  for (const llama_layer& L : layers)
+    for (const qmatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      n += w->bytes();
+  return n;
 }
 
 relokv::token_t argmax(const std::vector<float>& logits) {

@@ -1,7 +1,7 @@
 #pragma once
 // A small Llama-family forward pass on relokv: paged KV through relokv's host attention, reuse
 // plans from relocatable_cache honoured (only the masked tokens are computed; dynamic strategies
-// refined layer by layer), fp32 activations, GEMMs through BLAS.
+// refined layer by layer), fp32 activations, weights in their GGUF types (qgemm.hpp).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -10,6 +10,7 @@
 
 #include <relokv/cache/relocatable_cache.hpp>
 #include <relokv/concepts/rope_placement.hpp>
+#include <relokv/dtype.hpp>
 #include <relokv/layout/request_layout.hpp>
 #include <relokv/memory/host_kv_storage.hpp>
 #include <relokv/recompute/any_strategy.hpp>
@@ -20,6 +21,7 @@
 #include <relokv/store/any_store.hpp>
 
 #include "gguf.hpp"
+#include "qgemm.hpp"
 
 namespace relokv_engine {
 
@@ -41,15 +43,17 @@ struct llama_config {
 };
 
 struct llama_layer {
-  std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-  std::vector<float> bq, bk, bv;  ///< Q/K/V biases (qwen2); empty for llama
+  std::vector<float> attn_norm, ffn_norm;
+  qmatrix wq, wk, wv, wo, w_gate, w_up, w_down;  ///< [out][in], in the file's types
+  std::vector<float> bq, bk, bv;                 ///< Q/K/V biases (qwen2); empty for llama
 };
 
-/// Weights in fp32, each matrix row-major [out][in].
+/// The weights as the file has them: each matrix a qmatrix [out][in] in its GGUF type,
+/// pointing into the file's mapping (which it keeps alive); norms and biases in fp32.
 struct llama_model {
   llama_config cfg;
-  std::vector<float> tok_emb;  // [vocab][dim]
-  std::vector<float> output;   // [vocab][dim]; empty when tied to tok_emb
+  qmatrix tok_emb;  // [vocab][dim]
+  qmatrix output;   // [vocab][dim]; empty when tied to tok_emb
   std::vector<float> out_norm;
   std::vector<llama_layer> layers;
 
@@ -59,9 +63,9 @@ struct llama_model {
   static llama_model from_gguf(const gguf_file& f);
   /// A small model with deterministic pseudo-random weights, so that everything runs offline.
   static llama_model synthetic(const llama_config& cfg = {}, std::uint32_t seed = 1);
-  [[nodiscard]] const std::vector<float>& lm_head() const {
-    return output.empty() ? tok_emb : output;
-  }
+  [[nodiscard]] const qmatrix& lm_head() const { return output.empty() ? tok_emb : output; }
+  /// Bytes of the weight matrices as held in memory (their GGUF types).
+  [[nodiscard]] std::size_t weight_bytes() const;
 };
 
 /// What one prefill did.
@@ -82,7 +86,9 @@ struct prefill_stats {
 
 /// One engine instance: a model, a paged KV pool and a relocatable_cache over it.
 /// @tparam P RoPE placement of the stored keys
-template <class P>
+/// @tparam T the KV pool's element type: bf16 (the default: the host attention's fast path,
+///           half the bytes) or float
+template <class P, class T = relokv::bf16>
 class llama_engine {
  public:
   using cache_type = relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, P,
@@ -114,22 +120,25 @@ class llama_engine {
   [[nodiscard]] std::uint64_t store_fingerprint() const noexcept;
   [[nodiscard]] const llama_model& model() const noexcept { return *model_; }
   /// The KV pool ([layer][block][k|v][head][slot][dim]), for tests and tools that inspect it.
-  [[nodiscard]] const relokv::host_kv_storage<float>& kv() const noexcept { return kv_; }
+  [[nodiscard]] const relokv::host_kv_storage<T>& kv() const noexcept { return kv_; }
 
  private:
   struct live_request;
 
   std::shared_ptr<const llama_model> model_;
   relokv::rope_table rope_;
-  relokv::host_kv_storage<float> kv_;
+  relokv::host_kv_storage<T> kv_;
   cache_type cache_;
   std::unique_ptr<live_request> live_;
 };
 
-// Instantiated in llama.cpp for the three shipped placements.
-extern template class llama_engine<relokv::pre_rotated>;
-extern template class llama_engine<relokv::at_attention>;
-extern template class llama_engine<relokv::block_relative>;
+// Instantiated in llama.cpp for the three shipped placements, KV in bf16 and in fp32.
+extern template class llama_engine<relokv::pre_rotated, relokv::bf16>;
+extern template class llama_engine<relokv::at_attention, relokv::bf16>;
+extern template class llama_engine<relokv::block_relative, relokv::bf16>;
+extern template class llama_engine<relokv::pre_rotated, float>;
+extern template class llama_engine<relokv::at_attention, float>;
+extern template class llama_engine<relokv::block_relative, float>;
 
 /// Prefill with a plain contiguous KV buffer and no cache at all: the baseline that
 /// engine_relokv_overhead divides by. Returns the logits of the last token.

@@ -162,11 +162,11 @@ double kl_divergence(const std::vector<float>& ref, const std::vector<float>& go
 
 namespace {
 
-template <class P>
+template <class P, class T>
 std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_model> model,
                                      const workload& w, const text_codec& codec,
                                      const std::vector<variant>& variants, const run_options& opt) {
-  relokv_engine::llama_engine<P> eng(model, opt.num_blocks);
+  relokv_engine::llama_engine<P, T> eng(model, opt.num_blocks);
   const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
   const std::size_t total = w.requests.size() * (variants.size() + 1);
   std::size_t done = 0;
@@ -282,12 +282,18 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
 std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model> model,
                                 const workload& w, const text_codec& codec,
                                 const std::vector<variant>& variants, const run_options& opt) {
+  if (opt.kv_dtype != "bf16" && opt.kv_dtype != "fp32")
+    throw std::invalid_argument("unknown KV dtype '" + opt.kv_dtype + "' (bf16 or fp32)");
+  const bool f32 = opt.kv_dtype == "fp32";
   if (opt.placement == "pre_rotated")
-    return run_with<relokv::pre_rotated>(model, w, codec, variants, opt);
+    return f32 ? run_with<relokv::pre_rotated, float>(model, w, codec, variants, opt)
+               : run_with<relokv::pre_rotated, relokv::bf16>(model, w, codec, variants, opt);
   if (opt.placement == "at_attention")
-    return run_with<relokv::at_attention>(model, w, codec, variants, opt);
+    return f32 ? run_with<relokv::at_attention, float>(model, w, codec, variants, opt)
+               : run_with<relokv::at_attention, relokv::bf16>(model, w, codec, variants, opt);
   if (opt.placement == "block_relative")
-    return run_with<relokv::block_relative>(model, w, codec, variants, opt);
+    return f32 ? run_with<relokv::block_relative, float>(model, w, codec, variants, opt)
+               : run_with<relokv::block_relative, relokv::bf16>(model, w, codec, variants, opt);
   throw std::invalid_argument("unknown placement '" + opt.placement +
                               "' (pre_rotated, at_attention or block_relative)");
 }

@@ -87,6 +87,7 @@ struct variant_result {
 struct run_options {
   std::int32_t max_answer = 16;
   std::string placement = "block_relative";
+  std::string kv_dtype = "bf16";  ///< the KV pool's element type: bf16 or fp32
   std::int32_t num_blocks = 4096;
   std::function<void(std::size_t done, std::size_t total)> progress;
 };

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,9 +42,35 @@ relokv::request_layout rag(const std::vector<token_t>& x, const std::vector<toke
 }
 }  // namespace
 
+TEMPLATE_TEST_CASE("engine: KV in bf16 (the default) stays close to fp32 and is deterministic",
+                   "[engine]", relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
+  llama_engine<TestType> eng(model(), 64), fresh(model(), 64);
+  static_assert(
+      std::is_same_v<typename std::remove_cvref_t<decltype(eng.kv())>::value_type, relokv::bf16>);
+  const auto l = rag(kA, kB);
+  const auto want = relokv_engine::plain_prefill(*model(), l.tokens);  // fp32 KV
+  const auto got = eng.prefill(l, relokv::recompute::none{});
+  double top = 0;
+  for (float x : want) top = std::max(top, double(std::fabs(x)));
+  CHECK(max_diff(got, want) < 2e-2 * top);  // K and V keep 8 bits of mantissa
+  CHECK(relokv_engine::argmax(got) == relokv_engine::argmax(want));
+  const auto next = eng.decode(relokv_engine::argmax(got));
+  auto extended = l.tokens;
+  extended.push_back(relokv_engine::argmax(got));
+  CHECK(max_diff(next, relokv_engine::plain_prefill(*model(), extended)) < 2e-2 * top);
+  eng.end();
+  // Reordered under full recompute: bit for bit a prefill without any reuse.
+  const auto l2 = rag(kB, kA);
+  relokv_engine::prefill_stats st;
+  const auto full = eng.prefill(l2, relokv::recompute::full{}, &st);
+  CHECK(st.relocated_hits > 0);
+  CHECK(full == fresh.prefill(l2, relokv::recompute::none{}));
+  eng.end(false);
+}
+
 TEMPLATE_TEST_CASE("engine: prefill through relokv equals a plain contiguous prefill", "[engine]",
                    relokv::pre_rotated, relokv::at_attention, relokv::block_relative) {
-  llama_engine<TestType> eng(model(), 64);
+  llama_engine<TestType, float> eng(model(), 64);
   const auto l = rag(kA, kB);
   const auto want = relokv_engine::plain_prefill(*model(), l.tokens);
   relokv_engine::prefill_stats st;
@@ -87,7 +114,7 @@ TEMPLATE_TEST_CASE("engine: prefill through relokv equals a plain contiguous pre
 }
 
 TEST_CASE("engine: token ids outside the vocabulary are rejected at the entry points", "[engine]") {
-  llama_engine<relokv::block_relative> eng(model(), 64);
+  llama_engine<relokv::block_relative, float> eng(model(), 64);
   const std::int32_t vocab = model()->cfg.vocab;
   for (const token_t bad : {vocab, -1, 1 << 30}) {
     auto l = rag(kA, kB);
@@ -104,9 +131,9 @@ TEST_CASE("engine: token ids outside the vocabulary are rejected at the entry po
 
 TEST_CASE("engine: the three placements give the same logits", "[engine]") {
   const auto l = rag(kA, kB);
-  llama_engine<relokv::pre_rotated> a(model(), 64);
-  llama_engine<relokv::at_attention> b(model(), 64);
-  llama_engine<relokv::block_relative> c(model(), 64);
+  llama_engine<relokv::pre_rotated, float> a(model(), 64);
+  llama_engine<relokv::at_attention, float> b(model(), 64);
+  llama_engine<relokv::block_relative, float> c(model(), 64);
   const auto la = a.prefill(l, relokv::recompute::none{});
   const auto lb = b.prefill(l, relokv::recompute::none{});
   const auto lc = c.prefill(l, relokv::recompute::none{});
@@ -115,7 +142,7 @@ TEST_CASE("engine: the three placements give the same logits", "[engine]") {
 }
 
 TEST_CASE("engine: decode continues the prefill exactly", "[engine]") {
-  llama_engine<relokv::block_relative> eng(model(), 64);
+  llama_engine<relokv::block_relative, float> eng(model(), 64);
   const auto l = rag(kA, kB);
   const auto first = eng.prefill(l, relokv::recompute::none{});
   const token_t t = relokv_engine::argmax(first);
@@ -125,7 +152,7 @@ TEST_CASE("engine: decode continues the prefill exactly", "[engine]") {
   extended.push_back(t);
   CHECK(max_diff(next, relokv_engine::plain_prefill(*model(), extended)) < 1e-3);
   // Greedy generation crosses block boundaries (decode extends the request).
-  llama_engine<relokv::at_attention> eng2(model(), 64);
+  llama_engine<relokv::at_attention, float> eng2(model(), 64);
   const auto gen = eng2.generate(eng2.prefill(l, relokv::recompute::none{}), 20);
   CHECK(gen.size() == 20);
   eng2.end();
@@ -133,7 +160,7 @@ TEST_CASE("engine: decode continues the prefill exactly", "[engine]") {
 
 TEST_CASE("engine: a document cached on its own is reused whole, its last block included",
           "[engine]") {
-  llama_engine<relokv::block_relative> eng(model(), 64);
+  llama_engine<relokv::block_relative, float> eng(model(), 64);
   // Cache kA (37 tokens: its third block holds 5) after the system prompt, as a RAG server
   // warms its passages; then decode after it, which must start a block of its own.
   const auto alone = relokv::layout_builder(16).prefix(kSys).span(kA).build();
@@ -161,7 +188,7 @@ TEST_CASE("engine: CacheBlend measures at its check layer, where context has mix
   const auto& cfg = model()->cfg;
   const int hd = cfg.head_dim, Hk = cfg.n_kv_heads;
   // The blocks that hold a layout's K/V once it is cached (all exact hits of a fresh plan).
-  auto blocks_of = [](llama_engine<P>& e, const relokv::request_layout& l) {
+  auto blocks_of = [](llama_engine<P, float>& e, const relokv::request_layout& l) {
     auto p = e.cache().plan(l, relokv::recompute::none{});
     REQUIRE(p.ok());
     e.cache().release(p.id);
@@ -175,7 +202,7 @@ TEST_CASE("engine: CacheBlend measures at its check layer, where context has mix
   };
   // Cached: kA computed after the system prompt alone. Truth: the moved request recomputed in
   // full (another engine), whose layer-1 K/V are what a check at layer 1 should compare.
-  llama_engine<P> eng(model(), 64), truth(model(), 64);
+  llama_engine<P, float> eng(model(), 64), truth(model(), 64);
   (void)eng.prefill(alone, relokv::recompute::none{});
   eng.end(true);
   (void)truth.prefill(moved, relokv::recompute::full{});
@@ -238,7 +265,7 @@ TEMPLATE_TEST_CASE("engine: a qwen2-shaped model (biases, NeoX) through relokv e
   const auto m = std::make_shared<const llama_model>(llama_model::synthetic(c, 3));
   REQUIRE(m->cfg.rope.layout == relokv::rope_layout::kNeoX);
   REQUIRE(!m->layers[0].bk.empty());
-  llama_engine<TestType> eng(m, 64);
+  llama_engine<TestType, float> eng(m, 64);
   const auto l = rag(kA, kB);
   CHECK(max_diff(eng.prefill(l, relokv::recompute::none{}),
                  relokv_engine::plain_prefill(*m, l.tokens)) < 1e-3);
@@ -264,22 +291,22 @@ TEMPLATE_TEST_CASE("engine: spans from the store give the logits of spans from t
   // One engine caches the documents in its own pool; a writer caches them into a store and a
   // reader with an empty pool fetches them, at other positions. Same bytes, same logits.
   const relokv::recompute::any_strategy none{relokv::recompute::none{}};
-  auto cache_docs = [&](llama_engine<TestType>& e) {
+  auto cache_docs = [&](llama_engine<TestType, float>& e) {
     for (const auto* d : {&kA, &kB}) {
       (void)e.prefill(relokv::layout_builder(16).prefix(kSys).span(*d).build(), none);
       e.end(true);
     }
   };
-  llama_engine<TestType> local(model(), 64);
+  llama_engine<TestType, float> local(model(), 64);
   cache_docs(local);
   const auto want = local.prefill(rag(kB, kA), none);
   local.end(false);
 
   relokv::memory_store store;
-  llama_engine<TestType> writer(model(), 64, 16, relokv::any_store(store));
+  llama_engine<TestType, float> writer(model(), 64, 16, relokv::any_store(store));
   cache_docs(writer);
   CHECK(writer.cache().stats().store_writes > 0);
-  llama_engine<TestType> reader(model(), 64, 16, relokv::any_store(store));
+  llama_engine<TestType, float> reader(model(), 64, 16, relokv::any_store(store));
   relokv_engine::prefill_stats st;
   const auto got = reader.prefill(rag(kB, kA), none, &st);
   reader.end(false);
@@ -298,7 +325,7 @@ TEMPLATE_TEST_CASE("engine: spans from the store give the logits of spans from t
   c.vocab = 256;
   const auto other = std::make_shared<const llama_model>(llama_model::synthetic(c, 9));
   REQUIRE(other->cfg.weights_id != model()->cfg.weights_id);
-  llama_engine<TestType> stranger(other, 64, 16, relokv::any_store(store));
+  llama_engine<TestType, float> stranger(other, 64, 16, relokv::any_store(store));
   CHECK(stranger.store_fingerprint() != reader.store_fingerprint());
   relokv_engine::prefill_stats st2;
   (void)stranger.prefill(rag(kB, kA), none, &st2);

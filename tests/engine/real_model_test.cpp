@@ -40,6 +40,9 @@ const loaded& model() {
   }();
   return l;
 }
+/// Logits with KV in bf16 against fp32 references, relative to the largest logit.
+constexpr double kBf16Tolerance = 2e-2;
+
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   double d = 0, s = 1e-30;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -124,18 +127,24 @@ TEST_CASE("real model: logits agree with the numpy reference", "[.][numpy]") {
     while (std::fscanf(p, "%f", &v) == 1) want.push_back(v);
     REQUIRE(pclose(p) == 0);
     REQUIRE(want.size() == static_cast<std::size_t>(m.model->cfg.vocab));
-    relokv_engine::llama_engine<relokv::block_relative> eng(m.model, 64);
+    relokv_engine::llama_engine<relokv::block_relative, float> eng(m.model, 64);
     const auto got =
         eng.prefill(relokv::layout_builder(16).prefix(ids).build(), relokv::recompute::none{});
     INFO(prompt);
-    CHECK(max_rel(got, want) < 1e-3);  // fp32 in both; summation order differs
+    CHECK(max_rel(got, want) < 1e-3);  // fp32 KV; summation order differs
     CHECK(relokv_engine::argmax(got) == relokv_engine::argmax(want));
+    // KV in bf16, the engine's default: K and V rounded to 8 bits of mantissa.
+    relokv_engine::llama_engine<relokv::block_relative> eng16(m.model, 64);
+    const auto got16 =
+        eng16.prefill(relokv::layout_builder(16).prefix(ids).build(), relokv::recompute::none{});
+    CHECK(max_rel(got16, want) < kBf16Tolerance);
+    CHECK(relokv_engine::argmax(got16) == relokv_engine::argmax(want));
   }
 }
 
 TEST_CASE("real model: a coherent greedy answer", "[model]") {
   const auto& m = model();
-  relokv_engine::llama_engine<relokv::at_attention> eng(m.model, 256);
+  relokv_engine::llama_engine<relokv::at_attention, float> eng(m.model, 256);
   const auto prompt = m.tok.encode(relokv_engine::bpe_tokenizer::chat(
       qwen() ? "You are a helpful assistant."
              : "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
@@ -157,7 +166,7 @@ TEST_CASE("real model: full recompute after reuse equals no reuse; placements ag
   const auto l1 = relokv::layout_builder(16).prefix(sys).span(a).span(b).question(q).build();
   const auto l2 = relokv::layout_builder(16).prefix(sys).span(b).span(a).question(q).build();
   const auto want = relokv_engine::plain_prefill(*m.model, l2.tokens);
-  relokv_engine::llama_engine<relokv::block_relative> eng(m.model, 256);
+  relokv_engine::llama_engine<relokv::block_relative, float> eng(m.model, 256);
   (void)eng.prefill(l1, relokv::recompute::none{});
   eng.end();
   relokv_engine::prefill_stats st;
@@ -165,10 +174,19 @@ TEST_CASE("real model: full recompute after reuse equals no reuse; placements ag
   eng.end(false);
   CHECK(st.relocated_hits > 0);
   CHECK(max_rel(full, want) < 1e-3);
-  relokv_engine::llama_engine<relokv::pre_rotated> pre(m.model, 256);
-  relokv_engine::llama_engine<relokv::at_attention> at(m.model, 256);
+  relokv_engine::llama_engine<relokv::pre_rotated, float> pre(m.model, 256);
+  relokv_engine::llama_engine<relokv::at_attention, float> at(m.model, 256);
   CHECK(max_rel(pre.prefill(l2, relokv::recompute::none{}), want) < 1e-3);
   CHECK(max_rel(at.prefill(l2, relokv::recompute::none{}), want) < 1e-3);
+  // The same under bf16 KV (the default): full recompute after reuse is bit for bit a prefill
+  // without reuse.
+  relokv_engine::llama_engine<relokv::block_relative> e16(m.model, 256), fresh16(m.model, 256);
+  (void)e16.prefill(l1, relokv::recompute::none{});
+  e16.end();
+  const auto full16 = e16.prefill(l2, relokv::recompute::full{});
+  e16.end(false);
+  CHECK(full16 == fresh16.prefill(l2, relokv::recompute::none{}));
+  CHECK(max_rel(full16, want) < kBf16Tolerance);
 }
 
 int main(int argc, char** argv) {

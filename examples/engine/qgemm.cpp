@@ -1,0 +1,365 @@
+// Products from GGUF weights in their own types (see qgemm.hpp).
+#include "qgemm.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include <relokv/dtype.hpp>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define RELOKV_ENGINE_VNNI 1
+#else
+#define RELOKV_ENGINE_VNNI 0
+#endif
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace relokv_engine {
+namespace {
+
+constexpr int kQ4_1Bytes = 20, kQ8_0Bytes = 34;  // per block of 32: scale(s), then the values
+
+inline float f16(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  relokv::fp16 x;
+  x.bits = h;
+  return x.to_float();
+#endif
+}
+
+// The reference loops: one row of Q4_1 or Q8_0 blocks against one row of Q8 activations.
+// Q4_1: w = d * q + m (q in [0, 15]), so a block contributes d * dx * sum(q * xq) + m * s
+// with s = dx * sum(xq). Q8_0: w = d * q (q in [-127, 127]).
+float q4_1_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, const float* xs,
+               int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += kQ4_1Bytes, x += 32) {
+    const std::uint8_t* q = w + 4;
+    int s = 0;
+    for (int j = 0; j < 16; ++j) s += (q[j] & 0xF) * x[j] + (q[j] >> 4) * x[j + 16];
+    acc += f16(w) * xd[b] * static_cast<float>(s) + f16(w + 2) * xs[b];
+  }
+  return acc;
+}
+float q8_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += kQ8_0Bytes, x += 32) {
+    const auto* q = reinterpret_cast<const std::int8_t*>(w + 2);
+    int s = 0;
+    for (int j = 0; j < 32; ++j) s += q[j] * x[j];
+    acc += f16(w) * xd[b] * static_cast<float>(s);
+  }
+  return acc;
+}
+
+#if RELOKV_ENGINE_VNNI
+// GCC 12 reports a false -Wmaybe-uninitialized (and -Wuninitialized) inside the AVX-512 insert,
+// convert and reduce intrinsics (their _mm512_undefined_* operands, GCC bug 105593); the kernels
+// below use them.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// Blocks b and b + 1 of a Q4_1 row as 64 unsigned bytes, in element order per block.
+inline __m512i q4_1_pair(const std::uint8_t* a, const std::uint8_t* b) {
+  const __m128i lo = _mm_set1_epi8(0x0F);
+  const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4));
+  const __m128i qb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+  const __m256i wa =
+      _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qa, 4), lo), _mm_and_si128(qa, lo));
+  const __m256i wb =
+      _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qb, 4), lo), _mm_and_si128(qb, lo));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
+}
+// Blocks b and b + 1 of a Q8_0 row as 64 bytes q + 128 (unsigned), for VPDPBUSD.
+inline __m512i q8_0_pair(const std::uint8_t* a, const std::uint8_t* b) {
+  const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2));
+  const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
+  return _mm512_xor_si512(q, _mm512_set1_epi8(static_cast<char>(0x80)));
+}
+inline __m512 pair_scale(float a, float b) {
+  return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+}
+
+// One weight row against R activation rows: each block pair of the row is unpacked once and
+// multiplied with every activation row (VPDPBUSD: 64 u8 x s8 products into 16 int32 lanes,
+// lanes 0-7 of the first block, 8-15 of the second), scaled per block in fp32.
+template <bool Q41, int R>
+void row_vnni(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, float* out) {
+  const int nbk = xq.cols / 32;
+  constexpr int bytes = Q41 ? kQ4_1Bytes : kQ8_0Bytes;
+  __m512 acc[R];
+  float extra[R];  // Q4_1: the minimum's term; Q8_0: minus the +128 offset's term
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    extra[r] = 0.0f;
+  }
+  int b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const std::uint8_t* A = w + b * bytes;
+    const std::uint8_t* B = A + bytes;
+    const __m512i wv = Q41 ? q4_1_pair(A, B) : q8_0_pair(A, B);
+    const float da = f16(A), db = f16(B);
+    const float ea = Q41 ? f16(A + 2) : -128.0f * da, eb = Q41 ? f16(B + 2) : -128.0f * db;
+    for (int r = 0; r < R; ++r) {
+      const std::size_t i = static_cast<std::size_t>(i0 + r);
+      const __m512i xv = _mm512_loadu_si512(xq.q.data() + i * static_cast<std::size_t>(xq.cols) +
+                                            static_cast<std::size_t>(b) * 32);
+      const float* xd = xq.d.data() + i * static_cast<std::size_t>(nbk) + b;
+      const float* xs = xq.s.data() + i * static_cast<std::size_t>(nbk) + b;
+      const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), pair_scale(da * xd[0], db * xd[1]), acc[r]);
+      extra[r] += ea * xs[0] + eb * xs[1];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float tail = 0.0f;
+    if (b < nb) {  // an odd block count: the last block by the reference loop
+      const std::size_t i = static_cast<std::size_t>(i0 + r);
+      const std::int8_t* x =
+          xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
+      const float* xd = xq.d.data() + i * static_cast<std::size_t>(nbk) + b;
+      const float* xs = xq.s.data() + i * static_cast<std::size_t>(nbk) + b;
+      tail = Q41 ? q4_1_dot(w + b * bytes, x, xd, xs, 1) : q8_0_dot(w + b * bytes, x, xd, 1);
+    }
+    out[r] = hsum(acc[r]) + extra[r] + tail;
+  }
+}
+
+// fp32 activations: one weight row against one fp32 row, each block dequantized in registers
+// (d * q, plus m * sum(x) for Q4_1 with the block sums xs given).
+template <bool Q41>
+float direct_avx512(const std::uint8_t* w, int nb, const float* x, const float* xs) {
+  constexpr int bytes = Q41 ? kQ4_1Bytes : kQ8_0Bytes;
+  __m512 acc = _mm512_setzero_ps();
+  float extra = 0.0f;
+  for (int b = 0; b < nb; ++b, w += bytes, x += 32) {
+    __m512 lo, hi;
+    if constexpr (Q41) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 4));
+      const __m128i m4 = _mm_set1_epi8(0x0F);
+      lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, m4)));
+      hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m4)));
+      extra += f16(w + 2) * xs[b];
+    } else {
+      const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
+      const __m128i qb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 18));
+      lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qa));
+      hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qb));
+    }
+    const __m512 s =
+        _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
+    acc = _mm512_fmadd_ps(s, _mm512_set1_ps(f16(w)), acc);
+  }
+  return hsum(acc) + extra;
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+// The reference for fp32 activations: the same sums in element order.
+float direct_portable(const qmatrix& w, std::int32_t r, const float* x, const float* xs) {
+  const bool q41 = w.type == ggml_type::kQ4_1;
+  const std::uint8_t* p = w.row(r);
+  float acc = 0.0f;
+  for (int b = 0; b < w.cols / 32; ++b, x += 32) {
+    float s = 0.0f;
+    if (q41) {
+      const std::uint8_t* q = p + 4;
+      for (int j = 0; j < 16; ++j)
+        s += static_cast<float>(q[j] & 0xF) * x[j] + static_cast<float>(q[j] >> 4) * x[j + 16];
+      acc += f16(p) * s + f16(p + 2) * xs[b];
+      p += kQ4_1Bytes;
+    } else {
+      const auto* q = reinterpret_cast<const std::int8_t*>(p + 2);
+      for (int j = 0; j < 32; ++j) s += static_cast<float>(q[j]) * x[j];
+      acc += f16(p) * s;
+      p += kQ8_0Bytes;
+    }
+  }
+  return acc;
+}
+
+float row_dot(const qmatrix& w, std::int32_t r, const q8_activations& xq, std::int32_t i) {
+  const int nb = w.cols / 32;
+  const std::size_t nbk = static_cast<std::size_t>(xq.cols / 32);
+  const std::int8_t* x =
+      xq.q.data() + static_cast<std::size_t>(i) * static_cast<std::size_t>(xq.cols);
+  const float* xd = xq.d.data() + static_cast<std::size_t>(i) * nbk;
+  const float* xs = xq.s.data() + static_cast<std::size_t>(i) * nbk;
+  return w.type == ggml_type::kQ4_1 ? q4_1_dot(w.row(r), x, xd, xs, nb)
+                                    : q8_0_dot(w.row(r), x, xd, nb);
+}
+
+}  // namespace
+
+namespace {
+std::atomic<bool> g_integer{true};
+}  // namespace
+
+void use_integer_kernels(bool on) noexcept { g_integer.store(on, std::memory_order_relaxed); }
+
+bool has_integer_kernel(ggml_type t) noexcept {
+  return (t == ggml_type::kQ4_1 || t == ggml_type::kQ8_0) &&
+         g_integer.load(std::memory_order_relaxed);
+}
+
+const char* integer_kernel_isa() noexcept {
+  return RELOKV_ENGINE_VNNI ? "avx512-vnni" : "portable";
+}
+
+qmatrix qmatrix::view(const gguf_file& f, const gguf_tensor& t, std::shared_ptr<const void> hold) {
+  if (t.dims.size() != 2 || t.dims[0] == 0 || t.dims[1] == 0 || t.dims[0] > (1u << 24) ||
+      t.dims[1] > (1u << 24))
+    throw gguf_error(f.name(), t.offset, "tensor '" + t.name + "' is not a matrix");
+  const type_traits tr = traits_of(t.type);
+  if (t.dims[0] % tr.block_elems != 0)
+    throw gguf_error(f.name(), t.offset,
+                     "tensor '" + t.name + "': rows of " + std::to_string(t.dims[0]) +
+                         " elements are not whole " + tr.name + " blocks");
+  qmatrix m;
+  m.type = t.type;
+  m.cols = static_cast<std::int32_t>(t.dims[0]);
+  m.rows = static_cast<std::int32_t>(t.dims[1]);
+  m.data = t.data;
+  m.row_bytes = static_cast<std::size_t>(t.dims[0] / tr.block_elems * tr.block_bytes);
+  m.hold = std::move(hold);
+  return m;
+}
+
+qmatrix qmatrix::owned(std::vector<float> w, std::int32_t rows, std::int32_t cols) {
+  auto v = std::make_shared<std::vector<float>>(std::move(w));
+  qmatrix m;
+  m.type = ggml_type::kF32;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = reinterpret_cast<const std::uint8_t*>(v->data());
+  m.row_bytes = static_cast<std::size_t>(cols) * sizeof(float);
+  m.hold = std::move(v);
+  return m;
+}
+
+void qmatrix::dequantize_row(std::int32_t r, float* out) const {
+  dequantize_blocks(type, row(r), static_cast<std::uint64_t>(cols), out);
+}
+
+void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t width) {
+  n = rows;
+  cols = width;
+  const auto nbk = static_cast<std::size_t>(width / 32);
+  q.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(width));
+  d.resize(static_cast<std::size_t>(rows) * nbk);
+  s.resize(d.size());
+  for (std::size_t blk = 0; blk < d.size(); ++blk) {
+    const float* xb = x + blk * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(xb[j]));
+    const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    std::int8_t* qb = q.data() + blk * 32;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      qb[j] = static_cast<std::int8_t>(std::lrintf(xb[j] * inv));
+      sum += qb[j];
+    }
+    d[blk] = scale;
+    s[blk] = scale * static_cast<float>(sum);
+  }
+}
+
+float qdot_portable(const qmatrix& w, std::int32_t r, const q8_activations& xq, std::int32_t i) {
+  return row_dot(w, r, xq, i);
+}
+
+float qdot_fp32_portable(const qmatrix& w, std::int32_t r, const float* x) {
+  std::vector<float> sums(static_cast<std::size_t>(w.cols / 32), 0.0f);
+  for (std::size_t k = 0; k < sums.size(); ++k)
+    for (int j = 0; j < 32; ++j) sums[k] += x[k * 32 + static_cast<std::size_t>(j)];
+  return direct_portable(w, r, x, sums.data());
+}
+
+void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, std::int32_t n,
+                  float* y, std::int32_t ldy, std::int32_t r0, std::int32_t r1) {
+  if (r1 <= r0 || n <= 0) return;
+  if (xq != nullptr && integer_product(w, n)) {
+#if RELOKV_ENGINE_VNNI
+    const bool q41 = w.type == ggml_type::kQ4_1;
+    const int nb = w.cols / 32;
+    for (std::int32_t r = r0; r < r1; ++r) {
+      std::int32_t i = 0;
+      float out[4];
+      for (; i + 4 <= n; i += 4) {
+        q41 ? row_vnni<true, 4>(w.row(r), nb, *xq, i, out)
+            : row_vnni<false, 4>(w.row(r), nb, *xq, i, out);
+        for (int k = 0; k < 4; ++k) y[static_cast<std::size_t>(i + k) * ldy + r] = out[k];
+      }
+      for (; i < n; ++i) {
+        q41 ? row_vnni<true, 1>(w.row(r), nb, *xq, i, out)
+            : row_vnni<false, 1>(w.row(r), nb, *xq, i, out);
+        y[static_cast<std::size_t>(i) * ldy + r] = out[0];
+      }
+    }
+#else
+    for (std::int32_t r = r0; r < r1; ++r)
+      for (std::int32_t i = 0; i < n; ++i)
+        y[static_cast<std::size_t>(i) * ldy + r] = row_dot(w, r, *xq, i);
+#endif
+    return;
+  }
+  if (n <= kIntegerMaxRows && (w.type == ggml_type::kQ4_1 || w.type == ggml_type::kQ8_0)) {
+    // A few fp32 rows (prefill's logits, short prompts): blocks dequantized in registers.
+    const int nb = w.cols / 32;
+    thread_local std::vector<float> sums;  // per row of x and block: the sum of its elements
+    sums.assign(static_cast<std::size_t>(n) * static_cast<std::size_t>(nb), 0.0f);
+    for (std::size_t k = 0; k < sums.size(); ++k)
+      for (int j = 0; j < 32; ++j) sums[k] += x[k * 32 + static_cast<std::size_t>(j)];
+    const bool q41 = w.type == ggml_type::kQ4_1;
+    for (std::int32_t r = r0; r < r1; ++r)
+      for (std::int32_t i = 0; i < n; ++i) {
+        const float* xi = x + static_cast<std::size_t>(i) * static_cast<std::size_t>(w.cols);
+        const float* si = sums.data() + static_cast<std::size_t>(i) * static_cast<std::size_t>(nb);
+#if RELOKV_ENGINE_VNNI
+        const float v = q41 ? direct_avx512<true>(w.row(r), nb, xi, si)
+                            : direct_avx512<false>(w.row(r), nb, xi, si);
+#else
+        const float v = direct_portable(w, r, xi, si);
+#endif
+        y[static_cast<std::size_t>(i) * static_cast<std::size_t>(ldy) +
+          static_cast<std::size_t>(r)] = v;
+      }
+    return;
+  }
+  if (w.type == ggml_type::kF32) {  // the weights as they are
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, r1 - r0, w.cols, 1.0f, x, w.cols,
+                reinterpret_cast<const float*>(w.row(r0)), w.cols, 0.0f, y + r0, ldy);
+    return;
+  }
+  // Other types: panels of rows dequantized into a per-thread buffer, multiplied with BLAS.
+  constexpr std::int32_t kPanel = 64;
+  thread_local std::vector<float> panel;
+  panel.resize(static_cast<std::size_t>(kPanel) * static_cast<std::size_t>(w.cols));
+  for (std::int32_t p0 = r0; p0 < r1; p0 += kPanel) {
+    const std::int32_t rows = std::min(kPanel, r1 - p0);
+    for (std::int32_t r = 0; r < rows; ++r)
+      w.dequantize_row(p0 + r, panel.data() + static_cast<std::size_t>(r) * w.cols);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rows, w.cols, 1.0f, x, w.cols,
+                panel.data(), w.cols, 0.0f, y + p0, ldy);
+  }
+}
+
+}  // namespace relokv_engine

@@ -1,0 +1,87 @@
+#pragma once
+// Matrix products straight from GGUF weights, in their own types: no fp32 copy of the model.
+// Decode (a few activation rows) with Q4_1 or Q8_0 weights (SmolLM2's types) runs on integer
+// dot products: the activations are quantized to int8 per 32 elements with an fp32 scale, as
+// the formats intend, and multiplied with AVX-512 VNNI (VPDPBUSD) where the host has it,
+// portable loops elsewhere. Prefill, and every other type (F32, F16, BF16, Q4_0, Q5_0, Q4_K,
+// Q6_K), dequantizes 64 rows at a time into a small fp32 panel and multiplies it with BLAS:
+// still without a resident fp32 copy.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf.hpp"
+
+namespace relokv_engine {
+
+/// A weight matrix [rows][cols], row-major (a GGUF tensor of dims {cols, rows}), in its GGUF
+/// type. It points into memory it does not own (the file's mapping, or an fp32 vector) and
+/// keeps that memory alive through `hold`.
+struct qmatrix {
+  ggml_type type = ggml_type::kF32;
+  std::int32_t rows = 0, cols = 0;
+  const std::uint8_t* data = nullptr;
+  std::size_t row_bytes = 0;
+  std::shared_ptr<const void> hold;
+
+  [[nodiscard]] bool empty() const noexcept { return rows == 0; }
+  [[nodiscard]] const std::uint8_t* row(std::int32_t r) const noexcept {
+    return data + static_cast<std::size_t>(r) * row_bytes;
+  }
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return row_bytes * static_cast<std::size_t>(rows);
+  }
+  /// The tensor as it is in the file (which `hold` keeps mapped).
+  /// @throws gguf_error when a row does not hold whole blocks of its type
+  static qmatrix view(const gguf_file& f, const gguf_tensor& t, std::shared_ptr<const void> hold);
+  /// An fp32 matrix this qmatrix owns (the synthetic model; tests).
+  static qmatrix owned(std::vector<float> w, std::int32_t rows, std::int32_t cols);
+  /// Row r as fp32 (cols floats).
+  void dequantize_row(std::int32_t r, float* out) const;
+};
+
+/// Turns the integer kernels off (true: the default) for the whole process: every type then
+/// goes through dequantized fp32 panels, fp32 activations included (faithfulness checks
+/// against fp32 references). Set it before any product runs.
+void use_integer_kernels(bool on) noexcept;
+/// Whether products with a type run on integer dot products (else: dequantized panels).
+[[nodiscard]] bool has_integer_kernel(ggml_type t) noexcept;
+/// Products of at most this many activation rows may use the integer kernels (the engine uses
+/// them in decode); longer ones multiply dequantized fp32 panels with BLAS, which is faster
+/// there (bench/results/engine-2026-12-01.md).
+inline constexpr std::int32_t kIntegerMaxRows = 8;
+/// Whether a product of n activation rows with w runs on the integer kernels.
+[[nodiscard]] inline bool integer_product(const qmatrix& w, std::int32_t n) noexcept {
+  return n <= kIntegerMaxRows && has_integer_kernel(w.type);
+}
+/// The integer kernels' instruction set on this build: "avx512-vnni" or "portable".
+[[nodiscard]] const char* integer_kernel_isa() noexcept;
+
+/// Activations in int8 blocks of 32 with an fp32 scale each (Q8 as the formats intend): the
+/// integer kernels' right-hand side, quantized once per product and shared by its rows.
+struct q8_activations {
+  std::int32_t n = 0, cols = 0;
+  std::vector<std::int8_t> q;  ///< [n][cols]
+  std::vector<float> d;        ///< [n][cols / 32]: the scale of each block
+  std::vector<float> s;        ///< [n][cols / 32]: d * (sum of the block's q)
+  /// Quantizes x ([n][cols], cols a multiple of 32): q = round(x / d), d = max|x| / 127.
+  void quantize(const float* x, std::int32_t n, std::int32_t cols);
+};
+
+/// y[i][r] = dot(x[i], w[r]) for i < n and r in [r0, r1), y's rows `ldy` floats apart.
+/// With `xq` (x quantized by q8_activations::quantize) and integer_product(w, n): the integer
+/// kernels. Otherwise x in fp32: Q4_1 and Q8_0 blocks dequantized in registers for up to
+/// kIntegerMaxRows rows, dequantized panels and BLAS beyond (and for the other types).
+void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, std::int32_t n,
+                  float* y, std::int32_t ldy, std::int32_t r0, std::int32_t r1);
+
+/// One row's dot product with quantized activations row i, by the portable reference loops
+/// (what the fast kernels are tested against).
+[[nodiscard]] float qdot_portable(const qmatrix& w, std::int32_t r, const q8_activations& xq,
+                                  std::int32_t i);
+/// The same with fp32 activations x (cols floats), Q4_1 or Q8_0 weights.
+[[nodiscard]] float qdot_fp32_portable(const qmatrix& w, std::int32_t r, const float* x);
+
+}  // namespace relokv_engine

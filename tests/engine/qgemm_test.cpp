@@ -1,0 +1,205 @@
+// Products from quantized weights against dequantize-then-fp32, on random blocks of every
+// type, with tails: rows whose block count is odd, activation counts not a multiple of four.
+#include "qgemm.hpp"
+
+#include <relokv/dtype.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "support/catch.hpp"
+
+using relokv_engine::ggml_type;
+using relokv_engine::qmatrix;
+
+namespace {
+
+// Random bytes for every block, with each fp16 scale replaced by a finite one of a plausible
+// size (the types' value bytes are valid whatever they hold).
+std::vector<std::uint8_t> random_blocks(ggml_type t, int rows, int cols, std::mt19937& rng) {
+  const auto tr = relokv_engine::traits_of(t);
+  const auto row_bytes = static_cast<std::size_t>(cols) / tr.block_elems * tr.block_bytes;
+  std::vector<std::uint8_t> b(row_bytes * static_cast<std::size_t>(rows));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& x : b) x = static_cast<std::uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f);
+  const auto put = [&](std::size_t at, float v) {
+    const auto h = relokv::fp16::from_float(v).bits;
+    std::memcpy(&b[at], &h, 2);
+  };
+  const std::size_t nblocks = b.size() / tr.block_bytes;
+  for (std::size_t k = 0; k < nblocks; ++k) {
+    const std::size_t o = k * tr.block_bytes;
+    switch (t) {
+      case ggml_type::kQ4_0:
+      case ggml_type::kQ5_0:
+      case ggml_type::kQ8_0:
+        put(o, scale(rng));
+        break;
+      case ggml_type::kQ4_1:
+        put(o, scale(rng));
+        put(o + 2, -8.0f * scale(rng));
+        break;
+      case ggml_type::kQ4_K:
+        put(o, scale(rng) / 8);
+        put(o + 2, scale(rng) / 8);
+        break;
+      case ggml_type::kQ6_K:
+        put(o + 208, scale(rng) / 16);
+        break;
+      case ggml_type::kF16:
+        put(o, scale(rng) * 20 - 0.5f);
+        break;
+      case ggml_type::kBF16: {
+        const auto v = relokv::bf16::from_float(scale(rng) * 20 - 0.5f).bits;
+        std::memcpy(&b[o], &v, 2);
+        break;
+      }
+      case ggml_type::kF32: {
+        const float v = scale(rng) * 20 - 0.5f;
+        std::memcpy(&b[o], &v, 4);
+        break;
+      }
+    }
+  }
+  return b;
+}
+
+qmatrix matrix_of(ggml_type t, int rows, int cols, const std::vector<std::uint8_t>& bytes) {
+  qmatrix m;
+  m.type = t;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = bytes.data();
+  const auto tr = relokv_engine::traits_of(t);
+  m.row_bytes = static_cast<std::size_t>(cols) / tr.block_elems * tr.block_bytes;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rounding of Q8",
+          "[qgemm]") {
+  INFO("integer kernels: " << relokv_engine::integer_kernel_isa());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  for (const ggml_type t : {ggml_type::kQ4_1, ggml_type::kQ8_0}) {
+    for (const int cols : {32, 96, 576}) {  // 1 and 3 blocks: a tail after the pairs
+      const int rows = 5, n = 7;            // one group of four activation rows, then three
+      const auto bytes = random_blocks(t, rows, cols, rng);
+      const qmatrix w = matrix_of(t, rows, cols, bytes);
+      std::vector<float> x(static_cast<std::size_t>(n * cols));
+      for (auto& v : x) v = nd(rng);
+      x[3] = 40.0f;  // an outlier: its block's scale is coarse, the bound follows it
+      relokv_engine::q8_activations xq;
+      xq.quantize(x.data(), n, cols);
+      std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f),
+          wr(static_cast<std::size_t>(cols));
+      relokv_engine::qmatmul_rows(w, x.data(), &xq, n, y.data(), rows, 0, rows);
+      for (int r = 0; r < rows; ++r) {
+        w.dequantize_row(r, wr.data());
+        for (int i = 0; i < n; ++i) {
+          double exact = 0, bound = 0;
+          for (int c = 0; c < cols; ++c) {
+            const auto k = static_cast<std::size_t>(i * cols + c);
+            exact += double(wr[static_cast<std::size_t>(c)]) * x[k];
+            // |x - d q| <= d / 2 per element; d of the element's block
+            bound += std::abs(double(wr[static_cast<std::size_t>(c)])) *
+                     xq.d[static_cast<std::size_t>(i * (cols / 32) + c / 32)] / 2;
+          }
+          const float got = y[static_cast<std::size_t>(i * rows + r)];
+          INFO(relokv_engine::traits_of(t).name << " cols " << cols << " row " << r << " act "
+                                                << i);
+          CHECK(std::abs(got - exact) <= bound * 1.001 + 1e-4 * (1 + std::abs(exact)));
+          // The fast kernel and the reference loops: the same integer sums, fp32 order aside.
+          const float ref = relokv_engine::qdot_portable(w, r, xq, i);
+          CHECK(std::abs(got - ref) <= 1e-5f * (1.0f + std::abs(ref)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("qgemm: every other type through dequantized panels equals the fp32 product", "[qgemm]") {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd;
+  for (const ggml_type t : {ggml_type::kF32, ggml_type::kF16, ggml_type::kBF16, ggml_type::kQ4_0,
+                            ggml_type::kQ5_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
+    const int cols = 512, rows = 70, n = 3;  // 70 rows: a panel of 64 and a tail of 6
+    const auto bytes = random_blocks(t, rows, cols, rng);
+    const qmatrix w = matrix_of(t, rows, cols, bytes);
+    CHECK_FALSE(relokv_engine::has_integer_kernel(t));
+    std::vector<float> x(static_cast<std::size_t>(n * cols)), y(static_cast<std::size_t>(n * rows));
+    for (auto& v : x) v = nd(rng);
+    relokv_engine::qmatmul_rows(w, x.data(), nullptr, n, y.data(), rows, 0, rows);
+    std::vector<float> wr(static_cast<std::size_t>(cols));
+    for (int r = 0; r < rows; ++r) {
+      w.dequantize_row(r, wr.data());
+      for (int i = 0; i < n; ++i) {
+        double exact = 0, mag = 0;
+        for (int c = 0; c < cols; ++c) {
+          const double p =
+              double(wr[static_cast<std::size_t>(c)]) * x[static_cast<std::size_t>(i * cols + c)];
+          exact += p;
+          mag += std::abs(p);
+        }
+        INFO(relokv_engine::traits_of(t).name << " row " << r);
+        CHECK(std::abs(y[static_cast<std::size_t>(i * rows + r)] - exact) <= 1e-5 * (1 + mag));
+      }
+    }
+  }
+}
+
+TEST_CASE("qgemm: a split over row ranges writes only its rows", "[qgemm]") {
+  std::mt19937 rng(13);
+  const int rows = 9, cols = 64, n = 2;
+  const auto bytes = random_blocks(ggml_type::kQ4_1, rows, cols, rng);
+  const qmatrix w = matrix_of(ggml_type::kQ4_1, rows, cols, bytes);
+  std::vector<float> x(static_cast<std::size_t>(n * cols), 0.5f);
+  relokv_engine::q8_activations xq;
+  xq.quantize(x.data(), n, cols);
+  std::vector<float> whole(static_cast<std::size_t>(n * rows)), parts(whole.size(), 123.0f);
+  relokv_engine::qmatmul_rows(w, x.data(), &xq, n, whole.data(), rows, 0, rows);
+  relokv_engine::qmatmul_rows(w, x.data(), &xq, n, parts.data(), rows, 0, 4);
+  for (int i = 0; i < n; ++i)
+    for (int r = 4; r < rows; ++r) CHECK(parts[static_cast<std::size_t>(i * rows + r)] == 123.0f);
+  relokv_engine::qmatmul_rows(w, x.data(), &xq, n, parts.data(), rows, 4, rows);
+  CHECK(parts == whole);
+}
+
+TEST_CASE("qgemm: fp32 activations with Q4_1 and Q8_0, in registers and on panels", "[qgemm]") {
+  std::mt19937 rng(14);
+  std::normal_distribution<float> nd;
+  for (const ggml_type t : {ggml_type::kQ4_1, ggml_type::kQ8_0})
+    for (const int n : {1, relokv_engine::kIntegerMaxRows, relokv_engine::kIntegerMaxRows + 1}) {
+      const int cols = 96, rows = 3;
+      const auto bytes = random_blocks(t, rows, cols, rng);
+      const qmatrix w = matrix_of(t, rows, cols, bytes);
+      CHECK(relokv_engine::integer_product(w, n) == (n <= relokv_engine::kIntegerMaxRows));
+      std::vector<float> x(static_cast<std::size_t>(n * cols)),
+          y(static_cast<std::size_t>(n * rows));
+      for (auto& v : x) v = nd(rng);
+      relokv_engine::qmatmul_rows(w, x.data(), nullptr, n, y.data(), rows, 0, rows);
+      std::vector<float> wr(static_cast<std::size_t>(cols));
+      for (int r = 0; r < rows; ++r) {
+        w.dequantize_row(r, wr.data());
+        for (int i = 0; i < n; ++i) {
+          double exact = 0, mag = 0;
+          for (int c = 0; c < cols; ++c) {
+            const double p =
+                double(wr[static_cast<std::size_t>(c)]) * x[static_cast<std::size_t>(i * cols + c)];
+            exact += p;
+            mag += std::abs(p);
+          }
+          const float got = y[static_cast<std::size_t>(i * rows + r)];
+          CHECK(std::abs(got - exact) <= 1e-5 * (1 + mag));
+          const float ref = relokv_engine::qdot_fp32_portable(
+              w, r, x.data() + static_cast<std::size_t>(i * cols));
+          CHECK(std::abs(got - ref) <= 1e-5f * (1.0f + static_cast<float>(mag)));
+        }
+      }
+    }
+}

@@ -349,10 +349,15 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
                 reinterpret_cast<const float*>(w.row(r0)), w.cols, 0.0f, y + r0, ldy);
     return;
   }
-  // Other types: panels of rows dequantized into a per-thread buffer, multiplied with BLAS.
-  constexpr std::int32_t kPanel = 64;
+  // Panels of rows dequantized into a per-thread buffer of at most 4 MiB (a lane's share of
+  // a layer's matrix, for SmolLM2 and Qwen2.5-0.5B), each multiplied with one BLAS call:
+  // small panels would make BLAS pack the activations again for every panel.
+  const std::int32_t kPanel =
+      std::max<std::int32_t>(16, static_cast<std::int32_t>((std::size_t{4} << 20) / sizeof(float) /
+                                                           static_cast<std::size_t>(w.cols)));
   thread_local std::vector<float> panel;
-  panel.resize(static_cast<std::size_t>(kPanel) * static_cast<std::size_t>(w.cols));
+  panel.resize(static_cast<std::size_t>(std::min(kPanel, r1 - r0)) *
+               static_cast<std::size_t>(w.cols));
   for (std::int32_t p0 = r0; p0 < r1; p0 += kPanel) {
     const std::int32_t rows = std::min(kPanel, r1 - p0);
     for (std::int32_t r = 0; r < rows; ++r)

@@ -4,8 +4,8 @@
 // dot products: the activations are quantized to int8 per 32 elements with an fp32 scale, as
 // the formats intend, and multiplied with AVX-512 VNNI (VPDPBUSD) where the host has it,
 // portable loops elsewhere. Prefill, and every other type (F32, F16, BF16, Q4_0, Q5_0, Q4_K,
-// Q6_K), dequantizes 64 rows at a time into a small fp32 panel and multiplies it with BLAS:
-// still without a resident fp32 copy.
+// Q6_K), dequantizes a lane's rows into an fp32 panel of at most 4 MiB per thread and
+// multiplies it with BLAS: still without a resident fp32 copy.
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -79,6 +79,19 @@ qmatrix matrix_of(ggml_type t, int rows, int cols, const std::vector<std::uint8_
   return m;
 }
 
+/// The product of a dequantized row with an activation row in double, and the sum of the
+/// products' magnitudes (what fp32 rounding is relative to).
+struct reference_dot {
+  double exact = 0, mag = 0;
+  reference_dot(const std::vector<float>& wr, const float* x) {
+    for (std::size_t c = 0; c < wr.size(); ++c) {
+      const double p = double(wr[c]) * x[c];
+      exact += p;
+      mag += std::abs(p);
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rounding of Q8",
@@ -128,7 +141,8 @@ TEST_CASE("qgemm: every other type through dequantized panels equals the fp32 pr
   std::normal_distribution<float> nd;
   for (const ggml_type t : {ggml_type::kF32, ggml_type::kF16, ggml_type::kBF16, ggml_type::kQ4_0,
                             ggml_type::kQ5_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
-    const int cols = 512, rows = 70, n = 3;  // 70 rows: a panel of 64 and a tail of 6
+    // 2,100 rows of 512: a panel of 2,048 rows (4 MiB of fp32) and a tail of 52
+    const int cols = 512, rows = 2100, n = 3;
     const auto bytes = random_blocks(t, rows, cols, rng);
     const qmatrix w = matrix_of(t, rows, cols, bytes);
     CHECK_FALSE(relokv_engine::has_integer_kernel(t));
@@ -139,13 +153,7 @@ TEST_CASE("qgemm: every other type through dequantized panels equals the fp32 pr
     for (int r = 0; r < rows; ++r) {
       w.dequantize_row(r, wr.data());
       for (int i = 0; i < n; ++i) {
-        double exact = 0, mag = 0;
-        for (int c = 0; c < cols; ++c) {
-          const double p =
-              double(wr[static_cast<std::size_t>(c)]) * x[static_cast<std::size_t>(i * cols + c)];
-          exact += p;
-          mag += std::abs(p);
-        }
+        const auto [exact, mag] = reference_dot(wr, x.data() + static_cast<std::size_t>(i * cols));
         INFO(relokv_engine::traits_of(t).name << " row " << r);
         CHECK(std::abs(y[static_cast<std::size_t>(i * rows + r)] - exact) <= 1e-5 * (1 + mag));
       }
@@ -187,13 +195,8 @@ TEST_CASE("qgemm: fp32 activations with Q4_1 and Q8_0, in registers and on panel
       for (int r = 0; r < rows; ++r) {
         w.dequantize_row(r, wr.data());
         for (int i = 0; i < n; ++i) {
-          double exact = 0, mag = 0;
-          for (int c = 0; c < cols; ++c) {
-            const double p =
-                double(wr[static_cast<std::size_t>(c)]) * x[static_cast<std::size_t>(i * cols + c)];
-            exact += p;
-            mag += std::abs(p);
-          }
+          const auto [exact, mag] =
+              reference_dot(wr, x.data() + static_cast<std::size_t>(i * cols));
           const float got = y[static_cast<std::size_t>(i * rows + r)];
           CHECK(std::abs(got - exact) <= 1e-5 * (1 + mag));
           const float ref = relokv_engine::qdot_fp32_portable(

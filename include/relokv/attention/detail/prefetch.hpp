@@ -22,9 +22,9 @@ namespace detail {
 
 /// Issues the prefetches of a few ranges a few lines at a time, `step` bytes per call of
 /// advance(): a burst of prefetches stalls on the fill buffers while the kernel's own loads
-/// wait behind it; spread over the kernel's loop, the next data streams in while this computes
-/// (bf16 decode from DRAM: ~1000 -> ~460 ns per block and KV head). Software prefetches are
-/// what keeps decode streaming here: without them the kernels get about half the bandwidth.
+/// wait behind it; spread over the kernel's loop, the next data streams in while this computes.
+/// Software prefetches are what keeps decode streaming (the measurements are in
+/// bench/results/host-2026-12-01.md and host-2026-12-01b.md).
 struct prefetch_cursor {
   static constexpr int kMaxRanges = 4;
   const char* ptr[kMaxRanges] = {};

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <initializer_list>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -24,30 +25,52 @@
 namespace relokv_engine {
 namespace {
 
-/// Y[n][out] = X[n][in] * W[out][in]^T (+ bias[out] when given), from the weights in their
-/// own type (qgemm.hpp), the output features split between the two lanes.
-/// `decode`: the integer kernels may serve (int8 activations); prefill keeps them in fp32.
-void matmul(const float* x, int n, int in, const qmatrix& w, int out, float* y,
-            const std::vector<float>* bias = nullptr, bool decode = false) {
-  if (w.cols != in || w.rows != out)
-    throw std::logic_error("matmul: a [" + std::to_string(w.rows) + "][" + std::to_string(w.cols) +
-                           "] matrix for " + std::to_string(in) + " -> " + std::to_string(out));
+/// One product of matmuls(): Y[n][w.rows] = X W^T (+ bias when given and not empty).
+struct product {
+  const qmatrix* w;
+  float* y;
+  const std::vector<float>* bias = nullptr;
+};
+
+/// Products of the same X[n][in] (Q, K and V; gate and up; one alone) from the weights in their
+/// own types (qgemm.hpp), in one handover to the two lanes, each product's output features
+/// split between them. `decode`: the integer kernels may serve (X quantized once, to int8);
+/// prefill keeps X in fp32.
+void matmuls(const float* x, int n, int in, std::initializer_list<product> ps, bool decode) {
+  bool any_integer = false;
+  for (const product& p : ps) {
+    if (p.w->cols != in)
+      throw std::logic_error("matmul: a [" + std::to_string(p.w->rows) + "][" +
+                             std::to_string(p.w->cols) + "] matrix for inputs of " +
+                             std::to_string(in));
+    any_integer = any_integer || (decode && integer_product(*p.w, n));
+  }
   thread_local q8_activations q8;  // quantized once by the caller, read by both lanes
-  const bool integer = decode && integer_product(w, n);
-  if (integer) q8.quantize(x, n, in);
+  if (any_integer) q8.quantize(x, n, in);
   // The lanes must read the caller's buffer, not their own thread's (a thread_local named in
   // the lambda would be the helper's).
-  const q8_activations* xq = integer ? &q8 : nullptr;
-  const int mid = std::min(out, (out / 2 + 15) / 16 * 16);
+  const q8_activations* xq = &q8;
   lanes::get().run([&](int lane) {
-    const int o0 = lane == 0 ? 0 : mid, o1 = lane == 0 ? mid : out;
-    if (o1 <= o0) return;
-    qmatmul_rows(w, x, xq, n, y, out, o0, o1);
-    if (bias != nullptr && !bias->empty())
-      for (int r = 0; r < n; ++r)
-        for (int o = o0; o < o1; ++o)
-          y[static_cast<std::size_t>(r) * out + o] += (*bias)[static_cast<std::size_t>(o)];
+    for (const product& p : ps) {
+      const int out = p.w->rows, mid = std::min(out, (out / 2 + 15) / 16 * 16);
+      const int o0 = lane == 0 ? 0 : mid, o1 = lane == 0 ? mid : out;
+      if (o1 <= o0) continue;
+      qmatmul_rows(*p.w, x, decode && integer_product(*p.w, n) ? xq : nullptr, n, p.y, out, o0, o1);
+      if (p.bias != nullptr && !p.bias->empty())
+        for (int r = 0; r < n; ++r)
+          for (int o = o0; o < o1; ++o)
+            p.y[static_cast<std::size_t>(r) * out + o] += (*p.bias)[static_cast<std::size_t>(o)];
+    }
   });
+}
+
+/// One product: Y[n][out] = X[n][in] W[out][in]^T (+ bias).
+void matmul(const float* x, int n, int in, const qmatrix& w, int out, float* y,
+            const std::vector<float>* bias = nullptr, bool decode = false) {
+  if (w.rows != out)
+    throw std::logic_error("matmul: a matrix of " + std::to_string(w.rows) + " rows for " +
+                           std::to_string(out) + " outputs");
+  matmuls(x, n, in, {product{&w, y, bias}}, decode);
 }
 
 void rmsnorm(const float* x, const std::vector<float>& w, int dim, float eps, float* out) {
@@ -185,9 +208,8 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     q.resize(N * H * hd);
     k.resize(N * Hk * hd);
     v.resize(N * Hk * hd);
-    matmul(h.data(), n, D, L.wq, H * hd, q.data(), &L.bq, decode);
-    matmul(h.data(), n, D, L.wk, Hk * hd, k.data(), &L.bk, decode);
-    matmul(h.data(), n, D, L.wv, Hk * hd, v.data(), &L.bv, decode);
+    matmuls(h.data(), n, D,
+            {{&L.wq, q.data(), &L.bq}, {&L.wk, k.data(), &L.bk}, {&L.wv, v.data(), &L.bv}}, decode);
     auto layer_kv = kv.layer(l);
     if (dynamic && step < strategy->steps() && strategy->check_layer(step) == l) {
       // Deviation of the fresh K/V (in storage form) from the cached ones, before they are
@@ -247,8 +269,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     for (int i = 0; i < n; ++i) rmsnorm(&x[i * D], L.ffn_norm, D, c.rms_eps, &h[i * D]);
     g.resize(N * F);
     u.resize(N * F);
-    matmul(h.data(), n, D, L.w_gate, F, g.data(), nullptr, decode);
-    matmul(h.data(), n, D, L.w_up, F, u.data(), nullptr, decode);
+    matmuls(h.data(), n, D, {{&L.w_gate, g.data()}, {&L.w_up, u.data()}}, decode);
     for (std::size_t i = 0; i < N * F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     matmul(g.data(), n, F, L.w_down, D, o.data(), nullptr, decode);
     for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];

@@ -74,16 +74,18 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, int
 #endif
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// Blocks b and b + 1 of a Q4_1 row as 64 unsigned bytes, in element order per block.
+// Blocks b and b + 1 of a Q4_1 row as 64 unsigned bytes, in element order per block: both
+// blocks' 16 bytes side by side, their low and high nibbles split in one shift and one mask
+// over the pair, the 16-byte lanes put back in element order by one shuffle.
 inline __m512i q4_1_pair(const std::uint8_t* a, const std::uint8_t* b) {
-  const __m128i lo = _mm_set1_epi8(0x0F);
-  const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4));
-  const __m128i qb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
-  const __m256i wa =
-      _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qa, 4), lo), _mm_and_si128(qa, lo));
-  const __m256i wb =
-      _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qb, 4), lo), _mm_and_si128(qb, lo));
-  return _mm512_inserti64x4(_mm512_castsi256_si512(wa), wb, 1);
+  const __m256i q = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)), 1);
+  const __m512i nib = _mm512_and_si512(
+      _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
+      _mm512_set1_epi8(0x0F));
+  // lanes: a's low nibbles, b's low, a's high, b's high -> a low, a high, b low, b high
+  return _mm512_shuffle_i64x2(nib, nib, _MM_SHUFFLE(3, 1, 2, 0));
 }
 // Blocks b and b + 1 of a Q8_0 row as 64 bytes q + 128 (unsigned), for VPDPBUSD.
 inline __m512i q8_0_pair(const std::uint8_t* a, const std::uint8_t* b) {

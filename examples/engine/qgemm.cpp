@@ -81,9 +81,9 @@ inline __m512i q4_1_pair(const std::uint8_t* a, const std::uint8_t* b) {
   const __m256i q = _mm256_inserti128_si256(
       _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4))),
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)), 1);
-  const __m512i nib = _mm512_and_si512(
-      _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
-      _mm512_set1_epi8(0x0F));
+  const __m512i nib =
+      _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
+                       _mm512_set1_epi8(0x0F));
   // lanes: a's low nibbles, b's low, a's high, b's high -> a low, a high, b low, b high
   return _mm512_shuffle_i64x2(nib, nib, _MM_SHUFFLE(3, 1, 2, 0));
 }

@@ -78,15 +78,11 @@ inline double gemv_bw_fraction(relokv_engine::ggml_type t, int reps) {
   const auto tr = relokv_engine::traits_of(t);
   const int rows = static_cast<int>(
       48.0 * 1024 * 1024 / (double(kCols) / double(tr.block_elems) * double(tr.block_bytes)));
-  relokv_engine::qmatrix w;
-  w.type = t;
-  w.rows = rows;
-  w.cols = kCols;
-  w.row_bytes = kCols / tr.block_elems * tr.block_bytes;
-  auto bytes = std::make_shared<std::vector<std::uint8_t>>(w.bytes());
+  auto bytes = std::make_shared<std::vector<std::uint8_t>>(
+      static_cast<std::size_t>(rows) * (kCols / tr.block_elems * tr.block_bytes));
   std::mt19937 rng(5);
   for (auto& b : *bytes) b = static_cast<std::uint8_t>(rng() & 0x77);  // finite fp16 scales
-  w.data = bytes->data();
+  const auto w = relokv_engine::qmatrix::over(t, rows, kCols, bytes->data(), bytes);
   std::vector<float> x(kCols), y(static_cast<std::size_t>(rows));
   for (auto& v : x) v = static_cast<float>(rng() % 1000) / 500.0f - 1.0f;
   relokv_engine::q8_activations xq;

@@ -175,6 +175,15 @@ float direct_avx512(const std::uint8_t* w, int nb, const float* x, const float* 
 #endif
 #endif
 
+// The sum of each block of 32 of x (nblocks of them): Q4_1's minimum term.
+void block_sums(const float* x, std::size_t nblocks, float* out) {
+  for (std::size_t k = 0; k < nblocks; ++k) {
+    float s = 0.0f;
+    for (int j = 0; j < 32; ++j) s += x[k * 32 + static_cast<std::size_t>(j)];
+    out[k] = s;
+  }
+}
+
 // The reference for fp32 activations: the same sums in element order.
 float direct_portable(const qmatrix& w, std::int32_t r, const float* x, const float* xs) {
   const bool q41 = w.type == ggml_type::kQ4_1;
@@ -226,6 +235,19 @@ const char* integer_kernel_isa() noexcept {
   return RELOKV_ENGINE_VNNI ? "avx512-vnni" : "portable";
 }
 
+qmatrix qmatrix::over(ggml_type t, std::int32_t rows, std::int32_t cols, const std::uint8_t* data,
+                      std::shared_ptr<const void> hold) {
+  const type_traits tr = traits_of(t);
+  qmatrix m;
+  m.type = t;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = data;
+  m.row_bytes = static_cast<std::size_t>(cols) / tr.block_elems * tr.block_bytes;
+  m.hold = std::move(hold);
+  return m;
+}
+
 qmatrix qmatrix::view(const gguf_file& f, const gguf_tensor& t, std::shared_ptr<const void> hold) {
   if (t.dims.size() != 2 || t.dims[0] == 0 || t.dims[1] == 0 || t.dims[0] > (1u << 24) ||
       t.dims[1] > (1u << 24))
@@ -235,26 +257,14 @@ qmatrix qmatrix::view(const gguf_file& f, const gguf_tensor& t, std::shared_ptr<
     throw gguf_error(f.name(), t.offset,
                      "tensor '" + t.name + "': rows of " + std::to_string(t.dims[0]) +
                          " elements are not whole " + tr.name + " blocks");
-  qmatrix m;
-  m.type = t.type;
-  m.cols = static_cast<std::int32_t>(t.dims[0]);
-  m.rows = static_cast<std::int32_t>(t.dims[1]);
-  m.data = t.data;
-  m.row_bytes = static_cast<std::size_t>(t.dims[0] / tr.block_elems * tr.block_bytes);
-  m.hold = std::move(hold);
-  return m;
+  return over(t.type, static_cast<std::int32_t>(t.dims[1]), static_cast<std::int32_t>(t.dims[0]),
+              t.data, std::move(hold));
 }
 
 qmatrix qmatrix::owned(std::vector<float> w, std::int32_t rows, std::int32_t cols) {
   auto v = std::make_shared<std::vector<float>>(std::move(w));
-  qmatrix m;
-  m.type = ggml_type::kF32;
-  m.rows = rows;
-  m.cols = cols;
-  m.data = reinterpret_cast<const std::uint8_t*>(v->data());
-  m.row_bytes = static_cast<std::size_t>(cols) * sizeof(float);
-  m.hold = std::move(v);
-  return m;
+  const auto* data = reinterpret_cast<const std::uint8_t*>(v->data());
+  return over(ggml_type::kF32, rows, cols, data, std::move(v));
 }
 
 void qmatrix::dequantize_row(std::int32_t r, float* out) const {
@@ -289,9 +299,8 @@ float qdot_portable(const qmatrix& w, std::int32_t r, const q8_activations& xq, 
 }
 
 float qdot_fp32_portable(const qmatrix& w, std::int32_t r, const float* x) {
-  std::vector<float> sums(static_cast<std::size_t>(w.cols / 32), 0.0f);
-  for (std::size_t k = 0; k < sums.size(); ++k)
-    for (int j = 0; j < 32; ++j) sums[k] += x[k * 32 + static_cast<std::size_t>(j)];
+  std::vector<float> sums(static_cast<std::size_t>(w.cols / 32));
+  block_sums(x, sums.size(), sums.data());
   return direct_portable(w, r, x, sums.data());
 }
 
@@ -327,9 +336,8 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
     // A few fp32 rows (prefill's logits, short prompts): blocks dequantized in registers.
     const int nb = w.cols / 32;
     thread_local std::vector<float> sums;  // per row of x and block: the sum of its elements
-    sums.assign(static_cast<std::size_t>(n) * static_cast<std::size_t>(nb), 0.0f);
-    for (std::size_t k = 0; k < sums.size(); ++k)
-      for (int j = 0; j < 32; ++j) sums[k] += x[k * 32 + static_cast<std::size_t>(j)];
+    sums.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(nb));
+    block_sums(x, sums.size(), sums.data());
     const bool q41 = w.type == ggml_type::kQ4_1;
     for (std::int32_t r = r0; r < r1; ++r)
       for (std::int32_t i = 0; i < n; ++i) {

@@ -33,6 +33,10 @@ struct qmatrix {
   [[nodiscard]] std::size_t bytes() const noexcept {
     return row_bytes * static_cast<std::size_t>(rows);
   }
+  /// A [rows][cols] matrix of type t whose blocks start at data (row_bytes follows from the
+  /// type); `hold` keeps them alive. cols must hold whole blocks of t.
+  static qmatrix over(ggml_type t, std::int32_t rows, std::int32_t cols, const std::uint8_t* data,
+                      std::shared_ptr<const void> hold = nullptr);
   /// The tensor as it is in the file (which `hold` keeps mapped).
   /// @throws gguf_error when a row does not hold whole blocks of its type
   static qmatrix view(const gguf_file& f, const gguf_tensor& t, std::shared_ptr<const void> hold);

@@ -69,14 +69,7 @@ std::vector<std::uint8_t> random_blocks(ggml_type t, int rows, int cols, std::mt
 }
 
 qmatrix matrix_of(ggml_type t, int rows, int cols, const std::vector<std::uint8_t>& bytes) {
-  qmatrix m;
-  m.type = t;
-  m.rows = rows;
-  m.cols = cols;
-  m.data = bytes.data();
-  const auto tr = relokv_engine::traits_of(t);
-  m.row_bytes = static_cast<std::size_t>(cols) / tr.block_elems * tr.block_bytes;
-  return m;
+  return qmatrix::over(t, rows, cols, bytes.data());
 }
 
 /// The product of a dequantized row with an activation row in double, and the sum of the

@@ -1,15 +1,18 @@
 // Reference-engine throughput on SmolLM2 (the synthetic model without it), side by side
 // across builds: prefill of a 1,024-token prompt three times, then 16 greedy decode steps
-// after it. ./build/bench/relokv_engine_throughput here; against another checkout, compile
-// this file with its examples/engine and include directories and its librelokv_engine.a
+// after it (or argv[1] steps). ./build/bench/relokv_engine_throughput here; against another
+// checkout, compile this file with its examples/engine and include directories and its
+// librelokv_engine.a
 // (-lopenblas -lpthread -lhiredis), and alternate the two (bench/results/engine-2026-12-01.md).
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <relokv/layout/builder.hpp>
 #include "llama.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
-int main() {
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 16;
   auto lm = relokv_engine::load_model(relokv_engine::default_model_path("smollm2"));
   std::vector<relokv::token_t> ids;
   for (int i = 0; i < 1024; ++i) ids.push_back((i * 7919) % 4096);
@@ -24,9 +27,9 @@ int main() {
     if (r == 2) {
       auto t = relokv_engine::argmax(x);
       auto d0 = std::chrono::steady_clock::now();
-      for (int k = 0; k < 16; ++k) t = relokv_engine::argmax(e.decode(t));
+      for (int k = 0; k < steps; ++k) t = relokv_engine::argmax(e.decode(t));
       auto d1 = std::chrono::steady_clock::now();
-      std::printf("decode: %.0f tok/s\n", 16 / std::chrono::duration<double>(d1 - d0).count());
+      std::printf("decode: %.0f tok/s\n", steps / std::chrono::duration<double>(d1 - d0).count());
     }
     e.end(false);
   }

@@ -34,28 +34,50 @@ struct product {
 
 /// Products of the same X[n][in] (Q, K and V; gate and up; one alone) from the weights in their
 /// own types (qgemm.hpp), in one handover to the two lanes, each product's output features
-/// split between them. `decode`: the integer kernels may serve (X quantized once, to int8);
-/// prefill keeps X in fp32.
+/// split between them. `decode`: the integer kernels may serve (X quantized once, to int8).
+/// Prefill runs the int16 tiles where the type has them (X quantized once, to int16, its rows
+/// split between the lanes first), fp32 panels elsewhere.
 void matmuls(const float* x, int n, int in, std::initializer_list<product> ps, bool decode) {
-  bool any_integer = false;
+  bool any_integer = false, any_tiles = false;
+  std::int32_t bound = 1;
+  const auto tiles = [&](const qmatrix& w) {
+    return !decode && n > kIntegerMaxRows && has_tile_kernel(w.type);
+  };
   for (const product& p : ps) {
     if (p.w->cols != in)
       throw std::logic_error("matmul: a [" + std::to_string(p.w->rows) + "][" +
                              std::to_string(p.w->cols) + "] matrix for inputs of " +
                              std::to_string(in));
     any_integer = any_integer || (decode && integer_product(*p.w, n));
+    if (tiles(*p.w)) {
+      any_tiles = true;
+      bound = std::max(bound, tile_weight_bound(p.w->type));
+    }
   }
-  thread_local q8_activations q8;  // quantized once by the caller, read by both lanes
+  // Quantized once by the caller's thread (or both lanes), read by both lanes: the lanes must
+  // read the caller's buffers, not their own thread's (a thread_local named in the lambda
+  // would be the helper's).
+  thread_local q8_activations q8;
+  thread_local q16_activations q16;
+  q8_activations* xq = &q8;
+  q16_activations* x16 = &q16;
   if (any_integer) q8.quantize(x, n, in);
-  // The lanes must read the caller's buffer, not their own thread's (a thread_local named in
-  // the lambda would be the helper's).
-  const q8_activations* xq = &q8;
+  if (any_tiles) {
+    x16->size(n, in, bound);
+    const int half = n / 2;
+    lanes::get().run(
+        [&](int lane) { x16->quantize_rows(x, lane == 0 ? 0 : half, lane == 0 ? half : n); });
+  }
   lanes::get().run([&](int lane) {
     for (const product& p : ps) {
       const int out = p.w->rows, mid = std::min(out, (out / 2 + 15) / 16 * 16);
       const int o0 = lane == 0 ? 0 : mid, o1 = lane == 0 ? mid : out;
       if (o1 <= o0) continue;
-      qmatmul_rows(*p.w, x, decode && integer_product(*p.w, n) ? xq : nullptr, n, p.y, out, o0, o1);
+      if (tiles(*p.w))
+        tile_matmul_rows(*p.w, *x16, p.y, out, o0, o1);
+      else
+        qmatmul_rows(*p.w, x, decode && integer_product(*p.w, n) ? xq : nullptr, n, p.y, out, o0,
+                     o1);
       if (p.bias != nullptr && !p.bias->empty())
         for (int r = 0; r < n; ++r)
           for (int o = o0; o < o1; ++o)

@@ -226,9 +226,10 @@ std::atomic<bool> g_integer{true};
 
 void use_integer_kernels(bool on) noexcept { g_integer.store(on, std::memory_order_relaxed); }
 
+bool integer_kernels_on() noexcept { return g_integer.load(std::memory_order_relaxed); }
+
 bool has_integer_kernel(ggml_type t) noexcept {
-  return (t == ggml_type::kQ4_1 || t == ggml_type::kQ8_0) &&
-         g_integer.load(std::memory_order_relaxed);
+  return (t == ggml_type::kQ4_1 || t == ggml_type::kQ8_0) && integer_kernels_on();
 }
 
 const char* integer_kernel_isa() noexcept {

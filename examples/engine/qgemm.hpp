@@ -50,6 +50,8 @@ struct qmatrix {
 /// goes through dequantized fp32 panels, fp32 activations included (faithfulness checks
 /// against fp32 references). Set it before any product runs.
 void use_integer_kernels(bool on) noexcept;
+/// Whether use_integer_kernels left them on.
+[[nodiscard]] bool integer_kernels_on() noexcept;
 /// Whether products with a type run on integer dot products (else: dequantized panels).
 [[nodiscard]] bool has_integer_kernel(ggml_type t) noexcept;
 /// Products of at most this many activation rows may use the integer kernels (the engine uses
@@ -73,6 +75,37 @@ struct q8_activations {
   /// Quantizes x ([n][cols], cols a multiple of 32): q = round(x / d), d = max|x| / 127.
   void quantize(const float* x, std::int32_t n, std::int32_t cols);
 };
+
+/// Activations in int16 blocks of 32 with an fp32 scale each: the prefill tiles' left-hand
+/// side. Nearly fp32's precision (each element within limit^-1 of its block's largest), where
+/// int8 would flip near-tied logits (bench/results/engine-2026-12-01.md).
+struct q16_activations {
+  std::int32_t n = 0, cols = 0;
+  std::int32_t limit = 32767;   ///< the largest |q|: 32767, less where the weights are large
+  std::vector<std::int16_t> q;  ///< [n][cols]
+  std::vector<float> d;         ///< [n][cols / 32]: the scale of each block
+  std::vector<float> s;         ///< [n][cols / 32]: d * (sum of the block's q)
+  /// Sizes the buffers for n rows of cols (a multiple of 32) against weights whose integers
+  /// are at most `bound` (tile_weight_bound), so that a block's sum fits int32.
+  void size(std::int32_t n, std::int32_t cols, std::int32_t bound);
+  /// size(n, cols, bound), then quantizes all of x ([n][cols]).
+  void quantize(const float* x, std::int32_t n, std::int32_t cols, std::int32_t bound);
+  /// Quantizes rows [i0, i1) of x into the sized buffers (lanes split the rows).
+  void quantize_rows(const float* x, std::int32_t i0, std::int32_t i1);
+};
+
+/// Whether products of many rows with w's type run on the int16 tiles (Q4_0, Q4_1, Q5_0,
+/// Q8_0, Q4_K, Q6_K, unless use_integer_kernels(false)).
+[[nodiscard]] bool has_tile_kernel(ggml_type t) noexcept;
+/// The largest |integer| the tiles multiply for t (K-quants fold sub-block scales in).
+[[nodiscard]] std::int32_t tile_weight_bound(ggml_type t) noexcept;
+/// The tiles' instruction set on this build: "avx512-vnni" or "portable".
+[[nodiscard]] const char* tile_kernel_isa() noexcept;
+/// y[i][r] = dot(x[i], w[r]) for i < x.n and r in [r0, r1) on the int16 tiles: the rows'
+/// blocks unpacked to int16 panels of at most 512 KiB (per thread), multiplied with VPDPWSSD
+/// in register tiles of 4 x 48, each block's sum scaled by both scales in fp32.
+void tile_matmul_rows(const qmatrix& w, const q16_activations& x, float* y, std::int32_t ldy,
+                      std::int32_t r0, std::int32_t r1);
 
 /// y[i][r] = dot(x[i], w[r]) for i < n and r in [r0, r1), y's rows `ldy` floats apart.
 /// With `xq` (x quantized by q8_activations::quantize) and integer_product(w, n): the integer

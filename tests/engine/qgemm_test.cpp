@@ -199,3 +199,70 @@ TEST_CASE("qgemm: fp32 activations with Q4_1 and Q8_0, in registers and on panel
       }
     }
 }
+
+TEST_CASE("qgemm: the int16 tiles agree with dequantize-then-fp32 for every quantized type",
+          "[qgemm]") {
+  INFO("tiles: " << relokv_engine::tile_kernel_isa());
+  std::mt19937 rng(15);
+  std::normal_distribution<float> nd;
+  for (const ggml_type t : {ggml_type::kQ4_0, ggml_type::kQ4_1, ggml_type::kQ5_0, ggml_type::kQ8_0,
+                            ggml_type::kQ4_K, ggml_type::kQ6_K}) {
+    // 600 rows of 512: two panels (512 KiB of int16 holds 512 rows), a last register tile of
+    // one group with 8 of its 16 rows; 11 activation rows: two tiles of four, then three.
+    const int cols = 512, rows = 600, n = 11;
+    REQUIRE(relokv_engine::has_tile_kernel(t));
+    const auto bytes = random_blocks(t, rows, cols, rng);
+    const qmatrix w = matrix_of(t, rows, cols, bytes);
+    std::vector<float> x(static_cast<std::size_t>(n * cols));
+    for (auto& v : x) v = nd(rng);
+    x[5] = 60.0f;  // an outlier: its block's scale is coarse, the bound follows it
+    relokv_engine::q16_activations xq;
+    xq.quantize(x.data(), n, cols, relokv_engine::tile_weight_bound(t));
+    std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f);
+    // Two calls over row ranges that split a group: each writes its rows only.
+    relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 0, 37);
+    for (int i = 0; i < n; ++i) CHECK(y[static_cast<std::size_t>(i * rows + 37)] == -1.0f);
+    relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 37, rows);
+    std::vector<float> wr(static_cast<std::size_t>(cols));
+    for (int r = 0; r < rows; ++r) {
+      w.dequantize_row(r, wr.data());
+      for (int i = 0; i < n; ++i) {
+        double exact = 0, bound = 0, mag = 0;
+        for (int c = 0; c < cols; ++c) {
+          const auto k = static_cast<std::size_t>(i * cols + c);
+          const double wc = wr[static_cast<std::size_t>(c)];
+          exact += wc * x[k];
+          mag += std::abs(wc * x[k]);
+          // |x - d q| <= d / 2 per element, d of the element's block
+          bound += std::abs(wc) * xq.d[static_cast<std::size_t>(i * (cols / 32) + c / 32)] / 2;
+        }
+        const float got = y[static_cast<std::size_t>(i * rows + r)];
+        INFO(relokv_engine::traits_of(t).name << " row " << r << " act " << i);
+        CHECK(std::abs(got - exact) <= bound * 1.001 + 2e-5 * (1 + mag));
+      }
+    }
+  }
+}
+
+TEST_CASE("qgemm: the tiles' int32 sums do not overflow at the largest weights", "[qgemm]") {
+  // Q6_K with every value -32 and every scale -128: integers of 4,096; activations at the
+  // quantization limit in every element.
+  const int cols = 256, rows = 16, n = 5;
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows) * 210, 0);
+  for (int r = 0; r < rows; ++r) {
+    std::uint8_t* b = bytes.data() + static_cast<std::size_t>(r) * 210;
+    std::memset(b + 192, 0x80, 16);  // int8 scales of -128
+    const auto h = relokv::fp16::from_float(1.0f / 4096).bits;
+    std::memcpy(b + 208, &h, 2);
+  }
+  const qmatrix w = matrix_of(ggml_type::kQ6_K, rows, cols, bytes);
+  std::vector<float> x(static_cast<std::size_t>(n * cols), 3.0f), wr(cols);
+  relokv_engine::q16_activations xq;
+  xq.quantize(x.data(), n, cols, relokv_engine::tile_weight_bound(ggml_type::kQ6_K));
+  CHECK(std::int64_t{32} * 4096 * xq.limit < (std::int64_t{1} << 31));
+  std::vector<float> y(static_cast<std::size_t>(n * rows));
+  relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 0, rows);
+  w.dequantize_row(0, wr.data());
+  CHECK(wr[0] == 1.0f);  // -32 * -128 / 4096
+  for (const float v : y) CHECK(v == Approx(3.0 * cols).epsilon(1e-5));
+}

@@ -1,0 +1,408 @@
+// Prefill products on integer tiles (see qgemm.hpp): the weights' blocks unpacked to int16
+// panels, activations in int16 blocks of 32, multiplied with AVX-512 VNNI (VPDPWSSD) in
+// register tiles of 4 activation rows by 48 weight rows, scaled per block in fp32.
+#include "qgemm.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define RELOKV_ENGINE_TILES_VNNI 1
+#else
+#define RELOKV_ENGINE_TILES_VNNI 0
+#endif
+
+#include <relokv/dtype.hpp>
+
+// GCC 12 reports a false -Wmaybe-uninitialized inside AVX-512 intrinsics (their
+// _mm512_undefined_* operands, GCC bug 105593), as in qgemm.cpp.
+#if RELOKV_ENGINE_TILES_VNNI && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace relokv_engine {
+namespace {
+
+float f16(const std::uint8_t* p) {
+  relokv::fp16 x;
+  std::memcpy(&x.bits, p, 2);
+  return x.to_float();
+}
+
+// Block b (32 elements) of row r as integers q, a scale d and an offset m, so that element
+// j = d * q[j] + m: the whole format's arithmetic is in d and m, the tiles multiply q exactly.
+// K-quants: the sub-block's integer scale is folded into q (|q| <= 945 for Q4_K, <= 4096 for
+// Q6_K), the super-block's fp16 scale is d.
+void unpack32(const qmatrix& w, std::int32_t r, std::int32_t b, std::int16_t* q, float& d,
+              float& m) {
+  const std::uint8_t* row = w.row(r);
+  switch (w.type) {
+    case ggml_type::kQ4_0:
+    case ggml_type::kQ4_1: {
+      const bool q41 = w.type == ggml_type::kQ4_1;
+      const std::uint8_t* p = row + static_cast<std::size_t>(b) * (q41 ? 20 : 18);
+      const std::uint8_t* n = p + (q41 ? 4 : 2);
+      const int off = q41 ? 0 : 8;
+      for (int j = 0; j < 16; ++j) {
+        q[j] = static_cast<std::int16_t>((n[j] & 0xF) - off);
+        q[j + 16] = static_cast<std::int16_t>((n[j] >> 4) - off);
+      }
+      d = f16(p);
+      m = q41 ? f16(p + 2) : 0.0f;
+      return;
+    }
+    case ggml_type::kQ5_0: {
+      const std::uint8_t* p = row + static_cast<std::size_t>(b) * 22;
+      std::uint32_t qh = 0;
+      std::memcpy(&qh, p + 2, 4);
+      for (int j = 0; j < 16; ++j) {
+        q[j] = static_cast<std::int16_t>(((p[6 + j] & 0xF) | (((qh >> j) & 1u) << 4)) - 16);
+        q[j + 16] =
+            static_cast<std::int16_t>(((p[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16);
+      }
+      d = f16(p);
+      m = 0.0f;
+      return;
+    }
+    case ggml_type::kQ8_0: {
+      const std::uint8_t* p = row + static_cast<std::size_t>(b) * 34;
+      for (int j = 0; j < 32; ++j) q[j] = static_cast<std::int8_t>(p[2 + j]);
+      d = f16(p);
+      m = 0.0f;
+      return;
+    }
+    case ggml_type::kQ4_K: {
+      // Sub-block s of a super-block: 32 nibbles (low for even s, high for odd), scale and
+      // minimum from the 12 packed bytes.
+      const std::uint8_t* p = row + static_cast<std::size_t>(b / 8) * 144;
+      const int s = b % 8;
+      const std::uint8_t* sc = p + 4;
+      int scale = 0, mn = 0;
+      if (s < 4) {
+        scale = sc[s] & 63;
+        mn = sc[s + 4] & 63;
+      } else {
+        scale = (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
+        mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+      }
+      const std::uint8_t* n = p + 16 + 32 * (s / 2);
+      const int shift = (s % 2) * 4;
+      for (int j = 0; j < 32; ++j)
+        q[j] = static_cast<std::int16_t>(((n[j] >> shift) & 0xF) * scale);
+      d = f16(p);
+      m = -f16(p + 2) * static_cast<float>(mn);
+      return;
+    }
+    case ggml_type::kQ6_K: {
+      // Sub-block s (32 elements) of a super-block: half h = s / 4, quarter c = s % 4 of it;
+      // two int8 scales, one per 16 elements.
+      const std::uint8_t* p = row + static_cast<std::size_t>(b / 8) * 210;
+      const int s = b % 8, h = s / 4, c = s % 4;
+      const std::uint8_t* l = p + 64 * h + (c % 2) * 32;
+      const std::uint8_t* hi = p + 128 + 32 * h;
+      const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192) + 8 * h;
+      const int lshift = (c / 2) * 4, hshift = 2 * c;
+      for (int j = 0; j < 32; ++j) {
+        const int v = (((l[j] >> lshift) & 0xF) | (((hi[j] >> hshift) & 3) << 4)) - 32;
+        q[j] = static_cast<std::int16_t>(v * scales[j / 16 + 2 * c]);
+      }
+      d = f16(p + 208);
+      m = 0.0f;
+      return;
+    }
+    default:
+      throw std::logic_error(std::string("tiles: no integer form for ") + traits_of(w.type).name);
+  }
+}
+
+// A buffer of T whose data is 64-byte aligned (one zmm per cache line), grown, never shrunk.
+template <class T>
+struct aligned_buffer {
+  std::vector<T> raw;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  void assign(std::size_t n, T v) {
+    if (raw.size() < n + 64 / sizeof(T)) raw.resize(n + 64 / sizeof(T));
+    auto addr = reinterpret_cast<std::uintptr_t>(raw.data());
+    data_ = raw.data() + ((64 - addr % 64) % 64) / sizeof(T);
+    size_ = n;
+    std::fill_n(data_, n, v);
+  }
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  T& operator[](std::size_t i) noexcept { return data_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+};
+
+constexpr int kGroup = 16;  // weight rows per group: one zmm of outputs
+constexpr int kMr = 4;      // activation rows per register tile
+constexpr int kGn = 3;      // groups per register tile
+
+// Rows [r0, r1) of w in groups of 16: per group and block, 16 pairs of elements of each of the
+// 16 rows ([pair][row][2] int16, what VPDPWSSD reads against a broadcast activation pair), and
+// the rows' scales and offsets. Rows past r1 are zeros.
+struct tile_panel {
+  aligned_buffer<std::int16_t> q;
+  aligned_buffer<float> d, m;
+  std::int32_t groups = 0, nb = 0;
+  bool has_min = false;
+
+  [[nodiscard]] const std::int16_t* block(std::int32_t g, std::int32_t b) const noexcept {
+    return q.data() + (static_cast<std::size_t>(g) * static_cast<std::size_t>(nb) +
+                       static_cast<std::size_t>(b)) *
+                          512;
+  }
+  [[nodiscard]] std::size_t at(std::int32_t g, std::int32_t b) const noexcept {
+    return (static_cast<std::size_t>(g) * static_cast<std::size_t>(nb) +
+            static_cast<std::size_t>(b)) *
+           kGroup;
+  }
+
+  void pack(const qmatrix& w, std::int32_t r0, std::int32_t r1) {
+    nb = w.cols / 32;
+    groups = (r1 - r0 + kGroup - 1) / kGroup;
+    const std::size_t slots = static_cast<std::size_t>(groups) * static_cast<std::size_t>(nb);
+    q.assign(slots * 512, 0);
+    d.assign(slots * kGroup, 0.0f);
+    m.assign(slots * kGroup, 0.0f);
+    has_min = false;
+    std::int16_t v[32];
+    for (std::int32_t r = r0; r < r1; ++r) {
+      const std::int32_t g = (r - r0) / kGroup, n = (r - r0) % kGroup;
+      for (std::int32_t b = 0; b < nb; ++b) {
+        float db = 0.0f, mb = 0.0f;
+        unpack32(w, r, b, v, db, mb);
+        std::int16_t* dst = q.data() +
+                            (static_cast<std::size_t>(g) * static_cast<std::size_t>(nb) +
+                             static_cast<std::size_t>(b)) *
+                                512 +
+                            static_cast<std::size_t>(n) * 2;
+        for (int k = 0; k < 16; ++k) {
+          dst[k * 32] = v[2 * k];
+          dst[k * 32 + 1] = v[2 * k + 1];
+        }
+        d[at(g, b) + static_cast<std::size_t>(n)] = db;
+        m[at(g, b) + static_cast<std::size_t>(n)] = mb;
+        has_min = has_min || mb != 0.0f;
+      }
+    }
+  }
+};
+
+// Without VNNI: output (i, r) from the panel by plain loops, as the tiles compute it.
+[[maybe_unused]] void tile_portable(const q16_activations& x, std::int32_t i, const tile_panel& p,
+                                    std::int32_t g, std::int32_t n, float* out) {
+  const auto nbx = static_cast<std::size_t>(x.cols / 32);
+  float acc = 0.0f;
+  for (std::int32_t b = 0; b < p.nb; ++b) {
+    const std::int16_t* a = x.q.data() +
+                            static_cast<std::size_t>(i) * static_cast<std::size_t>(x.cols) +
+                            static_cast<std::size_t>(b) * 32;
+    const std::int16_t* w = p.block(g, b) + static_cast<std::size_t>(n) * 2;
+    std::int32_t s = 0;
+    for (int k = 0; k < 16; ++k) s += a[2 * k] * w[k * 32] + a[2 * k + 1] * w[k * 32 + 1];
+    const std::size_t xb = static_cast<std::size_t>(i) * nbx + static_cast<std::size_t>(b);
+    acc += static_cast<float>(s) * (p.d[p.at(g, b) + static_cast<std::size_t>(n)] * x.d[xb]) +
+           p.m[p.at(g, b) + static_cast<std::size_t>(n)] * x.s[xb];
+  }
+  *out = acc;
+}
+
+#if RELOKV_ENGINE_TILES_VNNI
+// MR activation rows from i0 against GN groups from g0: the int32 sums of one block in
+// registers, then scaled into fp32 accumulators; `cols` valid outputs of the last group.
+template <int MR, int GN, bool Min>
+void tile(const q16_activations& x, std::int32_t i0, const tile_panel& p, std::int32_t g0, float* y,
+          std::size_t ldy, int last_cols) {
+  const auto nbx = static_cast<std::size_t>(x.cols / 32);
+  __m512 acc[MR][GN];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < GN; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (std::int32_t b = 0; b < p.nb; ++b) {
+    __m512i s[MR][GN];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < GN; ++j) s[r][j] = _mm512_setzero_si512();
+    const std::int16_t* B[GN];
+    for (int j = 0; j < GN; ++j) B[j] = p.block(g0 + j, b);
+    const std::int16_t* A[MR];
+    for (int r = 0; r < MR; ++r)
+      A[r] = x.q.data() + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(x.cols) +
+             static_cast<std::size_t>(b) * 32;
+    for (int k = 0; k < 16; ++k) {
+      __m512i w[GN];
+      for (int j = 0; j < GN; ++j) w[j] = _mm512_load_si512(B[j] + k * 32);
+      for (int r = 0; r < MR; ++r) {
+        std::int32_t pair;
+        std::memcpy(&pair, A[r] + 2 * k, 4);
+        const __m512i a = _mm512_set1_epi32(pair);
+        for (int j = 0; j < GN; ++j) s[r][j] = _mm512_dpwssd_epi32(s[r][j], a, w[j]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      const std::size_t xb = static_cast<std::size_t>(i0 + r) * nbx + static_cast<std::size_t>(b);
+      const __m512 dx = _mm512_set1_ps(x.d[xb]);
+      for (int j = 0; j < GN; ++j) {
+        const __m512 dw = _mm512_load_ps(p.d.data() + p.at(g0 + j, b));
+        acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][j]), _mm512_mul_ps(dw, dx), acc[r][j]);
+        if constexpr (Min)
+          acc[r][j] = _mm512_fmadd_ps(_mm512_load_ps(p.m.data() + p.at(g0 + j, b)),
+                                      _mm512_set1_ps(x.s[xb]), acc[r][j]);
+      }
+    }
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << last_cols) - 1u);
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < GN; ++j) {
+      float* out =
+          y + static_cast<std::size_t>(i0 + r) * ldy + static_cast<std::size_t>(j) * kGroup;
+      if (j == GN - 1 && last_cols < kGroup)
+        _mm512_mask_storeu_ps(out, tail, acc[r][j]);
+      else
+        _mm512_storeu_ps(out, acc[r][j]);
+    }
+}
+
+using tile_fn = void (*)(const q16_activations&, std::int32_t, const tile_panel&, std::int32_t,
+                         float*, std::size_t, int);
+template <bool Min, int MR, int... GN>
+constexpr std::array<tile_fn, kGn> row_of(std::integer_sequence<int, GN...>) {
+  return {&tile<MR, GN + 1, Min>...};
+}
+template <bool Min, int... MR>
+constexpr std::array<std::array<tile_fn, kGn>, kMr> table_of(std::integer_sequence<int, MR...>) {
+  return {row_of<Min, MR + 1>(std::make_integer_sequence<int, kGn>{})...};
+}
+constexpr auto kTiles = table_of<false>(std::make_integer_sequence<int, kMr>{});
+constexpr auto kTilesMin = table_of<true>(std::make_integer_sequence<int, kMr>{});
+#endif
+
+}  // namespace
+
+bool has_tile_kernel(ggml_type t) noexcept {
+  switch (t) {
+    case ggml_type::kQ4_0:
+    case ggml_type::kQ4_1:
+    case ggml_type::kQ5_0:
+    case ggml_type::kQ8_0:
+    case ggml_type::kQ4_K:
+    case ggml_type::kQ6_K:
+      return integer_kernels_on();
+    default:
+      return false;
+  }
+}
+
+std::int32_t tile_weight_bound(ggml_type t) noexcept {
+  switch (t) {
+    case ggml_type::kQ4_K:
+      return 63 * 15;
+    case ggml_type::kQ6_K:
+      return 128 * 32;
+    default:
+      return 128;
+  }
+}
+
+const char* tile_kernel_isa() noexcept {
+  return RELOKV_ENGINE_TILES_VNNI ? "avx512-vnni" : "portable";
+}
+
+void q16_activations::size(std::int32_t rows, std::int32_t width, std::int32_t bound) {
+  n = rows;
+  cols = width;
+  // A block's 32 products, each at most bound * limit in magnitude, sum in int32.
+  limit = static_cast<std::int32_t>(std::min<std::int64_t>(
+      32767, (std::int64_t{1} << 31) / (32 * static_cast<std::int64_t>(std::max(bound, 1))) - 1));
+  const auto nbk = static_cast<std::size_t>(width / 32);
+  q.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(width));
+  d.resize(static_cast<std::size_t>(rows) * nbk);
+  s.resize(d.size());
+}
+
+void q16_activations::quantize(const float* x, std::int32_t rows, std::int32_t width,
+                               std::int32_t bound) {
+  size(rows, width, bound);
+  quantize_rows(x, 0, rows);
+}
+
+void q16_activations::quantize_rows(const float* x, std::int32_t i0, std::int32_t i1) {
+  const auto nbk = static_cast<std::size_t>(cols / 32);
+  const float lim = static_cast<float>(limit);
+  for (std::size_t blk = static_cast<std::size_t>(i0) * nbk;
+       blk < static_cast<std::size_t>(i1) * nbk; ++blk) {
+    const float* xb = x + blk * 32;
+    std::int16_t* qb = q.data() + blk * 32;
+    int sum = 0;
+    float amax = 0.0f;
+#if RELOKV_ENGINE_TILES_VNNI
+    const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+    amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? lim / amax : 0.0f);
+    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));
+    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm512_cvtsepi32_epi16(qlo));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm512_cvtsepi32_epi16(qhi));
+    sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+#else
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(xb[j]));
+    const float inv = amax > 0.0f ? lim / amax : 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      qb[j] = static_cast<std::int16_t>(std::lrintf(xb[j] * inv));
+      sum += qb[j];
+    }
+#endif
+    d[blk] = amax / lim;
+    s[blk] = d[blk] * static_cast<float>(sum);
+  }
+}
+
+void tile_matmul_rows(const qmatrix& w, const q16_activations& x, float* y, std::int32_t ldy,
+                      std::int32_t r0, std::int32_t r1) {
+  if (r1 <= r0 || x.n <= 0) return;
+  if (x.cols != w.cols)
+    throw std::logic_error("tiles: activations of " + std::to_string(x.cols) + " for a matrix of " +
+                           std::to_string(w.cols) + " columns");
+  // Panels of at most ~512 KiB (a share of L2), whole register tiles of rows.
+  const std::int32_t per_tile = kGroup * kGn;
+  const std::int32_t chunk = std::max<std::int32_t>(
+      per_tile,
+      static_cast<std::int32_t>((std::size_t{512} << 10) / (2 * static_cast<std::size_t>(w.cols))) /
+          per_tile * per_tile);
+  thread_local tile_panel p;
+  for (std::int32_t c0 = r0; c0 < r1; c0 += chunk) {
+    const std::int32_t c1 = std::min(r1, c0 + chunk);
+    p.pack(w, c0, c1);
+    for (std::int32_t g = 0; g < p.groups; g += kGn) {
+      const std::int32_t gn = std::min<std::int32_t>(kGn, p.groups - g);
+      const std::int32_t col = c0 + g * kGroup;
+      const int last =
+          static_cast<int>(std::min<std::int32_t>(kGroup, c1 - (col + (gn - 1) * kGroup)));
+#if RELOKV_ENGINE_TILES_VNNI
+      const auto& table = p.has_min ? kTilesMin : kTiles;
+      for (std::int32_t i = 0; i < x.n; i += kMr) {
+        const std::int32_t mr = std::min<std::int32_t>(kMr, x.n - i);
+        table[static_cast<std::size_t>(mr - 1)][static_cast<std::size_t>(gn - 1)](
+            x, i, p, g, y + col, static_cast<std::size_t>(ldy), last);
+      }
+#else
+      for (std::int32_t i = 0; i < x.n; ++i)
+        for (std::int32_t j = 0; j < gn; ++j)
+          for (std::int32_t n = 0; n < kGroup && col + j * kGroup + n < c1; ++n)
+            tile_portable(x, i, p, g + j, n,
+                          y + static_cast<std::size_t>(i) * static_cast<std::size_t>(ldy) +
+                              static_cast<std::size_t>(col + j * kGroup + n));
+#endif
+    }
+  }
+}
+
+}  // namespace relokv_engine

@@ -15,6 +15,8 @@
 
 #include <relokv/attention/host_attention.hpp>
 #include <relokv/attention/kv_append.hpp>
+#include <relokv/attention/params.hpp>
+#include <relokv/attention/state.hpp>
 #include <relokv/engine/request_kv.hpp>
 #include <relokv/recompute/deviation.hpp>
 #include <relokv/rope/at_attention.hpp>
@@ -136,30 +138,65 @@ struct kv_map {
   }
 };
 
-/// Prefill attention of n queries on the two lanes when there are enough of them: the queries
-/// are independent, so the set is cut where the causal work (each query's visible positions)
-/// is halved.
+/// Attention of n queries (prefill, or decode's one) on the two lanes. Many queries are
+/// independent, so the set is cut where the causal work (each query's visible positions) is
+/// halved. A few queries (decode, short prefills) split the keys instead: each lane attends
+/// over half of the blocks, and the two states are merged by their log-sum-exp.
 template <class P, class T>
 void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv,
                relokv::block_table_view view, const float* q, const std::int32_t* pos, int n,
                int num_q_heads, float scale, float* out) {
-  const auto call = [&](int begin, int end) {
+  const std::size_t row = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
+  const auto call = [&](relokv::block_table_view v, int begin, int end, float* o, float* lse) {
     if (end <= begin) return;
     const std::int32_t qind[2] = {0, end - begin};
-    const std::size_t row = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
-    relokv::prefill_attention<P>(rope, kv, view, q + static_cast<std::size_t>(begin) * row,
-                                 pos + begin, qind, num_q_heads, scale,
-                                 out + static_cast<std::size_t>(begin) * row);
+    relokv::attention_params<T> p;
+    p.rope = &rope;
+    p.kv = kv;
+    p.table = v;
+    p.q = q + static_cast<std::size_t>(begin) * row;
+    p.q_pos = pos + begin;
+    p.q_indptr = qind;
+    p.num_tokens = end - begin;
+    p.num_q_heads = num_q_heads;
+    p.scale = scale;
+    p.out = o + static_cast<std::size_t>(begin) * row;
+    p.lse = lse;
+    relokv::paged_attention<P>(p);
   };
-  if (n < 64 || !lanes::get().two()) {
-    call(0, n);
+  const std::int32_t blocks = view.indptr[1] - view.indptr[0];
+  if (!lanes::get().two() || (n < 64 && blocks < 2)) {
+    call(view, 0, n, out, nullptr);
+    return;
+  }
+  if (n < 64) {
+    const std::int32_t half = blocks / 2;
+    const relokv::block_entry* e = view.entries + view.indptr[0];
+    const std::int32_t ind_a[2] = {0, half}, ind_b[2] = {0, blocks - half};
+    const auto rows = static_cast<std::size_t>(n) * static_cast<std::size_t>(num_q_heads);
+    thread_local std::vector<float> other, lse_a, lse_b;  // the caller's, read after the run
+    std::vector<float>* ob = &other;
+    other.resize(rows * static_cast<std::size_t>(kv.head_dim));
+    lse_a.resize(rows);
+    lse_b.resize(rows);
+    float* la = lse_a.data();
+    float* lb = lse_b.data();
+    lanes::get().run([&](int lane) {
+      if (lane == 0)
+        call({e, ind_a, 1}, 0, n, out, la);
+      else
+        call({e + half, ind_b, 1}, 0, n, ob->data(), lb);
+    });
+    relokv::merge_attention_states(rows, kv.head_dim, out, la, ob->data(), lb);
     return;
   }
   double total = 0;
   for (int i = 0; i < n; ++i) total += double(pos[i]) + 1;
   int cut = 0;
   for (double acc = 0; cut < n && acc < total / 2; ++cut) acc += double(pos[cut]) + 1;
-  lanes::get().run([&](int lane) { lane == 0 ? call(0, cut) : call(cut, n); });
+  lanes::get().run([&](int lane) {
+    lane == 0 ? call(view, 0, cut, out, nullptr) : call(view, cut, n, out, nullptr);
+  });
 }
 
 struct layer_workspace {

@@ -74,19 +74,6 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, int
 #endif
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// Blocks b and b + 1 of a Q4_1 row as 64 unsigned bytes, in element order per block: both
-// blocks' 16 bytes side by side, their low and high nibbles split in one shift and one mask
-// over the pair, the 16-byte lanes put back in element order by one shuffle.
-inline __m512i q4_1_pair(const std::uint8_t* a, const std::uint8_t* b) {
-  const __m256i q = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)), 1);
-  const __m512i nib =
-      _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
-                       _mm512_set1_epi8(0x0F));
-  // lanes: a's low nibbles, b's low, a's high, b's high -> a low, a high, b low, b high
-  return _mm512_shuffle_i64x2(nib, nib, _MM_SHUFFLE(3, 1, 2, 0));
-}
 // Blocks b and b + 1 of a Q8_0 row as 64 bytes q + 128 (unsigned), for VPDPBUSD.
 inline __m512i q8_0_pair(const std::uint8_t* a, const std::uint8_t* b) {
   const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2));
@@ -98,26 +85,25 @@ inline __m512 pair_scale(float a, float b) {
   return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
 }
 
-// One weight row against R activation rows: each block pair of the row is unpacked once and
-// multiplied with every activation row (VPDPBUSD: 64 u8 x s8 products into 16 int32 lanes,
-// lanes 0-7 of the first block, 8-15 of the second), scaled per block in fp32.
-template <bool Q41, int R>
-void row_vnni(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, float* out) {
+// One Q8_0 weight row against R activation rows: each block pair of the row is unpacked once
+// and multiplied with every activation row (VPDPBUSD: 64 u8 x s8 products into 16 int32
+// lanes, lanes 0-7 of the first block, 8-15 of the second), scaled per block in fp32.
+template <int R>
+void row_q8_0(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, float* out) {
   const int nbk = xq.cols / 32;
-  constexpr int bytes = Q41 ? kQ4_1Bytes : kQ8_0Bytes;
   __m512 acc[R];
-  float extra[R];  // Q4_1: the minimum's term; Q8_0: minus the +128 offset's term
+  float extra[R];  // minus the +128 offset's term
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm512_setzero_ps();
     extra[r] = 0.0f;
   }
   int b = 0;
   for (; b + 2 <= nb; b += 2) {
-    const std::uint8_t* A = w + b * bytes;
-    const std::uint8_t* B = A + bytes;
-    const __m512i wv = Q41 ? q4_1_pair(A, B) : q8_0_pair(A, B);
+    const std::uint8_t* A = w + b * kQ8_0Bytes;
+    const std::uint8_t* B = A + kQ8_0Bytes;
+    const __m512i wv = q8_0_pair(A, B);
     const float da = f16(A), db = f16(B);
-    const float ea = Q41 ? f16(A + 2) : -128.0f * da, eb = Q41 ? f16(B + 2) : -128.0f * db;
+    const float ea = -128.0f * da, eb = -128.0f * db;
     for (int r = 0; r < R; ++r) {
       const std::size_t i = static_cast<std::size_t>(i0 + r);
       const __m512i xv = _mm512_loadu_si512(xq.q.data() + i * static_cast<std::size_t>(xq.cols) +
@@ -135,11 +121,65 @@ void row_vnni(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, f
       const std::size_t i = static_cast<std::size_t>(i0 + r);
       const std::int8_t* x =
           xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
-      const float* xd = xq.d.data() + i * static_cast<std::size_t>(nbk) + b;
-      const float* xs = xq.s.data() + i * static_cast<std::size_t>(nbk) + b;
-      tail = Q41 ? q4_1_dot(w + b * bytes, x, xd, xs, 1) : q8_0_dot(w + b * bytes, x, xd, 1);
+      tail =
+          q8_0_dot(w + b * kQ8_0Bytes, x, xq.d.data() + i * static_cast<std::size_t>(nbk) + b, 1);
     }
     out[r] = hsum(acc[r]) + extra[r] + tail;
+  }
+}
+
+// Q4_1 against activations laid out for it (q8_activations::qp, ::ds): per block pair, the
+// weights' nibbles need no shuffle (the activations were put in nibble order once), and the
+// pair's two scales and minimums are converted in one instruction and multiplied by the
+// activations' scales and sums in another.
+template <int R>
+void row_q4_1(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, float* out) {
+  const auto nbk = static_cast<std::size_t>(xq.cols / 32);
+  // lanes 0-3 and 8-11 hold block a's sums, 4-7 and 12-15 block b's
+  const __m512i spread = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+  __m512 acc[R];
+  __m128 extra[R];  // lanes 1 and 3: the minimums' terms
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    extra[r] = _mm_setzero_ps();
+  }
+  int b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const std::uint8_t* A = w + b * kQ4_1Bytes;
+    const std::uint8_t* B = A + kQ4_1Bytes;
+    const __m256i q = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 4))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 4)), 1);
+    const __m512i wv =
+        _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
+                         _mm512_set1_epi8(0x0F));
+    std::int32_t sa, sb;
+    std::memcpy(&sa, A, 4);
+    std::memcpy(&sb, B, 4);
+    const __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(sa), sb, 1));
+    for (int r = 0; r < R; ++r) {
+      const std::size_t i = static_cast<std::size_t>(i0 + r);
+      const __m512i xv = _mm512_loadu_si512(xq.qp.data() + i * static_cast<std::size_t>(xq.cols) +
+                                            static_cast<std::size_t>(b) * 32);
+      const __m128 prod = _mm_mul_ps(dm, _mm_loadu_ps(xq.ds.data() + (i * nbk + b) * 2));
+      extra[r] = _mm_add_ps(extra[r], prod);
+      const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
+                               _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(prod)), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float tail = 0.0f;
+    const std::size_t i = static_cast<std::size_t>(i0 + r);
+    if (b < nb) {  // an odd block count: the last block by the reference loop
+      const std::int8_t* x =
+          xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
+      tail =
+          q4_1_dot(w + b * kQ4_1Bytes, x, xq.d.data() + i * nbk + b, xq.s.data() + i * nbk + b, 1);
+    }
+    alignas(16) float e[4];
+    _mm_store_ps(e, extra[r]);
+    out[r] = hsum(acc[r]) + e[1] + e[3] + tail;
   }
 }
 
@@ -279,6 +319,8 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
   q.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(width));
   d.resize(static_cast<std::size_t>(rows) * nbk);
   s.resize(d.size());
+  qp.resize(q.size());
+  ds.resize(2 * d.size());
   for (std::size_t blk = 0; blk < d.size(); ++blk) {
     const float* xb = x + blk * 32;
     float amax = 0.0f;
@@ -292,6 +334,24 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
     }
     d[blk] = scale;
     s[blk] = scale * static_cast<float>(sum);
+    ds[2 * blk] = scale;
+    ds[2 * blk + 1] = s[blk];
+  }
+  // Q4_1's order: per pair of blocks (a, b), a[0..15] b[0..15] a[16..31] b[16..31], the order
+  // of the pair's low nibbles, then high nibbles; an odd last block as it is.
+  const auto width_z = static_cast<std::size_t>(width);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    const std::int8_t* src = q.data() + r * width_z;
+    std::int8_t* dst = qp.data() + r * width_z;
+    std::size_t b = 0;
+    for (; b + 2 <= nbk; b += 2) {
+      const std::int8_t* a = src + b * 32;
+      std::memcpy(dst + b * 32, a, 16);
+      std::memcpy(dst + b * 32 + 16, a + 32, 16);
+      std::memcpy(dst + b * 32 + 32, a + 16, 16);
+      std::memcpy(dst + b * 32 + 48, a + 48, 16);
+    }
+    if (b < nbk) std::memcpy(dst + b * 32, src + b * 32, 32);
   }
 }
 
@@ -316,13 +376,11 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
       std::int32_t i = 0;
       float out[4];
       for (; i + 4 <= n; i += 4) {
-        q41 ? row_vnni<true, 4>(w.row(r), nb, *xq, i, out)
-            : row_vnni<false, 4>(w.row(r), nb, *xq, i, out);
+        q41 ? row_q4_1<4>(w.row(r), nb, *xq, i, out) : row_q8_0<4>(w.row(r), nb, *xq, i, out);
         for (int k = 0; k < 4; ++k) y[static_cast<std::size_t>(i + k) * ldy + r] = out[k];
       }
       for (; i < n; ++i) {
-        q41 ? row_vnni<true, 1>(w.row(r), nb, *xq, i, out)
-            : row_vnni<false, 1>(w.row(r), nb, *xq, i, out);
+        q41 ? row_q4_1<1>(w.row(r), nb, *xq, i, out) : row_q8_0<1>(w.row(r), nb, *xq, i, out);
         y[static_cast<std::size_t>(i) * ldy + r] = out[0];
       }
     }

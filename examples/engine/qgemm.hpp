@@ -69,9 +69,11 @@ inline constexpr std::int32_t kIntegerMaxRows = 8;
 /// integer kernels' right-hand side, quantized once per product and shared by its rows.
 struct q8_activations {
   std::int32_t n = 0, cols = 0;
-  std::vector<std::int8_t> q;  ///< [n][cols]
-  std::vector<float> d;        ///< [n][cols / 32]: the scale of each block
-  std::vector<float> s;        ///< [n][cols / 32]: d * (sum of the block's q)
+  std::vector<std::int8_t> q;   ///< [n][cols]
+  std::vector<float> d;         ///< [n][cols / 32]: the scale of each block
+  std::vector<float> s;         ///< [n][cols / 32]: d * (sum of the block's q)
+  std::vector<std::int8_t> qp;  ///< q in Q4_1's nibble order per pair of blocks (the kernel's)
+  std::vector<float> ds;        ///< [n][cols / 32][2]: d and s side by side
   /// Quantizes x ([n][cols], cols a multiple of 32): q = round(x / d), d = max|x| / 127.
   void quantize(const float* x, std::int32_t n, std::int32_t cols);
 };

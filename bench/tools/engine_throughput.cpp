@@ -1,8 +1,8 @@
 // Reference-engine throughput on SmolLM2 (the synthetic model without it), side by side
 // across builds: prefill of a 1,024-token prompt three times, then 16 greedy decode steps
-// after it (or argv[1] steps). ./build/bench/relokv_engine_throughput here; against another
-// checkout, compile this file with its examples/engine and include directories and its
-// librelokv_engine.a
+// after it (or argv[1] steps; argv[2] names another model, e.g. qwen2.5-0.5b).
+// ./build/bench/relokv_engine_throughput here; against another checkout, compile this file with its
+// examples/engine and include directories and its librelokv_engine.a
 // (-lopenblas -lpthread -lhiredis), and alternate the two (bench/results/engine-2026-12-01.md).
 #include <chrono>
 #include <cstdio>
@@ -13,7 +13,8 @@
 #include "model_path.hpp"
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 16;
-  auto lm = relokv_engine::load_model(relokv_engine::default_model_path("smollm2"));
+  auto lm =
+      relokv_engine::load_model(relokv_engine::default_model_path(argc > 2 ? argv[2] : "smollm2"));
   std::vector<relokv::token_t> ids;
   for (int i = 0; i < 1024; ++i) ids.push_back((i * 7919) % 4096);
   relokv_engine::llama_engine<relokv::block_relative> e(lm.model, 128);

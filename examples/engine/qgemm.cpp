@@ -1,5 +1,6 @@
 // Products from GGUF weights in their own types (see qgemm.hpp).
 #include "qgemm.hpp"
+#include "qgemm_blocks.hpp"
 
 #include <cblas.h>
 
@@ -247,21 +248,25 @@ float direct_portable(const qmatrix& w, std::int32_t r, const float* x, const fl
   return acc;
 }
 
-float row_dot(const qmatrix& w, std::int32_t r, const q8_activations& xq, std::int32_t i) {
-  const int nb = w.cols / 32;
-  const std::size_t nbk = static_cast<std::size_t>(xq.cols / 32);
-  const std::int8_t* x =
-      xq.q.data() + static_cast<std::size_t>(i) * static_cast<std::size_t>(xq.cols);
-  const float* xd = xq.d.data() + static_cast<std::size_t>(i) * nbk;
-  const float* xs = xq.s.data() + static_cast<std::size_t>(i) * nbk;
-  return w.type == ggml_type::kQ4_1 ? q4_1_dot(w.row(r), x, xd, xs, nb)
-                                    : q8_0_dot(w.row(r), x, xd, nb);
-}
-
 }  // namespace
 
 namespace {
 std::atomic<bool> g_integer{true};
+// The integer kernels' instruction set: 0 the build's best, 1 AVX2's block kernels, 2 scalar.
+std::atomic<int> g_isa{0};
+
+block_isa block_isa_now() noexcept {
+  switch (g_isa.load(std::memory_order_relaxed)) {
+    case 1:
+      return block_isa::kAvx2;
+    case 2:
+      return block_isa::kPortable;
+    default:
+      return RELOKV_ENGINE_VNNI                      ? block_isa::kVnni256
+             : block_isa_available(block_isa::kAvx2) ? block_isa::kAvx2
+                                                     : block_isa::kPortable;
+  }
+}
 }  // namespace
 
 void use_integer_kernels(bool on) noexcept { g_integer.store(on, std::memory_order_relaxed); }
@@ -269,11 +274,34 @@ void use_integer_kernels(bool on) noexcept { g_integer.store(on, std::memory_ord
 bool integer_kernels_on() noexcept { return g_integer.load(std::memory_order_relaxed); }
 
 bool has_integer_kernel(ggml_type t) noexcept {
-  return (t == ggml_type::kQ4_1 || t == ggml_type::kQ8_0) && integer_kernels_on();
+  return has_block_decode(t) && integer_kernels_on();
 }
 
 const char* integer_kernel_isa() noexcept {
-  return RELOKV_ENGINE_VNNI ? "avx512-vnni" : "portable";
+  switch (block_isa_now()) {
+    case block_isa::kVnni256:
+      return "avx512-vnni";
+    case block_isa::kAvx2:
+      return "avx2";
+    case block_isa::kPortable:
+      break;
+  }
+  return "portable";
+}
+
+std::vector<std::string> integer_kernel_isas() {
+  std::vector<std::string> out;
+  if (RELOKV_ENGINE_VNNI) out.emplace_back("avx512-vnni");
+  if (block_isa_available(block_isa::kAvx2)) out.emplace_back("avx2");
+  out.emplace_back("portable");
+  return out;
+}
+
+bool select_integer_kernel_isa(const std::string& isa) noexcept {
+  const auto have = integer_kernel_isas();
+  if (std::find(have.begin(), have.end(), isa) == have.end()) return false;
+  g_isa.store(isa == "portable" ? 2 : isa == "avx2" ? 1 : 0, std::memory_order_relaxed);
+  return true;
 }
 
 qmatrix qmatrix::over(ggml_type t, std::int32_t rows, std::int32_t cols, const std::uint8_t* data,
@@ -321,17 +349,21 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
   s.resize(d.size());
   qp.resize(q.size());
   ds.resize(2 * d.size());
+  s16.resize(2 * d.size());
   for (std::size_t blk = 0; blk < d.size(); ++blk) {
     const float* xb = x + blk * 32;
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(xb[j]));
     const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     std::int8_t* qb = q.data() + blk * 32;
-    int sum = 0;
+    int sum = 0, first = 0;
     for (int j = 0; j < 32; ++j) {
       qb[j] = static_cast<std::int8_t>(std::lrintf(xb[j] * inv));
       sum += qb[j];
+      if (j == 15) first = sum;
     }
+    s16[2 * blk] = scale * static_cast<float>(first);
+    s16[2 * blk + 1] = scale * static_cast<float>(sum - first);
     d[blk] = scale;
     s[blk] = scale * static_cast<float>(sum);
     ds[2 * blk] = scale;
@@ -356,7 +388,7 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
 }
 
 float qdot_portable(const qmatrix& w, std::int32_t r, const q8_activations& xq, std::int32_t i) {
-  return row_dot(w, r, xq, i);
+  return block_dot_portable(w, r, xq, i);
 }
 
 float qdot_fp32_portable(const qmatrix& w, std::int32_t r, const float* x) {
@@ -369,26 +401,28 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
                   float* y, std::int32_t ldy, std::int32_t r0, std::int32_t r1) {
   if (r1 <= r0 || n <= 0) return;
   if (xq != nullptr && integer_product(w, n)) {
+    const block_isa isa = block_isa_now();
 #if RELOKV_ENGINE_VNNI
-    const bool q41 = w.type == ggml_type::kQ4_1;
-    const int nb = w.cols / 32;
-    for (std::int32_t r = r0; r < r1; ++r) {
-      std::int32_t i = 0;
-      float out[4];
-      for (; i + 4 <= n; i += 4) {
-        q41 ? row_q4_1<4>(w.row(r), nb, *xq, i, out) : row_q8_0<4>(w.row(r), nb, *xq, i, out);
-        for (int k = 0; k < 4; ++k) y[static_cast<std::size_t>(i + k) * ldy + r] = out[k];
+    if (isa == block_isa::kVnni256 &&
+        (w.type == ggml_type::kQ4_1 || w.type == ggml_type::kQ8_0)) {  // the paired kernels
+      const bool q41 = w.type == ggml_type::kQ4_1;
+      const int nb = w.cols / 32;
+      for (std::int32_t r = r0; r < r1; ++r) {
+        std::int32_t i = 0;
+        float out[4];
+        for (; i + 4 <= n; i += 4) {
+          q41 ? row_q4_1<4>(w.row(r), nb, *xq, i, out) : row_q8_0<4>(w.row(r), nb, *xq, i, out);
+          for (int k = 0; k < 4; ++k) y[static_cast<std::size_t>(i + k) * ldy + r] = out[k];
+        }
+        for (; i < n; ++i) {
+          q41 ? row_q4_1<1>(w.row(r), nb, *xq, i, out) : row_q8_0<1>(w.row(r), nb, *xq, i, out);
+          y[static_cast<std::size_t>(i) * ldy + r] = out[0];
+        }
       }
-      for (; i < n; ++i) {
-        q41 ? row_q4_1<1>(w.row(r), nb, *xq, i, out) : row_q8_0<1>(w.row(r), nb, *xq, i, out);
-        y[static_cast<std::size_t>(i) * ldy + r] = out[0];
-      }
+      return;
     }
-#else
-    for (std::int32_t r = r0; r < r1; ++r)
-      for (std::int32_t i = 0; i < n; ++i)
-        y[static_cast<std::size_t>(i) * ldy + r] = row_dot(w, r, *xq, i);
 #endif
+    block_rows(isa, w, *xq, n, y, ldy, r0, r1);
     return;
   }
   if (n <= kIntegerMaxRows && (w.type == ggml_type::kQ4_1 || w.type == ggml_type::kQ8_0)) {

@@ -1,11 +1,12 @@
 #pragma once
 // Matrix products straight from GGUF weights, in their own types: no fp32 copy of the model.
-// Decode (a few activation rows) with Q4_1 or Q8_0 weights (SmolLM2's types) runs on integer
-// dot products: the activations are quantized to int8 per 32 elements with an fp32 scale, as
-// the formats intend, and multiplied with AVX-512 VNNI (VPDPBUSD) where the host has it,
-// portable loops elsewhere. Prefill, and every other type (F32, F16, BF16, Q4_0, Q5_0, Q4_K,
-// Q6_K), dequantizes a lane's rows into an fp32 panel of at most 4 MiB per thread and
-// multiplies it with BLAS: still without a resident fp32 copy.
+// Decode (at most kIntegerMaxRows activation rows) runs on integer dot products for every
+// quantized type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K): the activations are quantized to int8
+// per 32 elements with an fp32 scale, as the formats intend, and multiplied with AVX-512 VNNI
+// (paired-block kernels for Q4_1 and Q8_0, SmolLM2's types; 256-bit block kernels for the
+// others, qgemm_blocks.hpp), AVX2 (VPMADDUBSW) or portable loops. Prefill runs on int16 tiles
+// (tile_matmul_rows: int16 activations, VPDPWSSD). F32 weights go to BLAS as they are; F16
+// and BF16 are dequantized a lane's panel (at most 4 MiB) at a time and multiplied with BLAS.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,8 +63,15 @@ inline constexpr std::int32_t kIntegerMaxRows = 8;
 [[nodiscard]] inline bool integer_product(const qmatrix& w, std::int32_t n) noexcept {
   return n <= kIntegerMaxRows && has_integer_kernel(w.type);
 }
-/// The integer kernels' instruction set on this build: "avx512-vnni" or "portable".
+/// The integer kernels' instruction set in use: "avx512-vnni" (paired kernels for Q4_1 and
+/// Q8_0, 256-bit VPDPBUSD block kernels for the others), "avx2" (block kernels on VPMADDUBSW)
+/// or "portable" (scalar loops).
 [[nodiscard]] const char* integer_kernel_isa() noexcept;
+/// The instruction sets this build has, best first (a host runs what its build targets).
+[[nodiscard]] std::vector<std::string> integer_kernel_isas();
+/// Makes the integer kernels use `isa` (one of integer_kernel_isas()) for the whole process;
+/// tests and benchmarks compare them. False, and nothing changes, when the build lacks it.
+bool select_integer_kernel_isa(const std::string& isa) noexcept;
 
 /// Activations in int8 blocks of 32 with an fp32 scale each (Q8 as the formats intend): the
 /// integer kernels' right-hand side, quantized once per product and shared by its rows.
@@ -74,6 +82,7 @@ struct q8_activations {
   std::vector<float> s;         ///< [n][cols / 32]: d * (sum of the block's q)
   std::vector<std::int8_t> qp;  ///< q in Q4_1's nibble order per pair of blocks (the kernel's)
   std::vector<float> ds;        ///< [n][cols / 32][2]: d and s side by side
+  std::vector<float> s16;       ///< [n][cols / 16]: d * (sum of each half block's q)
   /// Quantizes x ([n][cols], cols a multiple of 32): q = round(x / d), d = max|x| / 127.
   void quantize(const float* x, std::int32_t n, std::int32_t cols);
 };

@@ -89,44 +89,57 @@ struct reference_dot {
 
 TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rounding of Q8",
           "[qgemm]") {
-  INFO("integer kernels: " << relokv_engine::integer_kernel_isa());
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
-  for (const ggml_type t : {ggml_type::kQ4_1, ggml_type::kQ8_0}) {
-    for (const int cols : {32, 96, 576}) {  // 1 and 3 blocks: a tail after the pairs
-      const int rows = 5, n = 7;            // one group of four activation rows, then three
-      const auto bytes = random_blocks(t, rows, cols, rng);
-      const qmatrix w = matrix_of(t, rows, cols, bytes);
-      std::vector<float> x(static_cast<std::size_t>(n * cols));
-      for (auto& v : x) v = nd(rng);
-      x[3] = 40.0f;  // an outlier: its block's scale is coarse, the bound follows it
-      relokv_engine::q8_activations xq;
-      xq.quantize(x.data(), n, cols);
-      std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f),
-          wr(static_cast<std::size_t>(cols));
-      relokv_engine::qmatmul_rows(w, x.data(), &xq, n, y.data(), rows, 0, rows);
-      for (int r = 0; r < rows; ++r) {
-        w.dequantize_row(r, wr.data());
-        for (int i = 0; i < n; ++i) {
-          double exact = 0, bound = 0;
-          for (int c = 0; c < cols; ++c) {
-            const auto k = static_cast<std::size_t>(i * cols + c);
-            exact += double(wr[static_cast<std::size_t>(c)]) * x[k];
-            // |x - d q| <= d / 2 per element; d of the element's block
-            bound += std::abs(double(wr[static_cast<std::size_t>(c)])) *
-                     xq.d[static_cast<std::size_t>(i * (cols / 32) + c / 32)] / 2;
+  const auto isas = relokv_engine::integer_kernel_isas();
+  CHECK(isas.back() == "portable");
+  CHECK_FALSE(relokv_engine::select_integer_kernel_isa("sse9"));
+  for (const auto& isa : isas) {
+    REQUIRE(relokv_engine::select_integer_kernel_isa(isa));
+    CHECK(relokv_engine::integer_kernel_isa() == isa);
+    for (const ggml_type t : {ggml_type::kQ4_0, ggml_type::kQ4_1, ggml_type::kQ5_0,
+                              ggml_type::kQ8_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
+      const bool k_quant = t == ggml_type::kQ4_K || t == ggml_type::kQ6_K;
+      REQUIRE(relokv_engine::has_integer_kernel(t));
+      // 1 and 3 blocks (a tail after the pairs); K-quants: one and three super-blocks
+      for (const int cols : k_quant ? std::vector<int>{256, 768} : std::vector<int>{32, 96, 576}) {
+        const int rows = 5, n = 7;  // one group of four activation rows, then three
+        const auto bytes = random_blocks(t, rows, cols, rng);
+        const qmatrix w = matrix_of(t, rows, cols, bytes);
+        std::vector<float> x(static_cast<std::size_t>(n * cols));
+        for (auto& v : x) v = nd(rng);
+        x[3] = 40.0f;  // an outlier: its block's scale is coarse, the bound follows it
+        relokv_engine::q8_activations xq;
+        xq.quantize(x.data(), n, cols);
+        std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f),
+            wr(static_cast<std::size_t>(cols));
+        relokv_engine::qmatmul_rows(w, x.data(), &xq, n, y.data(), rows, 0, rows);
+        for (int r = 0; r < rows; ++r) {
+          w.dequantize_row(r, wr.data());
+          for (int i = 0; i < n; ++i) {
+            double exact = 0, bound = 0, mag = 0;
+            for (int c = 0; c < cols; ++c) {
+              const auto k = static_cast<std::size_t>(i * cols + c);
+              exact += double(wr[static_cast<std::size_t>(c)]) * x[k];
+              mag += std::abs(double(wr[static_cast<std::size_t>(c)]) * x[k]);
+              // |x - d q| <= d / 2 per element; d of the element's block
+              bound += std::abs(double(wr[static_cast<std::size_t>(c)])) *
+                       xq.d[static_cast<std::size_t>(i * (cols / 32) + c / 32)] / 2;
+            }
+            const float got = y[static_cast<std::size_t>(i * rows + r)];
+            INFO(isa << " " << relokv_engine::traits_of(t).name << " cols " << cols << " row " << r
+                     << " act " << i);
+            CHECK(std::abs(got - exact) <= bound * 1.001 + 1e-4 * (1 + std::abs(exact)));
+            // The fast kernel and the reference loops: the same integer sums, fp32 order aside
+            // (relative to the terms' magnitude: the offsets' terms cancel).
+            const float ref = relokv_engine::qdot_portable(w, r, xq, i);
+            CHECK(std::abs(got - ref) <= 1e-5 * (1 + std::abs(ref) + mag));
           }
-          const float got = y[static_cast<std::size_t>(i * rows + r)];
-          INFO(relokv_engine::traits_of(t).name << " cols " << cols << " row " << r << " act "
-                                                << i);
-          CHECK(std::abs(got - exact) <= bound * 1.001 + 1e-4 * (1 + std::abs(exact)));
-          // The fast kernel and the reference loops: the same integer sums, fp32 order aside.
-          const float ref = relokv_engine::qdot_portable(w, r, xq, i);
-          CHECK(std::abs(got - ref) <= 1e-5f * (1.0f + std::abs(ref)));
         }
       }
     }
   }
+  REQUIRE(relokv_engine::select_integer_kernel_isa(isas.front()));
 }
 
 TEST_CASE("qgemm: every other type through dequantized panels equals the fp32 product", "[qgemm]") {
@@ -138,7 +151,6 @@ TEST_CASE("qgemm: every other type through dequantized panels equals the fp32 pr
     const int cols = 512, rows = 2100, n = 3;
     const auto bytes = random_blocks(t, rows, cols, rng);
     const qmatrix w = matrix_of(t, rows, cols, bytes);
-    CHECK_FALSE(relokv_engine::has_integer_kernel(t));
     std::vector<float> x(static_cast<std::size_t>(n * cols)), y(static_cast<std::size_t>(n * rows));
     for (auto& v : x) v = nd(rng);
     relokv_engine::qmatmul_rows(w, x.data(), nullptr, n, y.data(), rows, 0, rows);

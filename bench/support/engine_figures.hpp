@@ -121,6 +121,45 @@ inline double gemv_bw_fraction(relokv_engine::ggml_type t, int reps) {
   return median_ratio(read, gemv, r, 1);
 }
 
+/// Prefill's product of 1,024 activation rows with a [1536][576] matrix of type t (SmolLM2's
+/// gate), rows split over the two lanes as the engine's matmul does: fp32 panels with BLAS
+/// (the path before the tiles, and the one use_integer_kernels(false) keeps) over the int16
+/// tiles, activation quantization included.
+inline double prefill_tiles_speedup(relokv_engine::ggml_type t, int reps) {
+  constexpr int kRows = 1536, kCols = 576, kN = 1024;
+  const auto tr = relokv_engine::traits_of(t);
+  auto bytes = std::make_shared<std::vector<std::uint8_t>>(
+      static_cast<std::size_t>(kRows) * (kCols / tr.block_elems * tr.block_bytes));
+  std::mt19937 rng(6);
+  for (auto& b : *bytes) b = static_cast<std::uint8_t>(rng() & 0x77);  // finite fp16 scales
+  const auto w = relokv_engine::qmatrix::over(t, kRows, kCols, bytes->data(), bytes);
+  std::vector<float> x(static_cast<std::size_t>(kN) * kCols),
+      y(static_cast<std::size_t>(kN) * kRows);
+  for (auto& v : x) v = static_cast<float>(rng() % 1000) / 500.0f - 1.0f;
+  relokv_engine::q16_activations xq;
+  auto& lanes = relokv_engine::lanes::get();
+  constexpr int kMid = kRows / 2;
+  auto panels = [&] {
+    lanes.run([&](int lane) {
+      relokv_engine::qmatmul_rows(w, x.data(), nullptr, kN, y.data(), kRows, lane == 0 ? 0 : kMid,
+                                  lane == 0 ? kMid : kRows);
+    });
+    keep(y[0]);
+  };
+  auto tiles = [&] {
+    xq.size(kN, kCols, relokv_engine::tile_weight_bound(t));
+    lanes.run([&](int lane) {
+      xq.quantize_rows(x.data(), lane == 0 ? 0 : kN / 2, lane == 0 ? kN / 2 : kN);
+    });
+    lanes.run([&](int lane) {
+      relokv_engine::tile_matmul_rows(w, xq, y.data(), kRows, lane == 0 ? 0 : kMid,
+                                      lane == 0 ? kMid : kRows);
+    });
+    keep(y[0]);
+  };
+  return median_ratio(panels, tiles, reps < 5 ? 5 : reps, 1);
+}
+
 /// The reference engine: SmolLM2 when scripts/get-model has fetched it (engine_on_real_model
 /// 1), the synthetic model otherwise (0). Prefill of a 1,024-token prompt, decode after it,
 /// the memory a loaded model keeps resident over its file's size, relokv's overhead against a
@@ -168,10 +207,14 @@ inline std::vector<std::pair<std::string, double>> engine_figures(int reps) {
   rel.end(false);
   out.emplace_back("engine_decode_tok_s", 1e9 / t_decode);
   out.emplace_back("engine_relokv_overhead", median_ratio(via_relokv, plain, r, 1));
-  out.emplace_back("gemv_bw_fraction_q4_1",
-                   gemv_bw_fraction(relokv_engine::ggml_type::kQ4_1, reps));
-  out.emplace_back("gemv_bw_fraction_q8_0",
-                   gemv_bw_fraction(relokv_engine::ggml_type::kQ8_0, reps));
+  using relokv_engine::ggml_type;
+  for (const auto& [name, type] :
+       {std::pair{"q4_1", ggml_type::kQ4_1}, std::pair{"q8_0", ggml_type::kQ8_0},
+        std::pair{"q4_0", ggml_type::kQ4_0}, std::pair{"q5_0", ggml_type::kQ5_0},
+        std::pair{"q4_k", ggml_type::kQ4_K}, std::pair{"q6_k", ggml_type::kQ6_K}})
+    out.emplace_back(std::string("gemv_bw_fraction_") + name, gemv_bw_fraction(type, reps));
+  out.emplace_back("prefill_tiles_speedup_q4_1", prefill_tiles_speedup(ggml_type::kQ4_1, reps));
+  out.emplace_back("prefill_tiles_speedup_q8_0", prefill_tiles_speedup(ggml_type::kQ8_0, reps));
   tokenizer_figures(reps, out);
   return out;
 }

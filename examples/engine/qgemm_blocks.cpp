@@ -10,8 +10,10 @@
 
 #include <relokv/dtype.hpp>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define RELOKV_ENGINE_AVX2 1
 #else
 #define RELOKV_ENGINE_AVX2 0
@@ -26,9 +28,15 @@ namespace relokv_engine {
 namespace {
 
 float f16(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
   relokv::fp16 x;
-  std::memcpy(&x.bits, p, 2);
+  x.bits = h;
   return x.to_float();
+#endif
 }
 
 // Where block b (32 elements) of a row starts, and what its halves scale by.
@@ -134,7 +142,6 @@ __attribute__((always_inline)) inline block_code decode_avx2(const std::uint8_t*
     c.sc[0] = c.sc[1] = sc;
     c.o[0] = c.o[1] = o;
   };
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   switch (t) {  // a constant: the one case is what remains
     case ggml_type::kQ4_0: {
       const std::uint8_t* p = row + static_cast<std::size_t>(b) * 18;
@@ -173,36 +180,72 @@ __attribute__((always_inline)) inline block_code decode_avx2(const std::uint8_t*
       }
       return c;
     }
-    case ggml_type::kQ4_K: {
-      const std::uint8_t* p = row + static_cast<std::size_t>(b / 8) * 144;
-      const int s = b % 8;
-      int sc = 0, mn = 0;
-      q4_k_scale(p + 4, s, sc, mn);
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * (s / 2)));
-      u = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
-      both(f16(p) * static_cast<float>(sc), -f16(p + 2) * static_cast<float>(mn));
-      return c;
-    }
-    case ggml_type::kQ6_K: {
-      const std::uint8_t* p = row + static_cast<std::size_t>(b / 8) * 210;
-      const int s = b % 8, h = s / 4, q = s % 4;
-      const __m256i l =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + (q % 2) * 32));
-      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
-      const __m256i lo4 = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (q / 2))), m4);
-      const __m256i hi2 =
-          _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * q)), _mm256_set1_epi8(3));
-      u = _mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4));
-      const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192) + 8 * h;
-      const float d = f16(p + 208);
-      for (int k = 0; k < 2; ++k) {
-        c.sc[k] = d * static_cast<float>(scales[2 * q + k]);
-        c.o[k] = -32.0f * c.sc[k];
-      }
-      return c;
-    }
     default:
       throw std::logic_error(std::string("qgemm: no integer decode for ") + traits_of(t).name);
+  }
+}
+
+// K-quants a super-block at a time: the eight sub-blocks' codes decoded once, then their
+// bytes one by one.
+template <ggml_type T>
+inline constexpr bool kSuper = T == ggml_type::kQ4_K || T == ggml_type::kQ6_K;
+
+template <ggml_type T>
+__attribute__((always_inline)) inline void super_codes(const std::uint8_t* row, std::size_t sb,
+                                                       block_code* c) {
+  if constexpr (T == ggml_type::kQ4_K) {
+    const std::uint8_t* p = row + sb * 144;
+    const float d = f16(p), dmin = f16(p + 2);
+    for (int s = 0; s < 8; ++s) {
+      int sc = 0, mn = 0;
+      q4_k_scale(p + 4, s, sc, mn);
+      c[s].sc[0] = c[s].sc[1] = d * static_cast<float>(sc);
+      c[s].o[0] = c[s].o[1] = -dmin * static_cast<float>(mn);
+    }
+  } else {
+    const std::uint8_t* p = row + sb * 210;
+    const float d = f16(p + 208);
+    for (int s = 0; s < 8; ++s) {
+      const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192) + 8 * (s / 4);
+      for (int k = 0; k < 2; ++k) {
+        c[s].sc[k] = d * static_cast<float>(scales[2 * (s % 4) + k]);
+        c[s].o[k] = -32.0f * c[s].sc[k];
+      }
+    }
+  }
+}
+
+template <ggml_type T>
+__attribute__((always_inline)) inline __m256i super_bytes(const std::uint8_t* row, std::size_t sb,
+                                                          int s) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  if constexpr (T == ggml_type::kQ4_K) {
+    const std::uint8_t* p = row + sb * 144;
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * (s / 2)));
+    return _mm256_and_si256(s % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+  } else {
+    const std::uint8_t* p = row + sb * 210;
+    const int h = s / 4, q = s % 4;
+    const __m256i l =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + (q % 2) * 32));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
+    const __m256i lo4 = _mm256_and_si256(q / 2 ? _mm256_srli_epi16(l, 4) : l, m4);
+    __m256i hi2 = hi;
+    switch (q) {  // shifts by immediates
+      case 1:
+        hi2 = _mm256_srli_epi16(hi, 2);
+        break;
+      case 2:
+        hi2 = _mm256_srli_epi16(hi, 4);
+        break;
+      case 3:
+        hi2 = _mm256_srli_epi16(hi, 6);
+        break;
+      default:
+        break;
+    }
+    hi2 = _mm256_and_si256(hi2, _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4));
   }
 }
 
@@ -246,9 +289,7 @@ void row_blocks(const qmatrix& w, std::int32_t r, const q8_activations& xq, std:
     acc[k] = _mm256_setzero_ps();
     extra[k] = 0.0f;
   }
-  for (std::size_t b = 0; b < nb; ++b) {
-    __m256i u;
-    const block_code c = decode_avx2<T, sgn>(row, static_cast<std::int32_t>(b), u);
+  const auto step = [&](std::size_t b, __m256i u, const block_code& c) {
     for (int k = 0; k < R; ++k) {
       const std::size_t i = static_cast<std::size_t>(i0 + k);
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
@@ -263,6 +304,20 @@ void row_blocks(const qmatrix& w, std::int32_t r, const q8_activations& xq, std:
       acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), scale, acc[k]);
       const float* s16 = xq.s16.data() + (i * nb + b) * 2;
       extra[k] += c.o[0] * s16[0] + c.o[1] * s16[1];
+    }
+  };
+  if constexpr (kSuper<T>) {
+    for (std::size_t sb = 0; sb < nb / 8; ++sb) {
+      block_code c[8];
+      super_codes<T>(row, sb, c);
+      for (int s = 0; s < 8; ++s)
+        step(sb * 8 + static_cast<std::size_t>(s), super_bytes<T>(row, sb, s), c[s]);
+    }
+  } else {
+    for (std::size_t b = 0; b < nb; ++b) {
+      __m256i u;
+      const block_code c = decode_avx2<T, sgn>(row, static_cast<std::int32_t>(b), u);
+      step(b, u, c);
     }
   }
   for (int k = 0; k < R; ++k) out[k] = hsum256(acc[k]) + extra[k];

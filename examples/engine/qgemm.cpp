@@ -39,7 +39,19 @@ inline float f16(const std::uint8_t* p) {
 #endif
 }
 
-// The reference loops: one row of Q4_1 or Q8_0 blocks against one row of Q8 activations.
+#if RELOKV_ENGINE_VNNI
+// GCC 12 reports a false -Wmaybe-uninitialized (and -Wuninitialized) inside the AVX-512 insert,
+// convert and reduce intrinsics (their _mm512_undefined_* operands, GCC bug 105593); the kernels
+// below use them.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// The paired kernels' tails (an odd last block): one row of Q4_1 or Q8_0 blocks against one
+// row of Q8 activations.
 // Q4_1: w = d * q + m (q in [0, 15]), so a block contributes d * dx * sum(q * xq) + m * s
 // with s = dx * sum(xq). Q8_0: w = d * q (q in [-127, 127]).
 float q4_1_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, const float* xs,
@@ -63,17 +75,6 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, int
   }
   return acc;
 }
-
-#if RELOKV_ENGINE_VNNI
-// GCC 12 reports a false -Wmaybe-uninitialized (and -Wuninitialized) inside the AVX-512 insert,
-// convert and reduce intrinsics (their _mm512_undefined_* operands, GCC bug 105593); the kernels
-// below use them.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 // Blocks b and b + 1 of a Q8_0 row as 64 bytes q + 128 (unsigned), for VPDPBUSD.
 inline __m512i q8_0_pair(const std::uint8_t* a, const std::uint8_t* b) {
@@ -431,7 +432,7 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
     thread_local std::vector<float> sums;  // per row of x and block: the sum of its elements
     sums.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(nb));
     block_sums(x, sums.size(), sums.data());
-    const bool q41 = w.type == ggml_type::kQ4_1;
+    [[maybe_unused]] const bool q41 = w.type == ggml_type::kQ4_1;
     for (std::int32_t r = r0; r < r1; ++r)
       for (std::int32_t i = 0; i < n; ++i) {
         const float* xi = x + static_cast<std::size_t>(i) * static_cast<std::size_t>(w.cols);

@@ -143,9 +143,9 @@ struct aligned_buffer {
   const T& operator[](std::size_t i) const noexcept { return data_[i]; }
 };
 
-constexpr int kGroup = 16;  // weight rows per group: one zmm of outputs
-constexpr int kMr = 4;      // activation rows per register tile
-constexpr int kGn = 3;      // groups per register tile
+constexpr int kGroup = 16;               // weight rows per group: one zmm of outputs
+[[maybe_unused]] constexpr int kMr = 4;  // activation rows per register tile
+constexpr int kGn = 3;                   // groups per register tile
 
 // Rows [r0, r1) of w in groups of 16: per group and block, 16 pairs of elements of each of the
 // 16 rows ([pair][row][2] int16, what VPDPWSSD reads against a broadcast activation pair), and
@@ -384,7 +384,7 @@ void tile_matmul_rows(const qmatrix& w, const q16_activations& x, float* y, std:
     for (std::int32_t g = 0; g < p.groups; g += kGn) {
       const std::int32_t gn = std::min<std::int32_t>(kGn, p.groups - g);
       const std::int32_t col = c0 + g * kGroup;
-      const int last =
+      [[maybe_unused]] const int last =
           static_cast<int>(std::min<std::int32_t>(kGroup, c1 - (col + (gn - 1) * kGroup)));
 #if RELOKV_ENGINE_TILES_VNNI
       const auto& table = p.has_min ? kTilesMin : kTiles;

@@ -27,7 +27,7 @@ void usage() {
       "  --max-tokens N    most tokens to generate (default 64)\n"
       "  --kv-dtype T      the KV pool's element type: bf16 (default) or fp32\n"
       "  --fp32-activations  multiply every weight type in fp32 (dequantized panels) instead of\n"
-      "                    Q4_1/Q8_0 integer dot products with int8 activations\n"
+      "                    the integer kernels (int16 tiles in prefill, int8 in decode)\n"
       "  --profile FILE    strategy profile from relokv_rag --calibrate: checked against the\n"
       "                    model and used for the request's reuse plan\n");
 }

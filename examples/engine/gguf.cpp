@@ -33,12 +33,6 @@ enum vtype : std::uint32_t {
   kF64 = 12,
 };
 
-float half(const std::uint8_t* p) {
-  relokv::fp16 h;
-  std::memcpy(&h.bits, p, 2);
-  return h.to_float();
-}
-
 class cursor {
  public:
   cursor(const std::uint8_t* b, std::uint64_t n, const std::string& file)
@@ -376,7 +370,7 @@ void dequantize_blocks(ggml_type type, const std::uint8_t* p, std::uint64_t n, f
       std::memcpy(out, p, n * 4);
       return;
     case ggml_type::kF16:
-      for (std::uint64_t i = 0; i < n; ++i) out[i] = half(p + 2 * i);
+      for (std::uint64_t i = 0; i < n; ++i) out[i] = fp16_at(p + 2 * i);
       return;
     case ggml_type::kBF16:
       for (std::uint64_t i = 0; i < n; ++i) {
@@ -390,9 +384,9 @@ void dequantize_blocks(ggml_type type, const std::uint8_t* p, std::uint64_t n, f
       // Block: fp16 scale d (and fp16 minimum m for Q4_1), then 16 bytes: element j in the low
       // nibble of byte j, element j + 16 in its high nibble.
       for (std::uint64_t b = 0; b < n / 32; ++b, p += tr.block_bytes, out += 32) {
-        const float d = half(p);
+        const float d = fp16_at(p);
         const bool q41 = type == ggml_type::kQ4_1;
-        const float m = q41 ? half(p + 2) : -8.0f * d;
+        const float m = q41 ? fp16_at(p + 2) : -8.0f * d;
         const std::uint8_t* q = p + (q41 ? 4 : 2);
         for (int j = 0; j < 16; ++j) {
           out[j] = d * static_cast<float>(q[j] & 0xF) + m;
@@ -404,7 +398,7 @@ void dequantize_blocks(ggml_type type, const std::uint8_t* p, std::uint64_t n, f
       // Block: fp16 scale d, 32 high bits (bit j for element j), then 16 bytes of low nibbles
       // laid out as in Q4_0; element value (5-bit unsigned - 16) * d.
       for (std::uint64_t b = 0; b < n / 32; ++b, p += 22, out += 32) {
-        const float d = half(p);
+        const float d = fp16_at(p);
         std::uint32_t qh = 0;
         std::memcpy(&qh, p + 2, 4);
         const std::uint8_t* q = p + 6;
@@ -421,18 +415,10 @@ void dequantize_blocks(ggml_type type, const std::uint8_t* p, std::uint64_t n, f
       // then 128 bytes of nibbles. Each 64 elements use 32 bytes: low nibbles for the first
       // 32 (pair 2i), high nibbles for the next 32 (pair 2i + 1); value d*sc*q - dmin*m.
       for (std::uint64_t b = 0; b < n / 256; ++b, p += 144, out += 256) {
-        const float d = half(p), dmin = half(p + 2);
+        const float d = fp16_at(p), dmin = fp16_at(p + 2);
         const std::uint8_t* s = p + 4;
         const std::uint8_t* q = p + 16;
-        const auto pair = [s](int j, int& sc, int& mn) {
-          if (j < 4) {
-            sc = s[j] & 63;
-            mn = s[j + 4] & 63;
-          } else {
-            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-          }
-        };
+        const auto pair = [s](int j, int& sc, int& mn) { q4_k_scale_min(s, j, sc, mn); };
         for (int c = 0; c < 4; ++c) {
           int sc0 = 0, m0 = 0, sc1 = 0, m1 = 0;
           pair(2 * c, sc0, m0);
@@ -450,7 +436,7 @@ void dequantize_blocks(ggml_type type, const std::uint8_t* p, std::uint64_t n, f
       return;
     case ggml_type::kQ8_0:
       for (std::uint64_t b = 0; b < n / 32; ++b, p += 34, out += 32) {
-        const float d = half(p);
+        const float d = fp16_at(p);
         for (int j = 0; j < 32; ++j)
           out[j] = d * static_cast<float>(static_cast<std::int8_t>(p[2 + j]));
       }
@@ -462,7 +448,7 @@ void dequantize_blocks(ggml_type type, const std::uint8_t* p, std::uint64_t n, f
         const std::uint8_t* ql = p;
         const std::uint8_t* qh = p + 128;
         const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192);
-        const float d = half(p + 208);
+        const float d = fp16_at(p + 208);
         for (int h = 0; h < 2; ++h) {
           float* y = out + 128 * h;
           const std::uint8_t* l = ql + 64 * h;

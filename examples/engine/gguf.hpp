@@ -4,6 +4,7 @@
 // names the file, the byte offset and the problem.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -11,7 +12,38 @@
 #include <variant>
 #include <vector>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include <relokv/dtype.hpp>
+
 namespace relokv_engine {
+
+/// The IEEE fp16 stored (unaligned, little-endian) at p, as fp32: the blocks' scales. F16C's
+/// conversion where the build has it (the kernels call it per block).
+[[nodiscard]] inline float fp16_at(const std::uint8_t* p) noexcept {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  relokv::fp16 x;
+  x.bits = h;
+  return x.to_float();
+#endif
+}
+
+/// Q4_K's 6-bit scale and minimum of sub-block s (0-7) from a super-block's 12 packed bytes.
+inline void q4_k_scale_min(const std::uint8_t* packed, int s, int& scale, int& min) noexcept {
+  if (s < 4) {
+    scale = packed[s] & 63;
+    min = packed[s + 4] & 63;
+  } else {
+    scale = (packed[s + 4] & 0xF) | ((packed[s - 4] >> 6) << 4);
+    min = (packed[s + 4] >> 4) | ((packed[s] >> 6) << 4);
+  }
+}
 
 /// Tensor element types the reader can dequantize (ggml's numbering).
 enum class ggml_type : std::uint32_t {

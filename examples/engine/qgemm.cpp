@@ -27,18 +27,6 @@ namespace {
 
 constexpr int kQ4_1Bytes = 20, kQ8_0Bytes = 34;  // per block of 32: scale(s), then the values
 
-inline float f16(const std::uint8_t* p) {
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  relokv::fp16 x;
-  x.bits = h;
-  return x.to_float();
-#endif
-}
-
 #if RELOKV_ENGINE_VNNI
 // GCC 12 reports a false -Wmaybe-uninitialized (and -Wuninitialized) inside the AVX-512 insert,
 // convert and reduce intrinsics (their _mm512_undefined_* operands, GCC bug 105593); the kernels
@@ -61,7 +49,7 @@ float q4_1_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, con
     const std::uint8_t* q = w + 4;
     int s = 0;
     for (int j = 0; j < 16; ++j) s += (q[j] & 0xF) * x[j] + (q[j] >> 4) * x[j + 16];
-    acc += f16(w) * xd[b] * static_cast<float>(s) + f16(w + 2) * xs[b];
+    acc += fp16_at(w) * xd[b] * static_cast<float>(s) + fp16_at(w + 2) * xs[b];
   }
   return acc;
 }
@@ -71,7 +59,7 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, int
     const auto* q = reinterpret_cast<const std::int8_t*>(w + 2);
     int s = 0;
     for (int j = 0; j < 32; ++j) s += q[j] * x[j];
-    acc += f16(w) * xd[b] * static_cast<float>(s);
+    acc += fp16_at(w) * xd[b] * static_cast<float>(s);
   }
   return acc;
 }
@@ -104,7 +92,7 @@ void row_q8_0(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, f
     const std::uint8_t* A = w + b * kQ8_0Bytes;
     const std::uint8_t* B = A + kQ8_0Bytes;
     const __m512i wv = q8_0_pair(A, B);
-    const float da = f16(A), db = f16(B);
+    const float da = fp16_at(A), db = fp16_at(B);
     const float ea = -128.0f * da, eb = -128.0f * db;
     for (int r = 0; r < R; ++r) {
       const std::size_t i = static_cast<std::size_t>(i0 + r);
@@ -199,7 +187,7 @@ float direct_avx512(const std::uint8_t* w, int nb, const float* x, const float* 
       const __m128i m4 = _mm_set1_epi8(0x0F);
       lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, m4)));
       hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m4)));
-      extra += f16(w + 2) * xs[b];
+      extra += fp16_at(w + 2) * xs[b];
     } else {
       const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
       const __m128i qb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 18));
@@ -208,7 +196,7 @@ float direct_avx512(const std::uint8_t* w, int nb, const float* x, const float* 
     }
     const __m512 s =
         _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
-    acc = _mm512_fmadd_ps(s, _mm512_set1_ps(f16(w)), acc);
+    acc = _mm512_fmadd_ps(s, _mm512_set1_ps(fp16_at(w)), acc);
   }
   return hsum(acc) + extra;
 }
@@ -237,12 +225,12 @@ float direct_portable(const qmatrix& w, std::int32_t r, const float* x, const fl
       const std::uint8_t* q = p + 4;
       for (int j = 0; j < 16; ++j)
         s += static_cast<float>(q[j] & 0xF) * x[j] + static_cast<float>(q[j] >> 4) * x[j + 16];
-      acc += f16(p) * s + f16(p + 2) * xs[b];
+      acc += fp16_at(p) * s + fp16_at(p + 2) * xs[b];
       p += kQ4_1Bytes;
     } else {
       const auto* q = reinterpret_cast<const std::int8_t*>(p + 2);
       for (int j = 0; j < 32; ++j) s += static_cast<float>(q[j]) * x[j];
-      acc += f16(p) * s;
+      acc += fp16_at(p) * s;
       p += kQ8_0Bytes;
     }
   }

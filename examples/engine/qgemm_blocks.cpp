@@ -8,8 +8,6 @@
 #include <stdexcept>
 #include <string>
 
-#include <relokv/dtype.hpp>
-
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -27,34 +25,11 @@
 namespace relokv_engine {
 namespace {
 
-float f16(const std::uint8_t* p) {
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  relokv::fp16 x;
-  x.bits = h;
-  return x.to_float();
-#endif
-}
-
 // Where block b (32 elements) of a row starts, and what its halves scale by.
 struct block_code {
   float sc[2];  // per half block: w = sc * u + o
   float o[2];
 };
-
-// Q4_K's 6-bit scale and minimum of sub-block s from the 12 packed bytes.
-void q4_k_scale(const std::uint8_t* packed, int s, int& sc, int& mn) {
-  if (s < 4) {
-    sc = packed[s] & 63;
-    mn = packed[s + 4] & 63;
-  } else {
-    sc = (packed[s + 4] & 0xF) | ((packed[s - 4] >> 6) << 4);
-    mn = (packed[s + 4] >> 4) | ((packed[s] >> 6) << 4);
-  }
-}
 
 // The scalar decoder: block b of `row` as 32 unsigned values (Q8_0: q + 128).
 block_code decode_portable(ggml_type t, const std::uint8_t* row, std::int32_t b, std::uint8_t* u) {
@@ -73,7 +48,7 @@ block_code decode_portable(ggml_type t, const std::uint8_t* row, std::int32_t b,
         u[j] = n[j] & 0xF;
         u[j + 16] = n[j] >> 4;
       }
-      both(f16(p), q41 ? f16(p + 2) : -8.0f * f16(p));
+      both(fp16_at(p), q41 ? fp16_at(p + 2) : -8.0f * fp16_at(p));
       return c;
     }
     case ggml_type::kQ5_0: {
@@ -84,23 +59,23 @@ block_code decode_portable(ggml_type t, const std::uint8_t* row, std::int32_t b,
         u[j] = static_cast<std::uint8_t>((p[6 + j] & 0xF) | (((qh >> j) & 1u) << 4));
         u[j + 16] = static_cast<std::uint8_t>((p[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
       }
-      both(f16(p), -16.0f * f16(p));
+      both(fp16_at(p), -16.0f * fp16_at(p));
       return c;
     }
     case ggml_type::kQ8_0: {
       const std::uint8_t* p = row + static_cast<std::size_t>(b) * 34;
       for (int j = 0; j < 32; ++j) u[j] = static_cast<std::uint8_t>(p[2 + j] ^ 0x80);
-      both(f16(p), -128.0f * f16(p));
+      both(fp16_at(p), -128.0f * fp16_at(p));
       return c;
     }
     case ggml_type::kQ4_K: {
       const std::uint8_t* p = row + static_cast<std::size_t>(b / 8) * 144;
       const int s = b % 8;
       int sc = 0, mn = 0;
-      q4_k_scale(p + 4, s, sc, mn);
+      q4_k_scale_min(p + 4, s, sc, mn);
       const std::uint8_t* n = p + 16 + 32 * (s / 2);
       for (int j = 0; j < 32; ++j) u[j] = (n[j] >> (4 * (s % 2))) & 0xF;
-      both(f16(p) * static_cast<float>(sc), -f16(p + 2) * static_cast<float>(mn));
+      both(fp16_at(p) * static_cast<float>(sc), -fp16_at(p + 2) * static_cast<float>(mn));
       return c;
     }
     case ggml_type::kQ6_K: {
@@ -112,7 +87,7 @@ block_code decode_portable(ggml_type t, const std::uint8_t* row, std::int32_t b,
       for (int j = 0; j < 32; ++j)
         u[j] = static_cast<std::uint8_t>(((l[j] >> (4 * (q / 2))) & 0xF) |
                                          (((hi[j] >> (2 * q)) & 3) << 4));
-      const float d = f16(p + 208);
+      const float d = fp16_at(p + 208);
       for (int k = 0; k < 2; ++k) {
         c.sc[k] = d * static_cast<float>(scales[2 * q + k]);
         c.o[k] = -32.0f * c.sc[k];
@@ -146,13 +121,13 @@ __attribute__((always_inline)) inline block_code decode_avx2(const std::uint8_t*
     case ggml_type::kQ4_0: {
       const std::uint8_t* p = row + static_cast<std::size_t>(b) * 18;
       u = nibbles(p + 2);
-      both(f16(p), -8.0f * f16(p));
+      both(fp16_at(p), -8.0f * fp16_at(p));
       return c;
     }
     case ggml_type::kQ4_1: {
       const std::uint8_t* p = row + static_cast<std::size_t>(b) * 20;
       u = nibbles(p + 4);
-      both(f16(p), f16(p + 2));
+      both(fp16_at(p), fp16_at(p + 2));
       return c;
     }
     case ggml_type::kQ5_0: {
@@ -166,17 +141,17 @@ __attribute__((always_inline)) inline block_code decode_avx2(const std::uint8_t*
       const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
       u = _mm256_or_si256(nibbles(p + 6), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-      both(f16(p), -16.0f * f16(p));
+      both(fp16_at(p), -16.0f * fp16_at(p));
       return c;
     }
     case ggml_type::kQ8_0: {
       const std::uint8_t* p = row + static_cast<std::size_t>(b) * 34;
       u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
       if constexpr (Signed) {
-        both(f16(p), 0.0f);
+        both(fp16_at(p), 0.0f);
       } else {
         u = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
-        both(f16(p), -128.0f * f16(p));
+        both(fp16_at(p), -128.0f * fp16_at(p));
       }
       return c;
     }
@@ -195,16 +170,16 @@ __attribute__((always_inline)) inline void super_codes(const std::uint8_t* row, 
                                                        block_code* c) {
   if constexpr (T == ggml_type::kQ4_K) {
     const std::uint8_t* p = row + sb * 144;
-    const float d = f16(p), dmin = f16(p + 2);
+    const float d = fp16_at(p), dmin = fp16_at(p + 2);
     for (int s = 0; s < 8; ++s) {
       int sc = 0, mn = 0;
-      q4_k_scale(p + 4, s, sc, mn);
+      q4_k_scale_min(p + 4, s, sc, mn);
       c[s].sc[0] = c[s].sc[1] = d * static_cast<float>(sc);
       c[s].o[0] = c[s].o[1] = -dmin * static_cast<float>(mn);
     }
   } else {
     const std::uint8_t* p = row + sb * 210;
-    const float d = f16(p + 208);
+    const float d = fp16_at(p + 208);
     for (int s = 0; s < 8; ++s) {
       const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192) + 8 * (s / 4);
       for (int k = 0; k < 2; ++k) {

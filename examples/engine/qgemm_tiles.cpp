@@ -2,6 +2,7 @@
 // panels, activations in int16 blocks of 32, multiplied with AVX-512 VNNI (VPDPWSSD) in
 // register tiles of 4 activation rows by 48 weight rows, scaled per block in fp32.
 #include "qgemm.hpp"
+#include "qgemm_blocks.hpp"
 
 #include <algorithm>
 #include <array>
@@ -20,8 +21,6 @@
 #define RELOKV_ENGINE_TILES_VNNI 0
 #endif
 
-#include <relokv/dtype.hpp>
-
 // GCC 12 reports a false -Wmaybe-uninitialized inside AVX-512 intrinsics (their
 // _mm512_undefined_* operands, GCC bug 105593), as in qgemm.cpp.
 #if RELOKV_ENGINE_TILES_VNNI && defined(__GNUC__) && !defined(__clang__)
@@ -31,12 +30,6 @@
 
 namespace relokv_engine {
 namespace {
-
-float f16(const std::uint8_t* p) {
-  relokv::fp16 x;
-  std::memcpy(&x.bits, p, 2);
-  return x.to_float();
-}
 
 // Block b (32 elements) of row r as integers q, a scale d and an offset m, so that element
 // j = d * q[j] + m: the whole format's arithmetic is in d and m, the tiles multiply q exactly.
@@ -56,8 +49,8 @@ void unpack32(const qmatrix& w, std::int32_t r, std::int32_t b, std::int16_t* q,
         q[j] = static_cast<std::int16_t>((n[j] & 0xF) - off);
         q[j + 16] = static_cast<std::int16_t>((n[j] >> 4) - off);
       }
-      d = f16(p);
-      m = q41 ? f16(p + 2) : 0.0f;
+      d = fp16_at(p);
+      m = q41 ? fp16_at(p + 2) : 0.0f;
       return;
     }
     case ggml_type::kQ5_0: {
@@ -69,14 +62,14 @@ void unpack32(const qmatrix& w, std::int32_t r, std::int32_t b, std::int16_t* q,
         q[j + 16] =
             static_cast<std::int16_t>(((p[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16);
       }
-      d = f16(p);
+      d = fp16_at(p);
       m = 0.0f;
       return;
     }
     case ggml_type::kQ8_0: {
       const std::uint8_t* p = row + static_cast<std::size_t>(b) * 34;
       for (int j = 0; j < 32; ++j) q[j] = static_cast<std::int8_t>(p[2 + j]);
-      d = f16(p);
+      d = fp16_at(p);
       m = 0.0f;
       return;
     }
@@ -87,19 +80,13 @@ void unpack32(const qmatrix& w, std::int32_t r, std::int32_t b, std::int16_t* q,
       const int s = b % 8;
       const std::uint8_t* sc = p + 4;
       int scale = 0, mn = 0;
-      if (s < 4) {
-        scale = sc[s] & 63;
-        mn = sc[s + 4] & 63;
-      } else {
-        scale = (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
-        mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
-      }
+      q4_k_scale_min(sc, s, scale, mn);
       const std::uint8_t* n = p + 16 + 32 * (s / 2);
       const int shift = (s % 2) * 4;
       for (int j = 0; j < 32; ++j)
         q[j] = static_cast<std::int16_t>(((n[j] >> shift) & 0xF) * scale);
-      d = f16(p);
-      m = -f16(p + 2) * static_cast<float>(mn);
+      d = fp16_at(p);
+      m = -fp16_at(p + 2) * static_cast<float>(mn);
       return;
     }
     case ggml_type::kQ6_K: {
@@ -115,7 +102,7 @@ void unpack32(const qmatrix& w, std::int32_t r, std::int32_t b, std::int16_t* q,
         const int v = (((l[j] >> lshift) & 0xF) | (((hi[j] >> hshift) & 3) << 4)) - 32;
         q[j] = static_cast<std::int16_t>(v * scales[j / 16 + 2 * c]);
       }
-      d = f16(p + 208);
+      d = fp16_at(p + 208);
       m = 0.0f;
       return;
     }
@@ -287,19 +274,7 @@ constexpr auto kTilesMin = table_of<true>(std::make_integer_sequence<int, kMr>{}
 
 }  // namespace
 
-bool has_tile_kernel(ggml_type t) noexcept {
-  switch (t) {
-    case ggml_type::kQ4_0:
-    case ggml_type::kQ4_1:
-    case ggml_type::kQ5_0:
-    case ggml_type::kQ8_0:
-    case ggml_type::kQ4_K:
-    case ggml_type::kQ6_K:
-      return integer_kernels_on();
-    default:
-      return false;
-  }
-}
+bool has_tile_kernel(ggml_type t) noexcept { return has_block_decode(t) && integer_kernels_on(); }
 
 std::int32_t tile_weight_bound(ggml_type t) noexcept {
   switch (t) {

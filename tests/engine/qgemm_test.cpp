@@ -85,6 +85,20 @@ struct reference_dot {
   }
 };
 
+/// The same for activations quantized per block of 32 (scales `d`, one per block): also the
+/// bound of the quantization's error, |x - d q| <= d / 2 per element.
+struct quantized_reference {
+  double exact = 0, bound = 0, mag = 0;
+  quantized_reference(const std::vector<float>& wr, const float* x, const float* d) {
+    for (std::size_t c = 0; c < wr.size(); ++c) {
+      const double p = double(wr[c]) * x[c];
+      exact += p;
+      mag += std::abs(p);
+      bound += std::abs(double(wr[c])) * d[c / 32] / 2;
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rounding of Q8",
@@ -117,15 +131,9 @@ TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rou
         for (int r = 0; r < rows; ++r) {
           w.dequantize_row(r, wr.data());
           for (int i = 0; i < n; ++i) {
-            double exact = 0, bound = 0, mag = 0;
-            for (int c = 0; c < cols; ++c) {
-              const auto k = static_cast<std::size_t>(i * cols + c);
-              exact += double(wr[static_cast<std::size_t>(c)]) * x[k];
-              mag += std::abs(double(wr[static_cast<std::size_t>(c)]) * x[k]);
-              // |x - d q| <= d / 2 per element; d of the element's block
-              bound += std::abs(double(wr[static_cast<std::size_t>(c)])) *
-                       xq.d[static_cast<std::size_t>(i * (cols / 32) + c / 32)] / 2;
-            }
+            const auto [exact, bound, mag] =
+                quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
+                                    xq.d.data() + static_cast<std::size_t>(i * (cols / 32)));
             const float got = y[static_cast<std::size_t>(i * rows + r)];
             INFO(isa << " " << relokv_engine::traits_of(t).name << " cols " << cols << " row " << r
                      << " act " << i);
@@ -239,15 +247,9 @@ TEST_CASE("qgemm: the int16 tiles agree with dequantize-then-fp32 for every quan
     for (int r = 0; r < rows; ++r) {
       w.dequantize_row(r, wr.data());
       for (int i = 0; i < n; ++i) {
-        double exact = 0, bound = 0, mag = 0;
-        for (int c = 0; c < cols; ++c) {
-          const auto k = static_cast<std::size_t>(i * cols + c);
-          const double wc = wr[static_cast<std::size_t>(c)];
-          exact += wc * x[k];
-          mag += std::abs(wc * x[k]);
-          // |x - d q| <= d / 2 per element, d of the element's block
-          bound += std::abs(wc) * xq.d[static_cast<std::size_t>(i * (cols / 32) + c / 32)] / 2;
-        }
+        const auto [exact, bound, mag] =
+            quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
+                                xq.d.data() + static_cast<std::size_t>(i * (cols / 32)));
         const float got = y[static_cast<std::size_t>(i * rows + r)];
         INFO(relokv_engine::traits_of(t).name << " row " << r << " act " << i);
         CHECK(std::abs(got - exact) <= bound * 1.001 + 2e-5 * (1 + mag));

@@ -26,10 +26,11 @@ double rate(Step step) {
   return 20.0 * kIters / s / 1e9;
 }
 
-#define RELOKV_20(X)                                                                           \
-  X(0)                                                                                         \
-  X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) \
-      X(18) X(19)
+// clang-format off
+#define RELOKV_20(X) \
+  X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) \
+  X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19)
+// clang-format on
 
 }  // namespace
 

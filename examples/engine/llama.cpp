@@ -97,6 +97,17 @@ void matmul(const float* x, int n, int in, const qmatrix& w, int out, float* y,
   matmuls(x, n, in, {product{&w, y, bias}}, decode);
 }
 
+/// f(begin, end) over rows [0, n): split between the two lanes when there are enough rows
+/// for the handover to pay (prefill's norms, SiLU and residual adds), on the caller otherwise.
+template <class F>
+void rows_on_lanes(int n, F&& f) {
+  if (n < 64 || !lanes::get().two()) {
+    f(0, n);
+    return;
+  }
+  lanes::get().run([&](int lane) { lane == 0 ? f(0, n / 2) : f(n / 2, n); });
+}
+
 void rmsnorm(const float* x, const std::vector<float>& w, int dim, float eps, float* out) {
   double ss = 0;
   for (int i = 0; i < dim; ++i) ss += double(x[i]) * x[i];
@@ -263,7 +274,13 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     auto N = static_cast<std::size_t>(n);
     bool refined = false;
     h.resize(N * D);
-    for (int i = 0; i < n; ++i) rmsnorm(&x[i * D], L.attn_norm, D, c.rms_eps, &h[i * D]);
+    // The lanes get the caller's buffers as pointers: a thread_local (or a binding to one)
+    // named inside a lambda that runs on the helper would be the helper's.
+    float* const xp = x.data();
+    float* const hp = h.data();
+    rows_on_lanes(n, [&](int b, int e) {
+      for (int i = b; i < e; ++i) rmsnorm(xp + i * D, L.attn_norm, D, c.rms_eps, hp + i * D);
+    });
     q.resize(N * H * hd);
     k.resize(N * Hk * hd);
     v.resize(N * Hk * hd);
@@ -324,14 +341,27 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                  n, H, scale, att.data());
     o.resize(N * D);
     matmul(att.data(), n, H * hd, L.wo, D, o.data(), nullptr, decode);
-    for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
-    for (int i = 0; i < n; ++i) rmsnorm(&x[i * D], L.ffn_norm, D, c.rms_eps, &h[i * D]);
+    float* const xr = x.data();  // x may have shrunk (compact_rows): its data again
+    const float* const op = o.data();
+    rows_on_lanes(n, [&](int b, int e) {
+      for (auto i = static_cast<std::size_t>(b) * D; i < static_cast<std::size_t>(e) * D; ++i)
+        xr[i] += op[i];
+      for (int i = b; i < e; ++i) rmsnorm(xr + i * D, L.ffn_norm, D, c.rms_eps, hp + i * D);
+    });
     g.resize(N * F);
     u.resize(N * F);
     matmuls(h.data(), n, D, {{&L.w_gate, g.data()}, {&L.w_up, u.data()}}, decode);
-    for (std::size_t i = 0; i < N * F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    float* const gp = g.data();
+    const float* const up = u.data();
+    rows_on_lanes(n, [&](int b, int e) {
+      for (auto i = static_cast<std::size_t>(b) * F; i < static_cast<std::size_t>(e) * F; ++i)
+        gp[i] = gp[i] / (1.0f + std::exp(-gp[i])) * up[i];
+    });
     matmul(g.data(), n, F, L.w_down, D, o.data(), nullptr, decode);
-    for (std::size_t i = 0; i < N * D; ++i) x[i] += o[i];
+    rows_on_lanes(n, [&](int b, int e) {
+      for (auto i = static_cast<std::size_t>(b) * D; i < static_cast<std::size_t>(e) * D; ++i)
+        xr[i] += op[i];
+    });
     if (trace) trace->token_layers += n;
     if (dynamic) n = compact_rows(x, nullptr, positions, *mask, n, D, qrow);  // next layer's rows
   }

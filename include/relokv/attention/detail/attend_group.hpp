@@ -80,8 +80,9 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   constexpr bool fast = Path::kSimd;
   // bf16 with VDPBF16PS: accumulators in bf16_acc_index order, restored at the end.
   constexpr bool bf16_dot = Path::kBf16Dot;
-  // Prefill on the fast path: all rows that see a block-head at once (group_block_head).
-  constexpr bool grouped = !Decode && fast && !bf16_dot;
+  // Prefill on the fast path: all rows that see a block-head at once (group_block_head, fp32
+  // arithmetic; bf16 storage converted once per block and head).
+  constexpr bool grouped = !Decode && fast;
   // The path's options, which depend on the RoPE table rather than on the path. The fast path
   // fuses the per-block query rotation (block_relative) when pairs never straddle a 16-lane
   // chunk: GPT-J always, NeoX when the whole head rotates.
@@ -101,7 +102,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
 
   // at_attention on the bf16 path, NeoX over the whole head: keys rotated with VDPBF16PS from
   // bf16 (cos, sin) pairs, query rows in bf16_acc_index order (see bf16_block_head).
-  const bool rot_bf16 = P::kind == placement_kind::kAtAttention && bf16_dot &&
+  const bool rot_bf16 = P::kind == placement_kind::kAtAttention && bf16_dot && !grouped &&
                         layout == rope_layout::kNeoX && 2 * pairs == D;
   // Unit rotations R(j) of the slots of a block, for composing R(pos0 + j) = R(pos0) R(j).
   if constexpr (P::kind == placement_kind::kAtAttention) {
@@ -299,7 +300,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
     if (lse != nullptr) lse[i] = softmax_lse(w.mx[i], w.sum[i], host_log{});
     const float* acc = w.acc.data() + i * hd;
-    if constexpr (bf16_dot) {
+    if constexpr (bf16_dot && !grouped) {  // the bf16 kernels' accumulator order
       for (int d = 0; d < D; ++d)
         out[i * hd + static_cast<std::size_t>(d)] = acc[Path::acc_index(d)] * inv;
     } else {

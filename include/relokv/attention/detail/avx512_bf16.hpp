@@ -638,6 +638,12 @@ struct avx512_bf16_path {
   static void block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
     with_chunks(bh.D, [&](auto dc) { bf16_block_head<decltype(dc)::value, P>(bh, w); });
   }
+  /// Prefill's rows that see a block-head at once: the fp32 path's group kernel, the block's
+  /// keys and values converted once per block and head and shared by every row.
+  template <class P>
+  static void group(const block_head_t<bf16>& bh, group_row* rows, int n, attention_scratch& w) {
+    avx512_f32_path::group<P>(bh, rows, n, w);
+  }
   template <class P, class... Args>
   static void decode_spans(Args&&... args) {
     bf16_decode_spans<P>(std::forward<Args>(args)...);

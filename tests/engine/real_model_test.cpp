@@ -12,6 +12,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -115,11 +116,23 @@ TEST_CASE("real model: token ids equal the reference tokenizer's", "[model]") {
 // which main() reports as skipped (77) when python3 with numpy is missing.
 TEST_CASE("real model: logits agree with the numpy reference", "[.][numpy]") {
   const auto& m = model();
-  for (const std::string prompt : {"The capital of France is", "1, 2, 3, 4,"}) {
+  // Two short prompts (at most 8 rows: fp32 activations on the blocks) and one of over 64
+  // tokens: prefill's int16 tiles, its norms and SiLU split over the lanes, and the grouped
+  // attention kernel.
+  const std::string longer =
+      "Paris is the capital and largest city of France. With an estimated population of over "
+      "two million residents, it is the centre of the Ile-de-France region, which has more "
+      "than twelve million people. Since the seventeenth century Paris has been a major "
+      "centre of finance, diplomacy, commerce, fashion, science and the arts. The city of";
+  for (const std::string& prompt :
+       std::vector<std::string>{"The capital of France is", "1, 2, 3, 4,", longer}) {
     const auto ids = m.tok.encode(prompt);
     std::string cmd =
         "python3 " RELOKV_SOURCE_DIR "/tests/reference/llama_ref.py '" + g_model + "'";
-    for (auto t : ids) cmd += " " + std::to_string(t);
+    for (auto t : ids) {
+      cmd += ' ';
+      cmd += std::to_string(t);
+    }
     FILE* p = popen(cmd.c_str(), "r");
     REQUIRE(p != nullptr);
     std::vector<float> want;
@@ -130,7 +143,7 @@ TEST_CASE("real model: logits agree with the numpy reference", "[.][numpy]") {
     relokv_engine::llama_engine<relokv::block_relative, float> eng(m.model, 64);
     const auto got =
         eng.prefill(relokv::layout_builder(16).prefix(ids).build(), relokv::recompute::none{});
-    INFO(prompt);
+    INFO(prompt << " (" << ids.size() << " tokens): fp32 KV " << max_rel(got, want));
     CHECK(max_rel(got, want) < 1e-3);  // fp32 KV; summation order differs
     CHECK(relokv_engine::argmax(got) == relokv_engine::argmax(want));
     // KV in bf16, the engine's default: K and V rounded to 8 bits of mantissa.

@@ -167,7 +167,8 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
     p.table = v;
     p.q = q + static_cast<std::size_t>(begin) * row;
     p.q_pos = pos + begin;
-    p.q_indptr = qind;
+    // One query is decode's call: the decode kernels (bf16 spans), not prefill's groups.
+    p.q_indptr = end - begin == 1 ? nullptr : qind;
     p.num_tokens = end - begin;
     p.num_q_heads = num_q_heads;
     p.scale = scale;

@@ -42,6 +42,7 @@ struct product {
 void matmuls(const float* x, int n, int in, std::initializer_list<product> ps, bool decode) {
   bool any_integer = false, any_tiles = false;
   std::int32_t bound = 1;
+  const auto integer = [&](const qmatrix& w) { return decode && integer_product(w, n); };
   const auto tiles = [&](const qmatrix& w) {
     return !decode && n > kIntegerMaxRows && has_tile_kernel(w.type);
   };
@@ -50,7 +51,7 @@ void matmuls(const float* x, int n, int in, std::initializer_list<product> ps, b
       throw std::logic_error("matmul: a [" + std::to_string(p.w->rows) + "][" +
                              std::to_string(p.w->cols) + "] matrix for inputs of " +
                              std::to_string(in));
-    any_integer = any_integer || (decode && integer_product(*p.w, n));
+    any_integer = any_integer || integer(*p.w);
     if (tiles(*p.w)) {
       any_tiles = true;
       bound = std::max(bound, tile_weight_bound(p.w->type));
@@ -61,7 +62,7 @@ void matmuls(const float* x, int n, int in, std::initializer_list<product> ps, b
   // would be the helper's).
   thread_local q8_activations q8;
   thread_local q16_activations q16;
-  q8_activations* xq = &q8;
+  const q8_activations* xq = &q8;
   q16_activations* x16 = &q16;
   if (any_integer) q8.quantize(x, n, in);
   if (any_tiles) {
@@ -78,8 +79,7 @@ void matmuls(const float* x, int n, int in, std::initializer_list<product> ps, b
       if (tiles(*p.w))
         tile_matmul_rows(*p.w, *x16, p.y, out, o0, o1);
       else
-        qmatmul_rows(*p.w, x, decode && integer_product(*p.w, n) ? xq : nullptr, n, p.y, out, o0,
-                     o1);
+        qmatmul_rows(*p.w, x, integer(*p.w) ? xq : nullptr, n, p.y, out, o0, o1);
       if (p.bias != nullptr && !p.bias->empty())
         for (int r = 0; r < n; ++r)
           for (int o = o0; o < o1; ++o)

@@ -55,9 +55,9 @@ void use_integer_kernels(bool on) noexcept;
 [[nodiscard]] bool integer_kernels_on() noexcept;
 /// Whether products with a type run on integer dot products (else: dequantized panels).
 [[nodiscard]] bool has_integer_kernel(ggml_type t) noexcept;
-/// Products of at most this many activation rows may use the integer kernels (the engine uses
-/// them in decode); longer ones multiply dequantized fp32 panels with BLAS, which is faster
-/// there (bench/results/engine-2026-12-01.md).
+/// Products of at most this many activation rows may use the int8 kernels (the engine uses
+/// them in decode); longer ones (prefill) go to the int16 tiles, tile_matmul_rows
+/// (bench/results/engine-2026-12-01b.md).
 inline constexpr std::int32_t kIntegerMaxRows = 8;
 /// Whether a product of n activation rows with w runs on the integer kernels.
 [[nodiscard]] inline bool integer_product(const qmatrix& w, std::int32_t n) noexcept {

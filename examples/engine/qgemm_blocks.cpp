@@ -25,9 +25,9 @@
 namespace relokv_engine {
 namespace {
 
-// Where block b (32 elements) of a row starts, and what its halves scale by.
+// What a decoded block's halves (16 elements each) scale by: w = sc * u + o.
 struct block_code {
-  float sc[2];  // per half block: w = sc * u + o
+  float sc[2];
   float o[2];
 };
 

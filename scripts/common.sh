@@ -26,6 +26,15 @@ relokv_ensure_packages() {
   fi
 }
 
+# The numpy reference tests run `python3` from PATH, which need not be Debian's (python3-numpy
+# serves /usr/bin/python3 only, e.g. not a pyenv one): numpy from PyPI where it is missing.
+relokv_ensure_numpy() {
+  python3 -c 'import numpy' 2>/dev/null && return 0
+  echo "relokv: installing numpy for $(command -v python3) (pip)" >&2
+  python3 -m pip install -q numpy >&2 ||
+    echo "relokv: could not install numpy; the numpy reference tests will report skipped" >&2
+}
+
 # relokv_configure <build dir> [cmake args...]: configures once, reconfigures only when asked.
 relokv_configure() {
   local dir=$1

@@ -8,11 +8,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <relokv/layout/builder.hpp>
+#include <string>
 #include "llama.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
+#include "qgemm.hpp"
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 16;
+  // RELOKV_TILES=int16: prefill on the int16 tiles where the host has AMX (side by side).
+  if (const char* t = std::getenv("RELOKV_TILES"); t != nullptr && std::string(t) == "int16")
+    relokv_engine::use_amx_tiles(false);
   auto lm =
       relokv_engine::load_model(relokv_engine::default_model_path(argc > 2 ? argv[2] : "smollm2"));
   std::vector<relokv::token_t> ids;

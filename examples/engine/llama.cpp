@@ -62,21 +62,34 @@ void matmuls(const float* x, int n, int in, std::initializer_list<product> ps, b
   // would be the helper's).
   thread_local q8_activations q8;
   thread_local q16_activations q16;
+  thread_local bf16_activations xbf;
   const q8_activations* xq = &q8;
   q16_activations* x16 = &q16;
+  bf16_activations* xb = &xbf;
+  const bool amx = any_tiles && has_amx_tiles();
   if (any_integer) q8.quantize(x, n, in);
   if (any_tiles) {
-    x16->size(n, in, bound);
+    if (amx)
+      xb->size(n, in);
+    else
+      x16->size(n, in, bound);
     const int half = n / 2;
-    lanes::get().run(
-        [&](int lane) { x16->quantize_rows(x, lane == 0 ? 0 : half, lane == 0 ? half : n); });
+    lanes::get().run([&](int lane) {
+      const int i0 = lane == 0 ? 0 : half, i1 = lane == 0 ? half : n;
+      if (amx)
+        xb->convert_rows(x, i0, i1);
+      else
+        x16->quantize_rows(x, i0, i1);
+    });
   }
   lanes::get().run([&](int lane) {
     for (const product& p : ps) {
       const int out = p.w->rows, mid = std::min(out, (out / 2 + 15) / 16 * 16);
       const int o0 = lane == 0 ? 0 : mid, o1 = lane == 0 ? mid : out;
       if (o1 <= o0) continue;
-      if (tiles(*p.w))
+      if (tiles(*p.w) && amx)
+        amx_matmul_rows(*p.w, *xb, p.y, out, o0, o1);
+      else if (tiles(*p.w))
         tile_matmul_rows(*p.w, *x16, p.y, out, o0, o1);
       else
         qmatmul_rows(*p.w, x, integer(*p.w) ? xq : nullptr, n, p.y, out, o0, o1);

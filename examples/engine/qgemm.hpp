@@ -118,6 +118,41 @@ struct q16_activations {
 void tile_matmul_rows(const qmatrix& w, const q16_activations& x, float* y, std::int32_t ldy,
                       std::int32_t r0, std::int32_t r1);
 
+/// Activations for the AMX tiles: each row as bf16 pairs hi + lo (x - hi rounded), laid out
+/// [hi | lo | hi] so that one pass over 3 cols multiplies them with the weights' [hi, hi, lo].
+/// Rows are padded with zeros to a multiple of 32 (two tiles).
+struct bf16_activations {
+  /// 32 bf16, one cache line: tile rows that straddle two lines load at a third of the speed.
+  struct alignas(64) line {
+    std::uint16_t v[32];
+  };
+  std::int32_t n = 0, cols = 0, padded = 0;
+  std::vector<line> lines;  ///< [padded][3 * cols] bf16
+  [[nodiscard]] const std::uint16_t* data() const noexcept { return lines.data()->v; }
+  [[nodiscard]] std::uint16_t* data() noexcept { return lines.data()->v; }
+  /// Sizes the buffer for n rows of cols (a multiple of 32), the padding zeroed.
+  /// @throws std::logic_error when cols is not a multiple of 32
+  void size(std::int32_t n, std::int32_t cols);
+  /// Converts rows [i0, i1) of x ([n][cols] fp32) into the sized buffer (lanes split the rows).
+  void convert_rows(const float* x, std::int32_t i0, std::int32_t i1);
+};
+
+/// Whether this build and host run the AMX tiles (AMX-BF16, granted by the kernel) and
+/// neither use_amx_tiles(false) nor use_integer_kernels(false) turned them off.
+[[nodiscard]] bool has_amx_tiles() noexcept;
+/// Turns the AMX tiles off (false) or back on for the whole process (benchmarks compare them
+/// with the int16 tiles). Set it before any product runs.
+void use_amx_tiles(bool on) noexcept;
+/// Whether products of many rows with w's type run on the AMX tiles: the int16 tiles' types
+/// and F16 / BF16, when has_amx_tiles().
+[[nodiscard]] bool has_amx_product(ggml_type t) noexcept;
+/// y[i][r] = dot(x[i], w[r]) for i < x.n and r in [r0, r1) on AMX: the rows dequantized and
+/// split into bf16 hi + lo panels of at most 1 MiB (per thread), three TDPBF16PS products a
+/// step (Xhi Whi + Xlo Whi + Xhi Wlo) accumulated in fp32, in blocks of 32 x 32 outputs.
+/// Without AMX the same arithmetic runs in plain loops (slow; the tiles' reference).
+void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std::int32_t ldy,
+                     std::int32_t r0, std::int32_t r1);
+
 /// y[i][r] = dot(x[i], w[r]) for i < n and r in [r0, r1), y's rows `ldy` floats apart.
 /// With `xq` (x quantized by q8_activations::quantize) and integer_product(w, n): the integer
 /// kernels. Otherwise x in fp32: Q4_1 and Q8_0 blocks dequantized in registers for up to

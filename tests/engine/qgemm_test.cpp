@@ -4,10 +4,12 @@
 
 #include <relokv/dtype.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -279,4 +281,56 @@ TEST_CASE("qgemm: the tiles' int32 sums do not overflow at the largest weights",
   w.dequantize_row(0, wr.data());
   CHECK(wr[0] == 1.0f);  // -32 * -128 / 4096
   for (const float v : y) CHECK(v == Approx(3.0 * cols).epsilon(1e-5));
+}
+
+TEST_CASE("qgemm: the AMX tiles agree with dequantize-then-fp32 for every type they serve",
+          "[qgemm]") {
+  // Where the build or host has no AMX, amx_matmul_rows runs the same arithmetic in plain
+  // loops: the test then checks the arithmetic, not the tiles.
+  INFO("AMX tiles: " << (relokv_engine::has_amx_tiles() ? "on" : "off (plain loops)"));
+  std::mt19937 rng(16);
+  std::normal_distribution<float> nd;
+  for (const ggml_type t :
+       {ggml_type::kQ4_0, ggml_type::kQ4_1, ggml_type::kQ5_0, ggml_type::kQ8_0, ggml_type::kQ4_K,
+        ggml_type::kQ6_K, ggml_type::kF16, ggml_type::kBF16}) {
+    // 600 rows of 512: two panels of 256 rows (1 MiB) and one of 88 (a lone last tile
+    // column of 8 rows); 37 activation rows: a block of two tiles, then one of 5 rows.
+    const int cols = 512, rows = 600, n = 37;
+    const auto bytes = random_blocks(t, rows, cols, rng);
+    const qmatrix w = matrix_of(t, rows, cols, bytes);
+    std::vector<float> x(static_cast<std::size_t>(n * cols));
+    for (auto& v : x) v = nd(rng);
+    x[5] = 60.0f;  // an outlier: bf16 pairs are relative to each element, not to its block
+    x[7] = 1e-3f;
+    relokv_engine::bf16_activations xb;
+    xb.size(n, cols);
+    xb.convert_rows(x.data(), 0, 20);
+    xb.convert_rows(x.data(), 20, n);
+    std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f);
+    // Two calls over row ranges that split a tile column: each writes its rows only.
+    relokv_engine::amx_matmul_rows(w, xb, y.data(), rows, 0, 37);
+    for (int i = 0; i < n; ++i) CHECK(y[static_cast<std::size_t>(i * rows + 37)] == -1.0f);
+    relokv_engine::amx_matmul_rows(w, xb, y.data(), rows, 37, rows);
+    std::vector<float> wr(static_cast<std::size_t>(cols));
+    double worst = 0;
+    for (int r = 0; r < rows; ++r) {
+      w.dequantize_row(r, wr.data());
+      for (int i = 0; i < n; ++i) {
+        const reference_dot ref(wr, x.data() + static_cast<std::size_t>(i * cols));
+        const float got = y[static_cast<std::size_t>(i * rows + r)];
+        INFO(relokv_engine::traits_of(t).name << " row " << r << " act " << i);
+        // hi + lo keeps 16 significant bits of each factor (2^-16 relative each), fp32
+        // accumulation over 3 x 512 terms adds its own; 2^-13 of the magnitudes bounds both.
+        CHECK(std::abs(got - ref.exact) <= ref.mag * 0x1p-13);
+        worst = std::max(worst, std::abs(got - ref.exact) / ref.mag);
+      }
+    }
+    INFO(relokv_engine::traits_of(t).name << " worst error over magnitude " << worst);
+    CHECK(worst < 0x1p-15);
+  }
+}
+
+TEST_CASE("qgemm: AMX activations reject rows that are not whole steps", "[qgemm]") {
+  relokv_engine::bf16_activations xb;
+  CHECK_THROWS_AS(xb.size(4, 48), std::logic_error);
 }

@@ -1,0 +1,350 @@
+// Prefill products on AMX tiles (see qgemm.hpp): each weight and each activation split into
+// two bf16 terms, hi + lo, and three tile products (Xhi Whi + Xlo Whi + Xhi Wlo) accumulated
+// in fp32. A bf16 holds 8 significant bits, a pair 16: the quantized weights' values (an fp16
+// scale times a 4- to 8-bit integer, plus an fp16 minimum) keep about 16 of theirs, the
+// activations too, so the products carry ~2^-17 relative error per term, less than the int16
+// tiles' and far less than plain bf16's 2^-9 (which would flip near-tied logits).
+#include "qgemm.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
+    defined(__AVX512BW__) && defined(__linux__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define RELOKV_ENGINE_AMX 1
+#else
+#define RELOKV_ENGINE_AMX 0
+#endif
+
+// GCC 12 reports a false -Wmaybe-uninitialized inside AVX-512 intrinsics (GCC bug 105593).
+#if RELOKV_ENGINE_AMX && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace relokv_engine {
+namespace {
+
+std::atomic<bool> g_amx{true};
+
+// fp32 to bf16, rounded to nearest even (finite values; the products never see others).
+std::uint16_t bf16_bits(float v) noexcept {
+  const auto u = std::bit_cast<std::uint32_t>(v);
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+float bf16_value(std::uint16_t b) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
+// v as hi + lo, both bf16.
+void split_row(const float* v, std::int32_t n, std::uint16_t* hi, std::uint16_t* lo) {
+  std::int32_t j = 0;
+#if RELOKV_ENGINE_AMX
+  for (; j + 16 <= n; j += 16) {
+    const __m512 x = _mm512_loadu_ps(v + j);
+    const __m256i h = std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x));
+    const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    const __m256i l = std::bit_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_sub_ps(x, hf)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + j), h);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + j), l);
+  }
+#endif
+  for (; j < n; ++j) {
+    hi[j] = bf16_bits(v[j]);
+    lo[j] = bf16_bits(v[j] - bf16_value(hi[j]));
+  }
+}
+
+constexpr std::int32_t kTile = 16;  // rows of a tile; a tile row holds 32 bf16 (64 bytes)
+constexpr std::int32_t kStep = 32;  // the products' depth per tile instruction
+// Steps per chunk: 32 activation rows of 8 steps are 16 KiB, a third of L1.
+[[maybe_unused]] constexpr std::int32_t kChunkSteps = 8;
+// 16 fp32, one cache line: the parked C tiles load and store whole lines.
+struct alignas(64) c_line {
+  float v[16];
+};
+
+// Rows [r0, r1) of w, 16 to a tile column, as the tiles' right-hand operand: per tile
+// column, plane (hi, lo) and step of 32 elements, one 16 x 16 tile of bf16 pairs: row kk
+// holds, for each of the 16 weight rows, its elements 2kk and 2kk + 1 of the step. Rows past
+// r1, up to a whole pair of tile columns, are zeros.
+struct amx_panel {
+  std::vector<bf16_activations::line> b;  // cache-line aligned, as the tile loads want
+  std::vector<float> rows;
+  std::vector<std::uint16_t> hi, lo;
+  std::int32_t tiles = 0, steps = 0;
+  // Step j of the three products: where its left operand starts in a row of the activations
+  // (segment hi, lo, hi) and its right one in a tile column (plane hi, hi, lo).
+  std::vector<std::size_t> a_step, b_step;
+
+  [[nodiscard]] const std::uint16_t* tile(std::int32_t t, int plane, std::int32_t s) const {
+    return b.data()->v + ((static_cast<std::size_t>(t) * 2 + static_cast<std::size_t>(plane)) *
+                              static_cast<std::size_t>(steps) +
+                          static_cast<std::size_t>(s)) *
+                             512;
+  }
+
+  void pack(const qmatrix& w, std::int32_t r0, std::int32_t r1) {
+    const auto cols = static_cast<std::size_t>(w.cols);
+    steps = w.cols / kStep;
+    tiles = (r1 - r0 + 2 * kTile - 1) / (2 * kTile) * 2;  // whole pairs of tile columns
+    b.resize(static_cast<std::size_t>(tiles) * 2 * static_cast<std::size_t>(steps) * 16);
+    rows.resize(cols * kTile);
+    hi.resize(cols * kTile);
+    lo.resize(cols * kTile);
+    a_step.resize(3 * static_cast<std::size_t>(steps));
+    b_step.resize(a_step.size());
+    for (std::int32_t j = 0; j < 3 * steps; ++j) {
+      const std::int32_t seg = j / steps, st = j % steps;
+      a_step[static_cast<std::size_t>(j)] =
+          static_cast<std::size_t>(seg) * cols + static_cast<std::size_t>(st) * kStep;
+      b_step[static_cast<std::size_t>(j)] =
+          (static_cast<std::size_t>(seg == 2 ? 1 : 0) * static_cast<std::size_t>(steps) +
+           static_cast<std::size_t>(st)) *
+          512;
+    }
+    for (std::int32_t t = 0; t < tiles; ++t) {
+      for (std::int32_t n = 0; n < kTile; ++n) {
+        const std::int32_t r = r0 + t * kTile + n;
+        float* dst = rows.data() + static_cast<std::size_t>(n) * cols;
+        if (r < r1)
+          w.dequantize_row(r, dst);
+        else
+          std::fill_n(dst, cols, 0.0f);
+        split_row(dst, w.cols, hi.data() + static_cast<std::size_t>(n) * cols,
+                  lo.data() + static_cast<std::size_t>(n) * cols);
+      }
+      for (int plane = 0; plane < 2; ++plane) {
+        const std::uint16_t* src = plane == 0 ? hi.data() : lo.data();
+        for (std::int32_t s = 0; s < steps; ++s) {
+          auto* dst = const_cast<std::uint16_t*>(tile(t, plane, s));
+          for (int kk = 0; kk < kTile; ++kk)
+            for (int n = 0; n < kTile; ++n) {
+              const std::uint16_t* pair = src + static_cast<std::size_t>(n) * cols +
+                                          static_cast<std::size_t>(s) * kStep +
+                                          static_cast<std::size_t>(2 * kk);
+              dst[kk * 32 + n * 2] = pair[0];
+              dst[kk * 32 + n * 2 + 1] = pair[1];
+            }
+        }
+      }
+    }
+  }
+};
+
+#if RELOKV_ENGINE_AMX
+// The kernel lends AMX's tile registers to a process only when asked (arch_prctl), once.
+bool host_grants_amx() noexcept {
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// Palette 1, all eight tiles 16 rows of 64 bytes: C in 0-3, A in 4-5, B in 6-7.
+void configure_tiles() noexcept {
+  struct alignas(64) config {
+    std::uint8_t palette = 1, start_row = 0;
+    std::uint8_t reserved[14] = {};
+    std::uint16_t colsb[16] = {};
+    std::uint8_t rows[16] = {};
+  } c;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = kTile;
+  }
+  _tile_loadconfig(&c);
+}
+
+// Steps [j0, j1) of the three products of 32 activation rows (from a, rows ld apart) with
+// tile columns b0 and b1 of the panel, into the four C tiles at c (1 KiB each: rows m0-15 and
+// 16-31 by b0 and b1), which start from zero when j0 == 0. The tile registers are not renamed
+// and a load waits for the products before it, so each operand is reloaded right after its
+// last product of the step: the loads then overlap the products that follow (95% of
+// TDPBF16PS's peak from L1, against 29% with the loads first; bench/results).
+void steps(const std::uint16_t* a, std::size_t ld, const std::uint16_t* b0, const std::uint16_t* b1,
+           const amx_panel& p, std::int32_t j0, std::int32_t j1, float* c) {
+  const std::size_t* ao = p.a_step.data();
+  const std::size_t* bo = p.b_step.data();
+  const std::size_t lda = ld * 2;
+  if (j0 == 0) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, 64);
+    _tile_loadd(1, c + 256, 64);
+    _tile_loadd(2, c + 512, 64);
+    _tile_loadd(3, c + 768, 64);
+  }
+  _tile_loadd(4, a + ao[j0], lda);
+  _tile_loadd(5, a + ao[j0] + 16 * ld, lda);
+  _tile_loadd(6, b0 + bo[j0], 64);
+  _tile_loadd(7, b1 + bo[j0], 64);
+  for (std::int32_t j = j0 + 1; j < j1; ++j) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(4, a + ao[j], lda);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(6, b0 + bo[j], 64);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(5, a + ao[j] + 16 * ld, lda);
+    _tile_loadd(7, b1 + bo[j], 64);
+  }
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+  _tile_stored(0, c, 64);
+  _tile_stored(1, c + 256, 64);
+  _tile_stored(2, c + 512, 64);
+  _tile_stored(3, c + 768, 64);
+}
+#endif
+
+}  // namespace
+
+bool has_amx_tiles() noexcept {
+#if RELOKV_ENGINE_AMX
+  return g_amx.load(std::memory_order_relaxed) && integer_kernels_on() && host_grants_amx();
+#else
+  return false;
+#endif
+}
+
+void use_amx_tiles(bool on) noexcept { g_amx.store(on, std::memory_order_relaxed); }
+
+bool has_amx_product(ggml_type t) noexcept {
+  return has_amx_tiles() && (has_tile_kernel(t) || t == ggml_type::kF16 || t == ggml_type::kBF16);
+}
+
+void bf16_activations::size(std::int32_t rows, std::int32_t width) {
+  if (width % kStep != 0)
+    throw std::logic_error("amx: rows of " + std::to_string(width) + " (not whole steps of 32)");
+  n = rows;
+  cols = width;
+  padded = (rows + 2 * kTile - 1) / (2 * kTile) * (2 * kTile);
+  const std::size_t ld = 3 * static_cast<std::size_t>(width);
+  lines.resize(static_cast<std::size_t>(padded) * ld / 32);
+  std::fill(data() + static_cast<std::size_t>(rows) * ld,
+            data() + static_cast<std::size_t>(padded) * ld, std::uint16_t{0});
+}
+
+void bf16_activations::convert_rows(const float* x, std::int32_t i0, std::int32_t i1) {
+  const auto c = static_cast<std::size_t>(cols);
+  for (std::int32_t i = i0; i < i1; ++i) {
+    std::uint16_t* hi = data() + static_cast<std::size_t>(i) * 3 * c;
+    split_row(x + static_cast<std::size_t>(i) * c, cols, hi, hi + c);
+    std::copy_n(hi, c, hi + 2 * c);
+  }
+}
+
+void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std::int32_t ldy,
+                     std::int32_t r0, std::int32_t r1) {
+  if (r1 <= r0 || x.n <= 0) return;
+  if (x.cols != w.cols)
+    throw std::logic_error("amx: activations of " + std::to_string(x.cols) + " for a matrix of " +
+                           std::to_string(w.cols) + " columns");
+  // Panels of at most ~1 MiB (half of a core's L2), whole pairs of tile columns.
+  const std::int32_t chunk = std::max<std::int32_t>(
+      2 * kTile,
+      static_cast<std::int32_t>((std::size_t{1} << 20) / (4 * static_cast<std::size_t>(w.cols))) /
+          (2 * kTile) * (2 * kTile));
+  thread_local amx_panel p;
+#if RELOKV_ENGINE_AMX
+  const bool tiles = has_amx_tiles();
+  if (tiles) configure_tiles();
+  thread_local std::vector<c_line> parked;  // the C tiles of a row block: per column pair, 4 KiB
+#endif
+  for (std::int32_t c0 = r0; c0 < r1; c0 += chunk) {
+    const std::int32_t c1 = std::min(r1, c0 + chunk);
+    p.pack(w, c0, c1);
+#if RELOKV_ENGINE_AMX
+    if (tiles) {
+      // 32 activation rows at a time; their steps in chunks whose rows (16 KiB) stay in L1
+      // while every tile column pair of the panel (in L2) passes, the C tiles parked in memory.
+      const std::size_t ld = 3 * static_cast<std::size_t>(x.cols);
+      const auto n = static_cast<std::int32_t>(p.a_step.size());
+      parked.resize(static_cast<std::size_t>(p.tiles / 2) * 64);
+      for (std::int32_t m0 = 0; m0 < x.padded; m0 += 2 * kTile) {
+        const std::uint16_t* a = x.data() + static_cast<std::size_t>(m0) * ld;
+        for (std::int32_t j0 = 0; j0 < n; j0 += kChunkSteps) {
+          const std::int32_t j1 = std::min(n, j0 + kChunkSteps);
+          // The next chunk's rows (from L3) are fetched into L2 while this one runs, a share
+          // with each column pair: 32 rows x (steps) lines.
+          const bool last = j1 == n;
+          const std::uint16_t* na = last ? a + 2 * kTile * ld : a;
+          const std::int32_t nj0 = last ? 0 : j1,
+                             nj1 = last ? std::min(n, kChunkSteps) : std::min(n, j1 + kChunkSteps);
+          const bool fetch = !last || m0 + 2 * kTile < x.padded;
+          const std::int32_t lines = fetch ? 2 * kTile * (nj1 - nj0) : 0, pairs = p.tiles / 2;
+          for (std::int32_t t = 0; t < p.tiles; t += 2) {
+            for (std::int32_t l = lines * (t / 2) / pairs; l < lines * (t / 2 + 1) / pairs; ++l)
+              _mm_prefetch(reinterpret_cast<const char*>(
+                               na + static_cast<std::size_t>(l % (2 * kTile)) * ld +
+                               p.a_step[static_cast<std::size_t>(nj0 + l / (2 * kTile))]),
+                           _MM_HINT_T1);
+            steps(a, ld, p.tile(t, 0, 0), p.tile(t + 1, 0, 0), p, j0, j1,
+                  parked[static_cast<std::size_t>(t / 2) * 64].v);
+          }
+        }
+        const std::int32_t mend = std::min(x.n, m0 + 2 * kTile);
+        for (std::int32_t t = 0; t < p.tiles; t += 2) {
+          const float* cb = parked[static_cast<std::size_t>(t / 2) * 64].v;
+          for (int q = 0; q < 2; ++q) {  // tile columns t, t + 1
+            const std::int32_t col = c0 + (t + q) * kTile;
+            const std::int32_t ncols = std::min(c1 - col, kTile);
+            if (ncols <= 0) continue;
+            const auto keep = static_cast<__mmask16>((1u << ncols) - 1u);
+            for (std::int32_t m = m0; m < mend; ++m) {
+              const int half = (m - m0) / kTile, row = (m - m0) % kTile;
+              _mm512_mask_storeu_ps(
+                  y + static_cast<std::size_t>(m) * static_cast<std::size_t>(ldy) +
+                      static_cast<std::size_t>(col),
+                  keep, _mm512_load_ps(cb + (half * 2 + q) * 256 + row * kTile));
+            }
+          }
+        }
+      }
+      continue;
+    }
+#endif
+    // Without AMX: the same three products by plain loops (the reference of the tiles).
+    const auto width = static_cast<std::size_t>(x.cols);
+    for (std::int32_t m = 0; m < x.n; ++m) {
+      const std::uint16_t* xh = x.data() + static_cast<std::size_t>(m) * 3 * width;
+      const std::uint16_t* xl = xh + width;
+      for (std::int32_t r = c0; r < c1; ++r) {
+        const std::int32_t t = (r - c0) / kTile, n = (r - c0) % kTile;
+        float acc = 0.0f;
+        for (std::int32_t s = 0; s < p.steps; ++s) {
+          const std::uint16_t* wh = p.tile(t, 0, s);
+          const std::uint16_t* wl = p.tile(t, 1, s);
+          for (int k = 0; k < kStep; ++k) {
+            const std::size_t at = static_cast<std::size_t>((k / 2) * 32 + n * 2 + k % 2);
+            const std::size_t j = static_cast<std::size_t>(s) * kStep + static_cast<std::size_t>(k);
+            acc += bf16_value(xh[j]) * bf16_value(wh[at]) + bf16_value(xl[j]) * bf16_value(wh[at]) +
+                   bf16_value(xh[j]) * bf16_value(wl[at]);
+          }
+        }
+        y[static_cast<std::size_t>(m) * static_cast<std::size_t>(ldy) +
+          static_cast<std::size_t>(r)] = acc;
+      }
+    }
+  }
+#if RELOKV_ENGINE_AMX
+  if (tiles) _tile_release();
+#endif
+}
+
+}  // namespace relokv_engine

@@ -4,6 +4,7 @@
 // scale times a 4- to 8-bit integer, plus an fp16 minimum) keep about 16 of theirs, the
 // activations too, so the products carry ~2^-17 relative error per term, less than the int16
 // tiles' and far less than plain bf16's 2^-9 (which would flip near-tied logits).
+#include "gguf.hpp"
 #include "qgemm.hpp"
 
 #include <algorithm>
@@ -63,10 +64,100 @@ void split_row(const float* v, std::int32_t n, std::uint16_t* hi, std::uint16_t*
   }
 }
 
+// Row r of w as fp32: Q4_0, Q4_1 and Q8_0 (SmolLM2's types) with AVX-512, as
+// dequantize_blocks computes them (d * q + m, fused); the other types through it.
+void dequantize(const qmatrix& w, std::int32_t r, float* out) {
+#if RELOKV_ENGINE_AMX
+  const std::uint8_t* p = w.row(r);
+  const std::int32_t nb = w.cols / 32;
+  switch (w.type) {
+    case ggml_type::kQ4_0:
+    case ggml_type::kQ4_1: {
+      const bool q41 = w.type == ggml_type::kQ4_1;
+      const std::size_t bytes = q41 ? 20 : 18;
+      const __m512i low = _mm512_set1_epi32(0xF);
+      for (std::int32_t b = 0; b < nb; ++b, p += bytes, out += 32) {
+        const float d = fp16_at(p);
+        const __m512 vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(q41 ? fp16_at(p + 2) : -8.0f * d);
+        const __m512i q = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (q41 ? 4 : 2))));
+        _mm512_storeu_ps(out,
+                         _mm512_fmadd_ps(vd, _mm512_cvtepi32_ps(_mm512_and_si512(q, low)), vm));
+        _mm512_storeu_ps(out + 16,
+                         _mm512_fmadd_ps(vd, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), vm));
+      }
+      return;
+    }
+    case ggml_type::kQ8_0:
+      for (std::int32_t b = 0; b < nb; ++b, p += 34, out += 32) {
+        const __m512 vd = _mm512_set1_ps(fp16_at(p));
+        for (int h = 0; h < 2; ++h)
+          _mm512_storeu_ps(
+              out + 16 * h,
+              _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                    reinterpret_cast<const __m128i*>(p + 2 + 16 * h))))));
+      }
+      return;
+    default:
+      break;
+  }
+#endif
+  w.dequantize_row(r, out);
+}
+
+#if RELOKV_ENGINE_AMX
+// One step of 16 weight rows (x: the first row's 32 elements, rows `ld` floats apart) as its
+// hi and lo tiles: each row's 16 bf16 pairs become a column of the tile (a 16 x 16 transpose
+// of 32-bit pairs, in registers).
+void pack_step(const float* x, std::size_t ld, std::uint16_t* hi, std::uint16_t* lo) {
+  __m512i h[16], l[16];
+  for (int n = 0; n < 16; ++n) {
+    const __m512 x0 = _mm512_loadu_ps(x + static_cast<std::size_t>(n) * ld);
+    const __m512 x1 = _mm512_loadu_ps(x + static_cast<std::size_t>(n) * ld + 16);
+    const __m512i hb = std::bit_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));
+    const __m512 h0 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hb)), 16));
+    const __m512 h1 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hb, 1)), 16));
+    h[n] = hb;
+    l[n] =
+        std::bit_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
+  }
+  const auto transpose_store = [](__m512i* r, std::uint16_t* dst) {
+    __m512i a[16], b[16];
+    for (int g = 0; g < 4; ++g) {  // 4 x 4 transposes inside each 128-bit lane
+      a[4 * g + 0] = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
+      a[4 * g + 1] = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+      a[4 * g + 2] = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
+      a[4 * g + 3] = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+      b[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+      b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+      b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+      b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {  // then the lanes across the four row groups
+      const __m512i p0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
+      const __m512i p1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
+      const __m512i q0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
+      const __m512i q1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
+      _mm512_store_si512(dst + 32 * c, _mm512_shuffle_i32x4(p0, q0, 0x88));
+      _mm512_store_si512(dst + 32 * (4 + c), _mm512_shuffle_i32x4(p0, q0, 0xDD));
+      _mm512_store_si512(dst + 32 * (8 + c), _mm512_shuffle_i32x4(p1, q1, 0x88));
+      _mm512_store_si512(dst + 32 * (12 + c), _mm512_shuffle_i32x4(p1, q1, 0xDD));
+    }
+  };
+  transpose_store(h, hi);
+  transpose_store(l, lo);
+}
+
+#endif
+
 constexpr std::int32_t kTile = 16;  // rows of a tile; a tile row holds 32 bf16 (64 bytes)
 constexpr std::int32_t kStep = 32;  // the products' depth per tile instruction
 // Steps per chunk: 32 activation rows of 8 steps are 16 KiB, a third of L1.
 [[maybe_unused]] constexpr std::int32_t kChunkSteps = 8;
+// Column pairs whose C tiles are parked at once (4 KiB each).
+[[maybe_unused]] constexpr std::int32_t kPairsAtOnce = 4;
 // 16 fp32, one cache line: the parked C tiles load and store whole lines.
 struct alignas(64) c_line {
   float v[16];
@@ -98,8 +189,10 @@ struct amx_panel {
     tiles = (r1 - r0 + 2 * kTile - 1) / (2 * kTile) * 2;  // whole pairs of tile columns
     b.resize(static_cast<std::size_t>(tiles) * 2 * static_cast<std::size_t>(steps) * 16);
     rows.resize(cols * kTile);
+#if !RELOKV_ENGINE_AMX
     hi.resize(cols * kTile);
     lo.resize(cols * kTile);
+#endif
     a_step.resize(3 * static_cast<std::size_t>(steps));
     b_step.resize(a_step.size());
     for (std::int32_t j = 0; j < 3 * steps; ++j) {
@@ -116,12 +209,20 @@ struct amx_panel {
         const std::int32_t r = r0 + t * kTile + n;
         float* dst = rows.data() + static_cast<std::size_t>(n) * cols;
         if (r < r1)
-          w.dequantize_row(r, dst);
+          dequantize(w, r, dst);
         else
           std::fill_n(dst, cols, 0.0f);
-        split_row(dst, w.cols, hi.data() + static_cast<std::size_t>(n) * cols,
-                  lo.data() + static_cast<std::size_t>(n) * cols);
       }
+#if RELOKV_ENGINE_AMX
+      for (std::int32_t s = 0; s < steps; ++s)
+        pack_step(rows.data() + static_cast<std::size_t>(s) * kStep, cols,
+                  const_cast<std::uint16_t*>(tile(t, 0, s)),
+                  const_cast<std::uint16_t*>(tile(t, 1, s)));
+#else
+      for (std::int32_t n = 0; n < kTile; ++n)
+        split_row(rows.data() + static_cast<std::size_t>(n) * cols, w.cols,
+                  hi.data() + static_cast<std::size_t>(n) * cols,
+                  lo.data() + static_cast<std::size_t>(n) * cols);
       for (int plane = 0; plane < 2; ++plane) {
         const std::uint16_t* src = plane == 0 ? hi.data() : lo.data();
         for (std::int32_t s = 0; s < steps; ++s) {
@@ -136,6 +237,7 @@ struct amx_panel {
             }
         }
       }
+#endif
     }
   }
 };
@@ -278,24 +380,15 @@ void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std:
       parked.resize(static_cast<std::size_t>(p.tiles / 2) * 64);
       for (std::int32_t m0 = 0; m0 < x.padded; m0 += 2 * kTile) {
         const std::uint16_t* a = x.data() + static_cast<std::size_t>(m0) * ld;
-        for (std::int32_t j0 = 0; j0 < n; j0 += kChunkSteps) {
-          const std::int32_t j1 = std::min(n, j0 + kChunkSteps);
-          // The next chunk's rows (from L3) are fetched into L2 while this one runs, a share
-          // with each column pair: 32 rows x (steps) lines.
-          const bool last = j1 == n;
-          const std::uint16_t* na = last ? a + 2 * kTile * ld : a;
-          const std::int32_t nj0 = last ? 0 : j1,
-                             nj1 = last ? std::min(n, kChunkSteps) : std::min(n, j1 + kChunkSteps);
-          const bool fetch = !last || m0 + 2 * kTile < x.padded;
-          const std::int32_t lines = fetch ? 2 * kTile * (nj1 - nj0) : 0, pairs = p.tiles / 2;
-          for (std::int32_t t = 0; t < p.tiles; t += 2) {
-            for (std::int32_t l = lines * (t / 2) / pairs; l < lines * (t / 2 + 1) / pairs; ++l)
-              _mm_prefetch(reinterpret_cast<const char*>(
-                               na + static_cast<std::size_t>(l % (2 * kTile)) * ld +
-                               p.a_step[static_cast<std::size_t>(nj0 + l / (2 * kTile))]),
-                           _MM_HINT_T1);
-            steps(a, ld, p.tile(t, 0, 0), p.tile(t + 1, 0, 0), p, j0, j1,
-                  parked[static_cast<std::size_t>(t / 2) * 64].v);
+        // The panel's column pairs a few at a time, so that their parked C tiles stay in L1
+        // beside the rows' chunk.
+        for (std::int32_t t0 = 0; t0 < p.tiles; t0 += 2 * kPairsAtOnce) {
+          const std::int32_t t1 = std::min(p.tiles, t0 + 2 * kPairsAtOnce);
+          for (std::int32_t j0 = 0; j0 < n; j0 += kChunkSteps) {
+            const std::int32_t j1 = std::min(n, j0 + kChunkSteps);
+            for (std::int32_t t = t0; t < t1; t += 2)
+              steps(a, ld, p.tile(t, 0, 0), p.tile(t + 1, 0, 0), p, j0, j1,
+                    parked[static_cast<std::size_t>(t / 2) * 64].v);
           }
         }
         const std::int32_t mend = std::min(x.n, m0 + 2 * kTile);

@@ -811,3 +811,55 @@ TEST_CASE("attention: params struct, can_implement and the positional overloads 
   CHECK_THROWS_AS(relokv::paged_attention<relokv::block_relative>(bad), relokv::error);
   CHECK(std::all_of(out_a.begin(), out_a.end(), [](float x) { return x == -7.0f; }));
 }
+
+TEMPLATE_TEST_CASE("attention: bf16 prefill on AMX tiles agrees with the fp32 kernels",
+                   "[attention]", relokv::pre_rotated, relokv::at_attention,
+                   relokv::block_relative) {
+  // The same bf16 blocks (unused slots NaN) through the AMX kernels and, switched off, through
+  // the fp32 group kernel: both read the stored bf16 exactly, so they differ only by the
+  // tiles' hi + lo splits (~2^-16 a product) and summation order, far inside bf16's 6e-2.
+  // 37 queries at scattered positions: two tiles of 16 rows and one of 5; GQA 6 / 2; block
+  // sizes 16 and 32 (two key tiles a block); head dims 64 and 128 (two passes of 64).
+  using relokv::detail::amx::switched_on;
+  INFO("AMX " << (relokv::detail::amx::enabled() ? "on" : "not on this host or build"));
+  const auto run = [](int head_dim, int block_size, relokv::rope_layout layout) {
+    std::mt19937 rng(29);
+    const auto cfg = config(layout, head_dim);
+    const relokv::rope_table rope(cfg, 512);
+    relokv::host_kv_storage<relokv::bf16> st(relokv::kv_shape{1, 8, 2, block_size, head_dim});
+    for (std::size_t i = 0; i < st.shape().total_elems(); ++i)
+      st.data()[i] = relokv::bf16::from_float(std::numeric_limits<float>::quiet_NaN());
+    std::vector<oracle::key_token> keys;
+    std::vector<block_entry> entries;
+    const int end =
+        block_size == 16
+            ? back_to_back<TestType>(rope, st, {16, 9, 16, 13, 16, 16}, rng, keys, entries)
+            : back_to_back<TestType>(rope, st, {32, 21, 32}, rng, keys, entries);
+    std::vector<relokv::pos_t> qpos;
+    for (int t = 0; t < 37; ++t) qpos.push_back((t * 41 + 3) % end);
+    const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(entries.size())};
+    const std::int32_t qind[2] = {0, 37};
+    auto q = randn(37 * 6 * static_cast<std::size_t>(head_dim), rng);
+    q[7] = 40.0f;  // a large score: the two passes' maximum must hold it
+    std::vector<float> amx(q.size()), f32(q.size());
+    const relokv::paged_kv_view<const relokv::bf16> kv(st.layer(0));
+    relokv::prefill_attention<TestType>(rope, kv, {entries.data(), indptr, 1}, q.data(),
+                                        qpos.data(), qind, 6, 0.1f, amx.data());
+    switched_on().store(false);
+    relokv::prefill_attention<TestType>(rope, kv, {entries.data(), indptr, 1}, q.data(),
+                                        qpos.data(), qind, 6, 0.1f, f32.data());
+    switched_on().store(true);
+    double err = 0, scale = 0;
+    for (std::size_t i = 0; i < amx.size(); ++i) {
+      REQUIRE(std::isfinite(amx[i]));
+      err = std::max(err, double(std::fabs(amx[i] - f32[i])));
+      scale = std::max(scale, double(std::fabs(f32[i])));
+    }
+    INFO("head_dim " << head_dim << " block " << block_size << " layout " << int(layout)
+                     << ": max difference over max |out| " << err / scale);
+    CHECK(err / scale < 2e-5);
+  };
+  for (int head_dim : {64, 128})
+    for (int block_size : {16, 32}) run(head_dim, block_size, relokv::rope_layout::kNeoX);
+  run(64, 16, relokv::rope_layout::kGPTJ);
+}

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "relokv/attention/detail/amx_bf16.hpp"
 #include "relokv/attention/detail/avx512_bf16.hpp"
 #include "relokv/attention/detail/avx512_f32.hpp"
 #include "relokv/attention/detail/kernel_common.hpp"
@@ -141,6 +142,17 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   }
   const pos_t m_max = *std::max_element(m, m + nq);
 
+  // Prefill over bf16 KV on AMX (amx_bf16.hpp): the block loop packs each block-head's key
+  // tiles, the two passes run after it.
+  [[maybe_unused]] bool use_amx = false;
+#if RELOKV_HOST_AMX
+  amx::attention_tiles& at = amx::tiles_scratch();
+  if constexpr (grouped && std::is_same_v<T, bf16>) {
+    use_amx = amx::usable(D);
+    if (use_amx) amx::split_queries(at, w.qrot.data(), nq, num_q_heads, G, D, h_begin, h_end);
+  }
+#endif
+
   // R(m - pos0) for the placements that rotate the query per block, into w.cs/w.sn. Decode
   // walks blocks that usually follow each other: then R(m - pos0 - bs) = R(m - pos0) R(-bs) is
   // composed in fp32 instead of read from the table (a cache miss per block), re-read every
@@ -215,6 +227,29 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       const float* qsrc = w.qrot.data();
       if constexpr (P::kind == placement_kind::kBlockRelative)
         rope.angles(e.pos0, w.c0.data(), w.s0.data(), /*unit=*/true);
+#if RELOKV_HOST_AMX
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (use_amx) {
+          const int valid = visible_slots(e, m_max);
+          for (int j0 = 0; j0 < valid; j0 += 16) {
+            const int vc = std::min(16, valid - j0);
+            const std::size_t k = at.add_tile(static_cast<pos_t>(e.pos0 + j0), vc);
+            for (int h = h_begin; h < h_end; ++h) {
+              block_head_t<T> bh{kv.k(e.block, h), kv.v(e.block, h), valid, h, G, D, layout, pairs,
+                                 nullptr};
+              if constexpr (P::kind == placement_kind::kBlockRelative) {
+                bh.kc0 = w.c0.data();
+                bh.ks0 = w.s0.data();
+              }
+              with_chunks(D, [&](auto dc) {
+                amx::pack_key_tile<decltype(dc)::value, P>(bh, j0, vc, w, at.tile(h - h_begin, k));
+              });
+            }
+          }
+          continue;
+        }
+      }
+#endif
       for (int h = h_begin; h < h_end; ++h) {
         int n = 0, vmax = 0;
         for (int qi = 0; qi < nq; ++qi) {
@@ -294,6 +329,10 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       }
     }
   }
+#if RELOKV_HOST_AMX
+  if (use_amx)
+    amx::attend(at, m, nq, num_q_heads, G, h_begin, w.acc.data(), w.mx.data(), w.sum.data());
+#endif
   for (std::size_t i = 0; i < nqs * hq; ++i) {
     const auto head = static_cast<int>(i % hq);
     if (head < h_begin * G || head >= h_end * G) continue;       // another call's share

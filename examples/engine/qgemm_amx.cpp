@@ -152,6 +152,13 @@ void pack_step(const float* x, std::size_t ld, std::uint16_t* hi, std::uint16_t*
 
 #endif
 
+// Grows v to at least n elements and never shrinks it: a buffer sized for each product in
+// turn would otherwise be zeroed again whenever it grows back (a resize value-initializes).
+template <class V>
+void grow(V& v, std::size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
 constexpr std::int32_t kTile = 16;  // rows of a tile; a tile row holds 32 bf16 (64 bytes)
 constexpr std::int32_t kStep = 32;  // the products' depth per tile instruction
 // Steps per chunk: 32 activation rows of 8 steps are 16 KiB, a third of L1.
@@ -187,11 +194,11 @@ struct amx_panel {
     const auto cols = static_cast<std::size_t>(w.cols);
     steps = w.cols / kStep;
     tiles = (r1 - r0 + 2 * kTile - 1) / (2 * kTile) * 2;  // whole pairs of tile columns
-    b.resize(static_cast<std::size_t>(tiles) * 2 * static_cast<std::size_t>(steps) * 16);
-    rows.resize(cols * kTile);
+    grow(b, static_cast<std::size_t>(tiles) * 2 * static_cast<std::size_t>(steps) * 16);
+    grow(rows, cols * kTile);
 #if !RELOKV_ENGINE_AMX
-    hi.resize(cols * kTile);
-    lo.resize(cols * kTile);
+    grow(hi, cols * kTile);
+    grow(lo, cols * kTile);
 #endif
     a_step.resize(3 * static_cast<std::size_t>(steps));
     b_step.resize(a_step.size());
@@ -337,7 +344,7 @@ void bf16_activations::size(std::int32_t rows, std::int32_t width) {
   cols = width;
   padded = (rows + 2 * kTile - 1) / (2 * kTile) * (2 * kTile);
   const std::size_t ld = 3 * static_cast<std::size_t>(width);
-  lines.resize(static_cast<std::size_t>(padded) * ld / 32);
+  grow(lines, static_cast<std::size_t>(padded) * ld / 32);
   std::fill(data() + static_cast<std::size_t>(rows) * ld,
             data() + static_cast<std::size_t>(padded) * ld, std::uint16_t{0});
 }
@@ -377,7 +384,7 @@ void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std:
       // while every tile column pair of the panel (in L2) passes, the C tiles parked in memory.
       const std::size_t ld = 3 * static_cast<std::size_t>(x.cols);
       const auto n = static_cast<std::int32_t>(p.a_step.size());
-      parked.resize(static_cast<std::size_t>(p.tiles / 2) * 64);
+      grow(parked, static_cast<std::size_t>(p.tiles / 2) * 64);
       for (std::int32_t m0 = 0; m0 < x.padded; m0 += 2 * kTile) {
         const std::uint16_t* a = x.data() + static_cast<std::size_t>(m0) * ld;
         // The panel's column pairs a few at a time, so that their parked C tiles stay in L1

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "relokv/attention/detail/avx512_f32.hpp"
@@ -166,7 +167,8 @@ struct attention_tiles {
   std::size_t add_tile(pos_t pos0, int live) {
     pos.push_back(pos0);
     count.push_back(live);
-    kv.resize(pos.size() * static_cast<std::size_t>(heads) * lines_per_tile());
+    const std::size_t need = pos.size() * static_cast<std::size_t>(heads) * lines_per_tile();
+    if (kv.size() < need) kv.resize(std::max(need, 2 * kv.size()));  // never shrinks: no re-zeroing
     return pos.size() - 1;
   }
 };
@@ -215,7 +217,9 @@ inline void split_queries(attention_tiles& t, const float* qrot, int nq, int hq,
   t.count.clear();
   t.nq_pad = (nq + 15) / 16 * 16;
   const auto row = static_cast<std::size_t>(2 * D);
-  t.q.resize(static_cast<std::size_t>(t.heads * G) * static_cast<std::size_t>(t.nq_pad) * row / 32);
+  const std::size_t need =
+      static_cast<std::size_t>(t.heads * G) * static_cast<std::size_t>(t.nq_pad) * row / 32;
+  if (t.q.size() < need) t.q.resize(need);
   auto* base = t.q.data()->v;
   for (int qh = 0; qh < t.heads * G; ++qh)
     for (int qi = 0; qi < t.nq_pad; ++qi) {
@@ -230,33 +234,71 @@ inline void split_queries(attention_tiles& t, const float* qrot, int nq, int hq,
     }
 }
 
-/// S (tmm4) = the scores of 16 query rows (a: their hi rows, lo D further, rows 2D apart) with
-/// key tile k: Qhi Khi + Qhi Klo + Qlo Khi per 32 dimensions.
-RELOKV_ALWAYS_INLINE inline void scores(const std::uint16_t* a, int D, const line* k) {
+/// S of 16 query rows (a: their hi rows, lo D further, rows 2D apart) with up to four key
+/// tiles k[0..n) into tmm0-3, then into s (1 KiB each): Qhi Khi + Qhi Klo + Qlo Khi per 32
+/// dimensions, the query tiles loaded once for the four.
+template <int N>
+RELOKV_ALWAYS_INLINE inline void scores(const std::uint16_t* a, int D, const line* const* k,
+                                        float* s) {
   const std::size_t lda = static_cast<std::size_t>(2 * D) * sizeof(std::uint16_t);
-  _tile_zero(4);
-  for (int s = 0; s < D / 32; ++s) {
-    _tile_loadd(5, a + 32 * s, lda);
-    _tile_loadd(6, k[(2 * s) * 16].v, 64);
-    _tile_dpbf16ps(4, 5, 6);
-    _tile_loadd(7, k[(2 * s + 1) * 16].v, 64);
-    _tile_dpbf16ps(4, 5, 7);
-    _tile_loadd(5, a + D + 32 * s, lda);
-    _tile_dpbf16ps(4, 5, 6);
+  _tile_zero(0);
+  if constexpr (N > 1) _tile_zero(1);
+  if constexpr (N > 2) _tile_zero(2);
+  if constexpr (N > 3) _tile_zero(3);
+  for (int st = 0; st < D / 32; ++st) {
+    _tile_loadd(4, a + 32 * st, lda);
+    _tile_loadd(5, a + D + 32 * st, lda);
+// The tile intrinsics take their register numbers as literals (GCC pastes them into asm).
+#define RELOKV_AMX_SCORE(C)                      \
+  _tile_loadd(6, k[C][(2 * st) * 16].v, 64);     \
+  _tile_dpbf16ps(C, 4, 6);                       \
+  _tile_loadd(7, k[C][(2 * st + 1) * 16].v, 64); \
+  _tile_dpbf16ps(C, 5, 6);                       \
+  _tile_dpbf16ps(C, 4, 7)
+    RELOKV_AMX_SCORE(0);
+    if constexpr (N > 1) {
+      RELOKV_AMX_SCORE(1);
+    }
+    if constexpr (N > 2) {
+      RELOKV_AMX_SCORE(2);
+    }
+    if constexpr (N > 3) {
+      RELOKV_AMX_SCORE(3);
+    }
+#undef RELOKV_AMX_SCORE
   }
+  _tile_stored(0, s, 64);
+  if constexpr (N > 1) _tile_stored(1, s + 256, 64);
+  if constexpr (N > 2) _tile_stored(2, s + 512, 64);
+  if constexpr (N > 3) _tile_stored(3, s + 768, 64);
 }
 
+/// Scratch of one tile of query rows: its visible key tiles, their scores, their weights.
+struct row_tile_scratch {
+  std::vector<std::size_t> keys;
+  struct alignas(64) scores_line {
+    float v[16];
+  };
+  std::vector<scores_line> s;  ///< per visible key tile: 16 rows of 16 fp32 scores
+  std::vector<line> p;         ///< per visible key tile: 16 rows of [P hi | P lo] bf16
+};
+
 /// Prefill attention of heads [h_begin, h_end) for queries at positions m (t.q split, key
-/// tiles packed): per tile of 16 rows of one query head, acc, mx and sum (the online-softmax
-/// state's layout: [nq][hq][D], [nq][hq]) as attend_group's output loop reads them.
+/// tiles packed): per tile of 16 rows of one query head, all its scores (S for every visible
+/// key tile), each row's maximum, the weights e^(s - max) split hi + lo, then P.V over the key
+/// tiles in four accumulator tiles; acc, mx and sum in the online-softmax state's layout
+/// ([nq][hq][D], [nq][hq]) as attend_group's output loop reads them.
 inline void attend(attention_tiles& t, const pos_t* m, int nq, int hq, int G, int h_begin,
                    float* acc, float* mx, float* sum) {
   const int D = t.D;
   const std::size_t ntiles = t.pos.size();
+  thread_local row_tile_scratch rs;
+  if (rs.s.size() < ntiles * 16) {
+    rs.s.resize(ntiles * 16);
+    rs.p.resize(ntiles * 16);
+  }
   configure();
-  alignas(64) float sbuf[16 * 16];
   alignas(64) float obuf[16 * 64];
-  alignas(64) line pbuf[16];
   for (int qh = 0; qh < t.heads * G; ++qh) {
     const int h = qh / G;  // the KV head, counted from h_begin
     const int head = h_begin * G + qh;
@@ -266,63 +308,83 @@ inline void attend(attention_tiles& t, const pos_t* m, int nq, int hq, int G, in
           t.q.data()->v + (static_cast<std::size_t>(qh) * t.nq_pad + q0) * 2 * D;
       pos_t mhi = m[q0];
       for (int r = 1; r < rows; ++r) mhi = std::max(mhi, m[q0 + r]);
-      // Slots of key tile k that row r sees (causal; 0 for none).
-      const auto seen = [&](std::size_t k, int r) {
+      rs.keys.clear();
+      for (std::size_t k = 0; k < ntiles; ++k)
+        if (t.pos[k] <= mhi) rs.keys.push_back(k);
+      const std::size_t nk = rs.keys.size();
+      float* sb = rs.s.data()->v;
+      for (std::size_t i = 0; i < nk; i += 4) {  // every score, four key tiles at a time
+        const line* kt[4];
+        for (std::size_t j = 0; j < 4 && i + j < nk; ++j) kt[j] = t.tile(h, rs.keys[i + j]);
+        float* dst = sb + i * 256;
+        switch (std::min<std::size_t>(4, nk - i)) {
+          case 4:
+            scores<4>(a, D, kt, dst);
+            break;
+          case 3:
+            scores<3>(a, D, kt, dst);
+            break;
+          case 2:
+            scores<2>(a, D, kt, dst);
+            break;
+          default:
+            scores<1>(a, D, kt, dst);
+        }
+      }
+      // Slots of visible key tile i that row r sees (causal; 0 for none).
+      const auto seen = [&](std::size_t i, int r) {
+        const std::size_t k = rs.keys[i];
         const std::int64_t v = std::int64_t{m[q0 + r]} - t.pos[k] + 1;
         return static_cast<int>(std::clamp<std::int64_t>(v, 0, t.count[k]));
       };
-      float rmax[16], rsum[16];
-      for (int r = 0; r < 16; ++r) {
-        rmax[r] = -std::numeric_limits<float>::infinity();
-        rsum[r] = 0.0f;
-      }
-      for (std::size_t k = 0; k < ntiles; ++k) {  // pass 1: each row's largest score
-        if (t.pos[k] > mhi) continue;
-        scores(a, D, t.tile(h, k));
-        _tile_stored(4, sbuf, 64);
-        for (int r = 0; r < rows; ++r) {
-          const int v = seen(k, r);
-          if (v == 0) continue;
-          const auto live = static_cast<__mmask16>((1u << v) - 1u);
-          rmax[r] =
-              std::max(rmax[r], _mm512_mask_reduce_max_ps(live, _mm512_load_ps(sbuf + 16 * r)));
+      for (int r = 0; r < 16; ++r) {  // each row's maximum, then its weights
+        __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        if (r < rows)
+          for (std::size_t i = 0; i < nk; ++i) {
+            const int v = seen(i, r);
+            vmax = _mm512_mask_max_ps(vmax, static_cast<__mmask16>((1u << v) - 1u), vmax,
+                                      _mm512_load_ps(sb + i * 256 + 16 * r));
+          }
+        const float rmax = _mm512_reduce_max_ps(vmax);
+        __m512 vsum = _mm512_setzero_ps();
+        const __m512 vm = _mm512_set1_ps(rmax);
+        for (std::size_t i = 0; i < nk; ++i) {
+          const int v = r < rows ? seen(i, r) : 0;
+          __m512 p = _mm512_setzero_ps();
+          if (v > 0) {
+            simd::vf16 x =
+                std::bit_cast<simd::vf16>(_mm512_sub_ps(_mm512_load_ps(sb + i * 256 + 16 * r), vm));
+            simd::exp_nonpositive(x);
+            p = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << v) - 1u),
+                                    std::bit_cast<__m512>(x));
+            vsum = _mm512_add_ps(vsum, p);
+          }
+          __m256i hi, lo;
+          split16(p, hi, lo);
+          _mm512_store_si512(rs.p[i * 16 + static_cast<std::size_t>(r)].v,
+                             _mm512_inserti64x4(_mm512_castsi256_si512(hi), lo, 1));
+        }
+        if (r < rows) {
+          mx[static_cast<std::size_t>(q0 + r) * hq + head] = rmax;
+          sum[static_cast<std::size_t>(q0 + r) * hq + head] = _mm512_reduce_add_ps(vsum);
         }
       }
-      for (int d0 = 0; d0 < D; d0 += 64) {  // pass 2, 64 dimensions (four tiles) at a time
+      for (int d0 = 0; d0 < D; d0 += 64) {  // P.V, 64 dimensions (four tiles) at a time
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        for (std::size_t k = 0; k < ntiles; ++k) {
-          if (t.pos[k] > mhi) continue;
-          const line* kt = t.tile(h, k);
-          scores(a, D, kt);
-          _tile_stored(4, sbuf, 64);
-          for (int r = 0; r < 16; ++r) {
-            const int v = r < rows ? seen(k, r) : 0;
-            __m512 p = _mm512_setzero_ps();
-            if (v > 0) {
-              const auto live = static_cast<__mmask16>((1u << v) - 1u);
-              simd::vf16 x = std::bit_cast<simd::vf16>(
-                  _mm512_sub_ps(_mm512_load_ps(sbuf + 16 * r), _mm512_set1_ps(rmax[r])));
-              simd::exp_nonpositive(x);
-              p = _mm512_maskz_mov_ps(live, std::bit_cast<__m512>(x));
-              if (d0 == 0) rsum[r] += _mm512_reduce_add_ps(p);
-            }
-            __m256i hi, lo;
-            split16(p, hi, lo);
-            _mm512_store_si512(pbuf[r].v, _mm512_inserti64x4(_mm512_castsi256_si512(hi), lo, 1));
-          }
-          const line* vt = kt + (D / 32) * 2 * 16 + (d0 / 16) * 16;
-          _tile_loadd(7, pbuf[0].v, 64);
+        for (std::size_t i = 0; i < nk; ++i) {
+          const line* vt = t.tile(h, rs.keys[i]) + (D / 32) * 2 * 16 + (d0 / 16) * 16;
+          _tile_loadd(4, rs.p[i * 16].v, 64);
           _tile_loadd(5, vt[0].v, 64);
-          _tile_dpbf16ps(0, 7, 5);
+          _tile_dpbf16ps(0, 4, 5);
           _tile_loadd(6, vt[16].v, 64);
-          _tile_dpbf16ps(1, 7, 6);
-          _tile_loadd(5, vt[32].v, 64);
-          _tile_dpbf16ps(2, 7, 5);
-          _tile_loadd(6, vt[48].v, 64);
-          _tile_dpbf16ps(3, 7, 6);
+          _tile_dpbf16ps(1, 4, 6);
+          _tile_loadd(7, vt[32].v, 64);
+          _tile_dpbf16ps(2, 4, 7);
+          _tile_loadd(5, vt[48].v, 64);
+          _tile_dpbf16ps(3, 4, 5);
         }
         _tile_stored(0, obuf, 256);
         _tile_stored(1, obuf + 16, 256);
@@ -333,10 +395,6 @@ inline void attend(attention_tiles& t, const pos_t* m, int nq, int hq, int G, in
           for (int c = 0; c < 4; ++c)
             _mm512_storeu_ps(out + 16 * c, _mm512_load_ps(obuf + 64 * r + 16 * c));
         }
-      }
-      for (int r = 0; r < rows; ++r) {
-        mx[static_cast<std::size_t>(q0 + r) * hq + head] = rmax[r];
-        sum[static_cast<std::size_t>(q0 + r) * hq + head] = rsum[r];
       }
     }
   }

@@ -118,16 +118,15 @@ struct q16_activations {
 void tile_matmul_rows(const qmatrix& w, const q16_activations& x, float* y, std::int32_t ldy,
                       std::int32_t r0, std::int32_t r1);
 
-/// Activations for the AMX tiles: each row as bf16 pairs hi + lo (x - hi rounded), laid out
-/// [hi | lo | hi] so that one pass over 3 cols multiplies them with the weights' [hi, hi, lo].
-/// Rows are padded with zeros to a multiple of 32 (two tiles).
+/// Activations for the AMX tiles: each row as bf16 hi and lo (x - hi, rounded), laid out
+/// [hi | lo]. Rows are padded with zeros to a multiple of 32 (two tiles).
 struct bf16_activations {
   /// 32 bf16, one cache line: tile rows that straddle two lines load at a third of the speed.
   struct alignas(64) line {
     std::uint16_t v[32];
   };
   std::int32_t n = 0, cols = 0, padded = 0;
-  std::vector<line> lines;  ///< [padded][3 * cols] bf16
+  std::vector<line> lines;  ///< [padded][2 * cols] bf16
   [[nodiscard]] const std::uint16_t* data() const noexcept { return lines.data()->v; }
   [[nodiscard]] std::uint16_t* data() noexcept { return lines.data()->v; }
   /// Sizes the buffer for n rows of cols (a multiple of 32), the padding zeroed.

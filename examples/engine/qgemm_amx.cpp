@@ -161,8 +161,8 @@ void grow(V& v, std::size_t n) {
 
 constexpr std::int32_t kTile = 16;  // rows of a tile; a tile row holds 32 bf16 (64 bytes)
 constexpr std::int32_t kStep = 32;  // the products' depth per tile instruction
-// Steps per chunk: 32 activation rows of 8 steps are 16 KiB, a third of L1.
-[[maybe_unused]] constexpr std::int32_t kChunkSteps = 8;
+// Steps per chunk: 32 activation rows of 4 steps (hi and lo) are 16 KiB, a third of L1.
+[[maybe_unused]] constexpr std::int32_t kChunkSteps = 4;
 // Column pairs whose C tiles are parked at once (4 KiB each).
 [[maybe_unused]] constexpr std::int32_t kPairsAtOnce = 4;
 // 16 fp32, one cache line: the parked C tiles load and store whole lines.
@@ -179,9 +179,6 @@ struct amx_panel {
   std::vector<float> rows;
   std::vector<std::uint16_t> hi, lo;
   std::int32_t tiles = 0, steps = 0;
-  // Step j of the three products: where its left operand starts in a row of the activations
-  // (segment hi, lo, hi) and its right one in a tile column (plane hi, hi, lo).
-  std::vector<std::size_t> a_step, b_step;
 
   [[nodiscard]] const std::uint16_t* tile(std::int32_t t, int plane, std::int32_t s) const {
     return b.data()->v + ((static_cast<std::size_t>(t) * 2 + static_cast<std::size_t>(plane)) *
@@ -200,17 +197,6 @@ struct amx_panel {
     grow(hi, cols * kTile);
     grow(lo, cols * kTile);
 #endif
-    a_step.resize(3 * static_cast<std::size_t>(steps));
-    b_step.resize(a_step.size());
-    for (std::int32_t j = 0; j < 3 * steps; ++j) {
-      const std::int32_t seg = j / steps, st = j % steps;
-      a_step[static_cast<std::size_t>(j)] =
-          static_cast<std::size_t>(seg) * cols + static_cast<std::size_t>(st) * kStep;
-      b_step[static_cast<std::size_t>(j)] =
-          (static_cast<std::size_t>(seg == 2 ? 1 : 0) * static_cast<std::size_t>(steps) +
-           static_cast<std::size_t>(st)) *
-          512;
-    }
     for (std::int32_t t = 0; t < tiles; ++t) {
       for (std::int32_t n = 0; n < kTile; ++n) {
         const std::int32_t r = r0 + t * kTile + n;
@@ -274,18 +260,24 @@ void configure_tiles() noexcept {
   _tile_loadconfig(&c);
 }
 
-// Steps [j0, j1) of the three products of 32 activation rows (from a, rows ld apart) with
-// tile columns b0 and b1 of the panel, into the four C tiles at c (1 KiB each: rows m0-15 and
-// 16-31 by b0 and b1), which start from zero when j0 == 0. The tile registers are not renamed
-// and a load waits for the products before it, so each operand is reloaded right after its
-// last product of the step: the loads then overlap the products that follow (95% of
-// TDPBF16PS's peak from L1, against 29% with the loads first; bench/results).
-void steps(const std::uint16_t* a, std::size_t ld, const std::uint16_t* b0, const std::uint16_t* b1,
-           const amx_panel& p, std::int32_t j0, std::int32_t j1, float* c) {
-  const std::size_t* ao = p.a_step.data();
-  const std::size_t* bo = p.b_step.data();
+// Steps [s0, s1) (32 elements each) of the three products of 32 activation rows (from a:
+// rows ld apart, hi then lo) with tile columns b0 and b1 of the panel, into the four C tiles
+// at c (1 KiB each: rows 0-15 and 16-31 by b0 and b1), which start from zero when s0 == 0.
+// A step runs Xlo Whi, Xhi Whi, Xhi Wlo on the four C tiles, so that eight loads serve its
+// twelve products. The tile registers are not renamed and a load waits for the products
+// before it, so each operand is reloaded right after its last product: the load then overlaps
+// the products that follow (at 29% of TDPBF16PS's peak from L1 with the loads first).
+void steps(const std::uint16_t* a, std::size_t ld, std::size_t cols, const amx_panel& p,
+           std::int32_t t, std::int32_t s0, std::int32_t s1, float* c) {
   const std::size_t lda = ld * 2;
-  if (j0 == 0) {
+  const std::uint16_t* a1 = a + 16 * ld;  // rows 16-31
+  const auto xh = [&](const std::uint16_t* r, std::int32_t s) {
+    return r + static_cast<std::size_t>(s) * kStep;
+  };
+  const auto xl = [&](const std::uint16_t* r, std::int32_t s) {
+    return r + cols + static_cast<std::size_t>(s) * kStep;
+  };
+  if (s0 == 0) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -296,24 +288,37 @@ void steps(const std::uint16_t* a, std::size_t ld, const std::uint16_t* b0, cons
     _tile_loadd(2, c + 512, 64);
     _tile_loadd(3, c + 768, 64);
   }
-  _tile_loadd(4, a + ao[j0], lda);
-  _tile_loadd(5, a + ao[j0] + 16 * ld, lda);
-  _tile_loadd(6, b0 + bo[j0], 64);
-  _tile_loadd(7, b1 + bo[j0], 64);
-  for (std::int32_t j = j0 + 1; j < j1; ++j) {
+  _tile_loadd(4, xl(a, s0), lda);
+  _tile_loadd(5, xl(a1, s0), lda);
+  _tile_loadd(6, p.tile(t, 0, s0), 64);
+  _tile_loadd(7, p.tile(t + 1, 0, s0), 64);
+  for (std::int32_t s = s0; s < s1; ++s) {
+    // Xlo Whi; then the rows' hi tiles.
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(4, a + ao[j], lda);
+    _tile_loadd(4, xh(a, s), lda);
     _tile_dpbf16ps(2, 5, 6);
-    _tile_loadd(6, b0 + bo[j], 64);
     _tile_dpbf16ps(3, 5, 7);
-    _tile_loadd(5, a + ao[j] + 16 * ld, lda);
-    _tile_loadd(7, b1 + bo[j], 64);
+    _tile_loadd(5, xh(a1, s), lda);
+    // Xhi Whi; then the columns' lo tiles.
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(6, p.tile(t, 1, s), 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(7, p.tile(t + 1, 1, s), 64);
+    // Xhi Wlo; then the next step's Xlo and Whi.
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (s + 1 < s1) _tile_loadd(4, xl(a, s + 1), lda);
+    _tile_dpbf16ps(2, 5, 6);
+    if (s + 1 < s1) _tile_loadd(6, p.tile(t, 0, s + 1), 64);
+    _tile_dpbf16ps(3, 5, 7);
+    if (s + 1 < s1) {
+      _tile_loadd(5, xl(a1, s + 1), lda);
+      _tile_loadd(7, p.tile(t + 1, 0, s + 1), 64);
+    }
   }
-  _tile_dpbf16ps(0, 4, 6);
-  _tile_dpbf16ps(1, 4, 7);
-  _tile_dpbf16ps(2, 5, 6);
-  _tile_dpbf16ps(3, 5, 7);
   _tile_stored(0, c, 64);
   _tile_stored(1, c + 256, 64);
   _tile_stored(2, c + 512, 64);
@@ -343,7 +348,7 @@ void bf16_activations::size(std::int32_t rows, std::int32_t width) {
   n = rows;
   cols = width;
   padded = (rows + 2 * kTile - 1) / (2 * kTile) * (2 * kTile);
-  const std::size_t ld = 3 * static_cast<std::size_t>(width);
+  const std::size_t ld = 2 * static_cast<std::size_t>(width);
   grow(lines, static_cast<std::size_t>(padded) * ld / 32);
   std::fill(data() + static_cast<std::size_t>(rows) * ld,
             data() + static_cast<std::size_t>(padded) * ld, std::uint16_t{0});
@@ -352,9 +357,8 @@ void bf16_activations::size(std::int32_t rows, std::int32_t width) {
 void bf16_activations::convert_rows(const float* x, std::int32_t i0, std::int32_t i1) {
   const auto c = static_cast<std::size_t>(cols);
   for (std::int32_t i = i0; i < i1; ++i) {
-    std::uint16_t* hi = data() + static_cast<std::size_t>(i) * 3 * c;
+    std::uint16_t* hi = data() + static_cast<std::size_t>(i) * 2 * c;
     split_row(x + static_cast<std::size_t>(i) * c, cols, hi, hi + c);
-    std::copy_n(hi, c, hi + 2 * c);
   }
 }
 
@@ -382,8 +386,8 @@ void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std:
     if (tiles) {
       // 32 activation rows at a time; their steps in chunks whose rows (16 KiB) stay in L1
       // while every tile column pair of the panel (in L2) passes, the C tiles parked in memory.
-      const std::size_t ld = 3 * static_cast<std::size_t>(x.cols);
-      const auto n = static_cast<std::int32_t>(p.a_step.size());
+      const std::size_t ld = 2 * static_cast<std::size_t>(x.cols);
+      const std::int32_t n = p.steps;
       grow(parked, static_cast<std::size_t>(p.tiles / 2) * 64);
       for (std::int32_t m0 = 0; m0 < x.padded; m0 += 2 * kTile) {
         const std::uint16_t* a = x.data() + static_cast<std::size_t>(m0) * ld;
@@ -394,7 +398,7 @@ void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std:
           for (std::int32_t j0 = 0; j0 < n; j0 += kChunkSteps) {
             const std::int32_t j1 = std::min(n, j0 + kChunkSteps);
             for (std::int32_t t = t0; t < t1; t += 2)
-              steps(a, ld, p.tile(t, 0, 0), p.tile(t + 1, 0, 0), p, j0, j1,
+              steps(a, ld, static_cast<std::size_t>(x.cols), p, t, j0, j1,
                     parked[static_cast<std::size_t>(t / 2) * 64].v);
           }
         }
@@ -422,7 +426,7 @@ void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std:
     // Without AMX: the same three products by plain loops (the reference of the tiles).
     const auto width = static_cast<std::size_t>(x.cols);
     for (std::int32_t m = 0; m < x.n; ++m) {
-      const std::uint16_t* xh = x.data() + static_cast<std::size_t>(m) * 3 * width;
+      const std::uint16_t* xh = x.data() + static_cast<std::size_t>(m) * 2 * width;
       const std::uint16_t* xl = xh + width;
       for (std::int32_t r = c0; r < c1; ++r) {
         const std::int32_t t = (r - c0) / kTile, n = (r - c0) % kTile;

@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "relokv/attention/detail/amx_bf16.hpp"
 #include "relokv/attention/detail/attend_group.hpp"
 #include "relokv/attention/kv_head_range.hpp"
 #include "relokv/concepts/rope_placement.hpp"
+#include "relokv/dtype.hpp"
 #include "relokv/memory/paged_view.hpp"
 #include "relokv/rope/rotate.hpp"
 #include "relokv/types.hpp"
@@ -106,11 +109,15 @@ void paged_attention(const attention_params<T>& p) {
             p.lse == nullptr ? nullptr : p.lse + s * p.num_q_heads, hb, he);
       return;
     }
-    // Queries of a sequence in groups that share each block while it is in cache.
-    constexpr std::int32_t kGroup = 16;
+    // Queries of a sequence in groups that share each block while it is in cache. The AMX
+    // kernels (bf16 KV) pack every key tile once per group, so theirs are large: up to 1,024
+    // queries (which bounds the scratch).
+    std::int32_t group = 16;
+    if constexpr (Path::kSimd && std::is_same_v<std::remove_const_t<T>, bf16>)
+      if (detail::amx::usable(p.kv.head_dim)) group = 1024;
     for (std::int32_t s = 0; s < table.num_seqs; ++s)
-      for (std::int32_t t = p.q_indptr[s]; t < p.q_indptr[s + 1]; t += kGroup) {
-        const int n = static_cast<int>(std::min(kGroup, p.q_indptr[s + 1] - t));
+      for (std::int32_t t = p.q_indptr[s]; t < p.q_indptr[s + 1]; t += group) {
+        const int n = static_cast<int>(std::min(group, p.q_indptr[s + 1] - t));
         detail::attend_group<P, Path, /*Decode=*/false>(
             rope, p.kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
             p.q + t * stride, p.q_pos + t, n, p.num_q_heads, p.scale, p.out + t * stride,

@@ -14,7 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include <relokv/attention/detail/amx_bf16.hpp>
+#include <relokv/attention/prefill.hpp>
 #include <relokv/layout/builder.hpp>
+#include <relokv/memory/host_kv_storage.hpp>
+#include <relokv/rope/block_relative.hpp>
 
 #include "lanes.hpp"
 #include "llama.hpp"
@@ -160,6 +164,81 @@ inline double prefill_tiles_speedup(relokv_engine::ggml_type t, int reps) {
   return median_ratio(panels, tiles, reps < 5 ? 5 : reps, 1);
 }
 
+/// The same product on the int16 tiles over the AMX tiles (bf16 hi + lo), activation
+/// conversion included, both split over the two lanes.
+inline double prefill_amx_speedup(relokv_engine::ggml_type t, int reps) {
+  constexpr int kRows = 1536, kCols = 576, kN = 1024;
+  const auto tr = relokv_engine::traits_of(t);
+  auto bytes = std::make_shared<std::vector<std::uint8_t>>(
+      static_cast<std::size_t>(kRows) * (kCols / tr.block_elems * tr.block_bytes));
+  std::mt19937 rng(7);
+  for (auto& b : *bytes) b = static_cast<std::uint8_t>(rng() & 0x77);  // finite fp16 scales
+  const auto w = relokv_engine::qmatrix::over(t, kRows, kCols, bytes->data(), bytes);
+  std::vector<float> x(static_cast<std::size_t>(kN) * kCols),
+      y(static_cast<std::size_t>(kN) * kRows);
+  for (auto& v : x) v = static_cast<float>(rng() % 1000) / 500.0f - 1.0f;
+  relokv_engine::q16_activations xq;
+  relokv_engine::bf16_activations xb;
+  auto& lanes = relokv_engine::lanes::get();
+  constexpr int kMid = kRows / 2;
+  auto int16 = [&] {
+    xq.size(kN, kCols, relokv_engine::tile_weight_bound(t));
+    lanes.run([&](int lane) {
+      xq.quantize_rows(x.data(), lane == 0 ? 0 : kN / 2, lane == 0 ? kN / 2 : kN);
+    });
+    lanes.run([&](int lane) {
+      relokv_engine::tile_matmul_rows(w, xq, y.data(), kRows, lane == 0 ? 0 : kMid,
+                                      lane == 0 ? kMid : kRows);
+    });
+    keep(y[0]);
+  };
+  auto amx = [&] {
+    xb.size(kN, kCols);
+    lanes.run([&](int lane) {
+      xb.convert_rows(x.data(), lane == 0 ? 0 : kN / 2, lane == 0 ? kN / 2 : kN);
+    });
+    lanes.run([&](int lane) {
+      relokv_engine::amx_matmul_rows(w, xb, y.data(), kRows, lane == 0 ? 0 : kMid,
+                                     lane == 0 ? kMid : kRows);
+    });
+    keep(y[0]);
+  };
+  return median_ratio(int16, amx, reps < 5 ? 5 : reps, 1);
+}
+
+/// Prefill attention of 1,024 queries over 1,024 bf16 keys in SmolLM2's shape (9 query heads,
+/// 3 KV heads, head_dim 64, blocks of 16, block_relative), on one thread: the fp32 group
+/// kernel over the AMX kernels (amx_bf16.hpp).
+inline double attention_amx_speedup(int reps) {
+  constexpr int kTokens = 1024, kBlock = 16, kHq = 9, kHk = 3, kD = 64;
+  relokv::rope_config cfg;
+  cfg.head_dim = cfg.rotary_dim = kD;
+  const relokv::rope_table rope(cfg, kTokens);
+  relokv::host_kv_storage<relokv::bf16> st(relokv::kv_shape{1, kTokens / kBlock, kHk, kBlock, kD});
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd;
+  for (std::size_t i = 0; i < st.shape().total_elems(); ++i)
+    st.data()[i] = relokv::bf16::from_float(nd(rng));
+  std::vector<relokv::block_entry> entries;
+  for (int b = 0; b < kTokens / kBlock; ++b) entries.push_back({b, b * kBlock, kBlock});
+  std::vector<relokv::pos_t> qpos(kTokens);
+  for (int i = 0; i < kTokens; ++i) qpos[static_cast<std::size_t>(i)] = i;
+  std::vector<float> q(static_cast<std::size_t>(kTokens) * kHq * kD), out(q.size());
+  for (auto& v : q) v = nd(rng);
+  const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(entries.size())};
+  const std::int32_t qind[2] = {0, kTokens};
+  const relokv::paged_kv_view<const relokv::bf16> kv(st.layer(0));
+  const auto run = [&](bool amx) {
+    relokv::detail::amx::switched_on().store(amx);
+    relokv::prefill_attention<relokv::block_relative>(rope, kv, {entries.data(), indptr, 1},
+                                                      q.data(), qpos.data(), qind, kHq, 0.125f,
+                                                      out.data());
+    relokv::detail::amx::switched_on().store(true);
+    keep(out[0]);
+  };
+  return median_ratio([&] { run(false); }, [&] { run(true); }, reps < 3 ? 3 : reps, 1);
+}
+
 /// The reference engine: SmolLM2 when scripts/get-model has fetched it (engine_on_real_model
 /// 1), the synthetic model otherwise (0). Prefill of a 1,024-token prompt, decode after it,
 /// the memory a loaded model keeps resident over its file's size, relokv's overhead against a
@@ -215,6 +294,14 @@ inline std::vector<std::pair<std::string, double>> engine_figures(int reps) {
     out.emplace_back(std::string("gemv_bw_fraction_") + name, gemv_bw_fraction(type, reps));
   out.emplace_back("prefill_tiles_speedup_q4_1", prefill_tiles_speedup(ggml_type::kQ4_1, reps));
   out.emplace_back("prefill_tiles_speedup_q8_0", prefill_tiles_speedup(ggml_type::kQ8_0, reps));
+  // AMX (bf16 hi + lo) where the host and build have it: the products and the attention.
+  out.emplace_back("prefill_amx_on", relokv_engine::has_amx_tiles() ? 1.0 : 0.0);
+  if (relokv_engine::has_amx_tiles()) {
+    out.emplace_back("prefill_amx_speedup_q4_1", prefill_amx_speedup(ggml_type::kQ4_1, reps));
+    out.emplace_back("prefill_amx_speedup_q8_0", prefill_amx_speedup(ggml_type::kQ8_0, reps));
+  }
+  if (relokv::detail::amx::enabled())
+    out.emplace_back("attention_amx_speedup", attention_amx_speedup(reps));
   tokenizer_figures(reps, out);
   return out;
 }

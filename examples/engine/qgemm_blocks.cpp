@@ -306,6 +306,7 @@ void rows_of(const qmatrix& w, const q8_activations& xq, std::int32_t n, float* 
            static_cast<std::size_t>(r);
   };
   for (std::int32_t r = r0; r < r1; ++r) {
+    prefetch_ahead(w, r, r1);
     std::int32_t i = 0;
     float out[4];
     for (; i + 4 <= n; i += 4) {

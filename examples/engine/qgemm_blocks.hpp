@@ -4,6 +4,7 @@
 // AVX-512 VNNI for all of them. Each block of 32 weights is decoded to unsigned bytes with a
 // scale and an offset per half block (K-quants: their sub-block's), so one loop serves every
 // type; the int8 activations' half-block sums (q8_activations::s16) carry the offsets.
+#include <cstddef>
 #include <cstdint>
 
 #include "qgemm.hpp"
@@ -13,6 +14,11 @@ namespace relokv_engine {
 /// The instruction sets of the block kernels: VPDPBUSD on 256 bits (AVX-512 VNNI + VL),
 /// VPMADDUBSW + VPMADDWD (AVX2), or scalar loops.
 enum class block_isa { kVnni256, kAvx2, kPortable };
+
+/// How far ahead of the row being multiplied a GEMV prefetches its weights.
+inline constexpr std::size_t kPrefetchAhead = 2048;
+/// Prefetches (into L2) the bytes kPrefetchAhead past row r of w, up to row r1's start.
+void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1) noexcept;
 
 /// Whether this build has the kernels of `isa` (the host must run what the build targets).
 [[nodiscard]] bool block_isa_available(block_isa isa) noexcept;

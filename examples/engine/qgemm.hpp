@@ -121,7 +121,8 @@ void tile_matmul_rows(const qmatrix& w, const q16_activations& x, float* y, std:
 /// Activations for the AMX tiles: each row as bf16 hi and lo (x - hi, rounded), laid out
 /// [hi | lo]. Rows are padded with zeros to a multiple of 32 (two tiles).
 struct bf16_activations {
-  /// 32 bf16, one cache line: tile rows that straddle two lines load at a third of the speed.
+  /// 32 bf16, one cache line: tile rows that straddle two lines slow the products
+  /// (relokv_amx_rates).
   struct alignas(64) line {
     std::uint16_t v[32];
   };

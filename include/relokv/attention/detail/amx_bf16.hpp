@@ -87,7 +87,7 @@ inline void configure() noexcept {
   _tile_loadconfig(&c);
 }
 
-/// One cache line of bf16: tile rows that straddle two lines load at a third of the speed.
+/// One cache line of bf16: tile rows that straddle two lines slow the products (relokv_amx_rates).
 struct alignas(64) line {
   std::uint16_t v[32];
 };

@@ -126,84 +126,77 @@ inline double gemv_bw_fraction(relokv_engine::ggml_type t, int reps) {
 }
 
 /// Prefill's product of 1,024 activation rows with a [1536][576] matrix of type t (SmolLM2's
-/// gate), rows split over the two lanes as the engine's matmul does: fp32 panels with BLAS
-/// (the path before the tiles, and the one use_integer_kernels(false) keeps) over the int16
-/// tiles, activation quantization included.
+/// gate) in each of the ways the engine computes it, rows split over the two lanes as its
+/// matmul does, activation conversion included.
+class gate_product {
+ public:
+  gate_product(relokv_engine::ggml_type t, unsigned seed) {
+    const auto tr = relokv_engine::traits_of(t);
+    type_ = t;
+    bytes_ = std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(kRows) *
+                                                         (kCols / tr.block_elems * tr.block_bytes));
+    std::mt19937 rng(seed);
+    for (auto& b : *bytes_) b = static_cast<std::uint8_t>(rng() & 0x77);  // finite fp16 scales
+    w_ = relokv_engine::qmatrix::over(t, kRows, kCols, bytes_->data(), bytes_);
+    x_.resize(static_cast<std::size_t>(kN) * kCols);
+    y_.resize(static_cast<std::size_t>(kN) * kRows);
+    for (auto& v : x_) v = static_cast<float>(rng() % 1000) / 500.0f - 1.0f;
+  }
+  /// fp32 panels with BLAS (the path before the tiles, and the one use_integer_kernels(false)
+  /// keeps).
+  void panels() {
+    lanes().run([&](int lane) {
+      relokv_engine::qmatmul_rows(w_, x_.data(), nullptr, kN, y_.data(), kRows, first(lane),
+                                  last(lane));
+    });
+    keep(y_[0]);
+  }
+  /// The int16 tiles.
+  void int16() {
+    xq_.size(kN, kCols, relokv_engine::tile_weight_bound(type_));
+    lanes().run([&](int lane) {
+      xq_.quantize_rows(x_.data(), lane == 0 ? 0 : kN / 2, lane == 0 ? kN / 2 : kN);
+    });
+    lanes().run([&](int lane) {
+      relokv_engine::tile_matmul_rows(w_, xq_, y_.data(), kRows, first(lane), last(lane));
+    });
+    keep(y_[0]);
+  }
+  /// The AMX tiles (bf16 hi + lo).
+  void amx() {
+    xb_.size(kN, kCols);
+    lanes().run([&](int lane) {
+      xb_.convert_rows(x_.data(), lane == 0 ? 0 : kN / 2, lane == 0 ? kN / 2 : kN);
+    });
+    lanes().run([&](int lane) {
+      relokv_engine::amx_matmul_rows(w_, xb_, y_.data(), kRows, first(lane), last(lane));
+    });
+    keep(y_[0]);
+  }
+
+ private:
+  static constexpr int kRows = 1536, kCols = 576, kN = 1024, kMid = kRows / 2;
+  static relokv_engine::lanes& lanes() { return relokv_engine::lanes::get(); }
+  static int first(int lane) { return lane == 0 ? 0 : kMid; }
+  static int last(int lane) { return lane == 0 ? kMid : kRows; }
+  relokv_engine::ggml_type type_;
+  std::shared_ptr<std::vector<std::uint8_t>> bytes_;
+  relokv_engine::qmatrix w_;
+  std::vector<float> x_, y_;
+  relokv_engine::q16_activations xq_;
+  relokv_engine::bf16_activations xb_;
+};
+
+/// fp32 panels over the int16 tiles for the gate product.
 inline double prefill_tiles_speedup(relokv_engine::ggml_type t, int reps) {
-  constexpr int kRows = 1536, kCols = 576, kN = 1024;
-  const auto tr = relokv_engine::traits_of(t);
-  auto bytes = std::make_shared<std::vector<std::uint8_t>>(
-      static_cast<std::size_t>(kRows) * (kCols / tr.block_elems * tr.block_bytes));
-  std::mt19937 rng(6);
-  for (auto& b : *bytes) b = static_cast<std::uint8_t>(rng() & 0x77);  // finite fp16 scales
-  const auto w = relokv_engine::qmatrix::over(t, kRows, kCols, bytes->data(), bytes);
-  std::vector<float> x(static_cast<std::size_t>(kN) * kCols),
-      y(static_cast<std::size_t>(kN) * kRows);
-  for (auto& v : x) v = static_cast<float>(rng() % 1000) / 500.0f - 1.0f;
-  relokv_engine::q16_activations xq;
-  auto& lanes = relokv_engine::lanes::get();
-  constexpr int kMid = kRows / 2;
-  auto panels = [&] {
-    lanes.run([&](int lane) {
-      relokv_engine::qmatmul_rows(w, x.data(), nullptr, kN, y.data(), kRows, lane == 0 ? 0 : kMid,
-                                  lane == 0 ? kMid : kRows);
-    });
-    keep(y[0]);
-  };
-  auto tiles = [&] {
-    xq.size(kN, kCols, relokv_engine::tile_weight_bound(t));
-    lanes.run([&](int lane) {
-      xq.quantize_rows(x.data(), lane == 0 ? 0 : kN / 2, lane == 0 ? kN / 2 : kN);
-    });
-    lanes.run([&](int lane) {
-      relokv_engine::tile_matmul_rows(w, xq, y.data(), kRows, lane == 0 ? 0 : kMid,
-                                      lane == 0 ? kMid : kRows);
-    });
-    keep(y[0]);
-  };
-  return median_ratio(panels, tiles, reps < 5 ? 5 : reps, 1);
+  gate_product g(t, 6);
+  return median_ratio([&] { g.panels(); }, [&] { g.int16(); }, reps < 5 ? 5 : reps, 1);
 }
 
-/// The same product on the int16 tiles over the AMX tiles (bf16 hi + lo), activation
-/// conversion included, both split over the two lanes.
+/// The int16 tiles over the AMX tiles for the gate product.
 inline double prefill_amx_speedup(relokv_engine::ggml_type t, int reps) {
-  constexpr int kRows = 1536, kCols = 576, kN = 1024;
-  const auto tr = relokv_engine::traits_of(t);
-  auto bytes = std::make_shared<std::vector<std::uint8_t>>(
-      static_cast<std::size_t>(kRows) * (kCols / tr.block_elems * tr.block_bytes));
-  std::mt19937 rng(7);
-  for (auto& b : *bytes) b = static_cast<std::uint8_t>(rng() & 0x77);  // finite fp16 scales
-  const auto w = relokv_engine::qmatrix::over(t, kRows, kCols, bytes->data(), bytes);
-  std::vector<float> x(static_cast<std::size_t>(kN) * kCols),
-      y(static_cast<std::size_t>(kN) * kRows);
-  for (auto& v : x) v = static_cast<float>(rng() % 1000) / 500.0f - 1.0f;
-  relokv_engine::q16_activations xq;
-  relokv_engine::bf16_activations xb;
-  auto& lanes = relokv_engine::lanes::get();
-  constexpr int kMid = kRows / 2;
-  auto int16 = [&] {
-    xq.size(kN, kCols, relokv_engine::tile_weight_bound(t));
-    lanes.run([&](int lane) {
-      xq.quantize_rows(x.data(), lane == 0 ? 0 : kN / 2, lane == 0 ? kN / 2 : kN);
-    });
-    lanes.run([&](int lane) {
-      relokv_engine::tile_matmul_rows(w, xq, y.data(), kRows, lane == 0 ? 0 : kMid,
-                                      lane == 0 ? kMid : kRows);
-    });
-    keep(y[0]);
-  };
-  auto amx = [&] {
-    xb.size(kN, kCols);
-    lanes.run([&](int lane) {
-      xb.convert_rows(x.data(), lane == 0 ? 0 : kN / 2, lane == 0 ? kN / 2 : kN);
-    });
-    lanes.run([&](int lane) {
-      relokv_engine::amx_matmul_rows(w, xb, y.data(), kRows, lane == 0 ? 0 : kMid,
-                                     lane == 0 ? kMid : kRows);
-    });
-    keep(y[0]);
-  };
-  return median_ratio(int16, amx, reps < 5 ? 5 : reps, 1);
+  gate_product g(t, 7);
+  return median_ratio([&] { g.int16(); }, [&] { g.amx(); }, reps < 5 ? 5 : reps, 1);
 }
 
 /// Prefill attention of 1,024 queries over 1,024 bf16 keys in SmolLM2's shape (9 query heads,

@@ -15,15 +15,10 @@
 #include <string>
 #include <vector>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
-    defined(__AVX512BW__) && defined(__linux__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define RELOKV_ENGINE_AMX 1
-#else
-#define RELOKV_ENGINE_AMX 0
-#endif
+// The library's AMX pieces (the tile grant, configuration and pair splits) are shared with its
+// attention kernels.
+#include <relokv/attention/detail/amx_bf16.hpp>
+#define RELOKV_ENGINE_AMX RELOKV_HOST_AMX
 
 // GCC 12 reports a false -Wmaybe-uninitialized inside AVX-512 intrinsics (GCC bug 105593).
 #if RELOKV_ENGINE_AMX && defined(__GNUC__) && !defined(__clang__)
@@ -50,10 +45,8 @@ void split_row(const float* v, std::int32_t n, std::uint16_t* hi, std::uint16_t*
   std::int32_t j = 0;
 #if RELOKV_ENGINE_AMX
   for (; j + 16 <= n; j += 16) {
-    const __m512 x = _mm512_loadu_ps(v + j);
-    const __m256i h = std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x));
-    const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    const __m256i l = std::bit_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_sub_ps(x, hf)));
+    __m256i h, l;
+    relokv::detail::amx::split16(_mm512_loadu_ps(v + j), h, l);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + j), h);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + j), l);
   }
@@ -104,53 +97,6 @@ void dequantize(const qmatrix& w, std::int32_t r, float* out) {
 #endif
   w.dequantize_row(r, out);
 }
-
-#if RELOKV_ENGINE_AMX
-// One step of 16 weight rows (x: the first row's 32 elements, rows `ld` floats apart) as its
-// hi and lo tiles: each row's 16 bf16 pairs become a column of the tile (a 16 x 16 transpose
-// of 32-bit pairs, in registers).
-void pack_step(const float* x, std::size_t ld, std::uint16_t* hi, std::uint16_t* lo) {
-  __m512i h[16], l[16];
-  for (int n = 0; n < 16; ++n) {
-    const __m512 x0 = _mm512_loadu_ps(x + static_cast<std::size_t>(n) * ld);
-    const __m512 x1 = _mm512_loadu_ps(x + static_cast<std::size_t>(n) * ld + 16);
-    const __m512i hb = std::bit_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0));
-    const __m512 h0 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hb)), 16));
-    const __m512 h1 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hb, 1)), 16));
-    h[n] = hb;
-    l[n] =
-        std::bit_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0)));
-  }
-  const auto transpose_store = [](__m512i* r, std::uint16_t* dst) {
-    __m512i a[16], b[16];
-    for (int g = 0; g < 4; ++g) {  // 4 x 4 transposes inside each 128-bit lane
-      a[4 * g + 0] = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
-      a[4 * g + 1] = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
-      a[4 * g + 2] = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
-      a[4 * g + 3] = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
-      b[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
-      b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
-      b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
-      b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
-    }
-    for (int c = 0; c < 4; ++c) {  // then the lanes across the four row groups
-      const __m512i p0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
-      const __m512i p1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
-      const __m512i q0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
-      const __m512i q1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
-      _mm512_store_si512(dst + 32 * c, _mm512_shuffle_i32x4(p0, q0, 0x88));
-      _mm512_store_si512(dst + 32 * (4 + c), _mm512_shuffle_i32x4(p0, q0, 0xDD));
-      _mm512_store_si512(dst + 32 * (8 + c), _mm512_shuffle_i32x4(p1, q1, 0x88));
-      _mm512_store_si512(dst + 32 * (12 + c), _mm512_shuffle_i32x4(p1, q1, 0xDD));
-    }
-  };
-  transpose_store(h, hi);
-  transpose_store(l, lo);
-}
-
-#endif
 
 // Grows v to at least n elements and never shrinks it: a buffer sized for each product in
 // turn would otherwise be zeroed again whenever it grows back (a resize value-initializes).
@@ -208,9 +154,9 @@ struct amx_panel {
       }
 #if RELOKV_ENGINE_AMX
       for (std::int32_t s = 0; s < steps; ++s)
-        pack_step(rows.data() + static_cast<std::size_t>(s) * kStep, cols,
-                  const_cast<std::uint16_t*>(tile(t, 0, s)),
-                  const_cast<std::uint16_t*>(tile(t, 1, s)));
+        relokv::detail::amx::split_pairs(rows.data() + static_cast<std::size_t>(s) * kStep, cols,
+                                         kTile, const_cast<std::uint16_t*>(tile(t, 0, s)),
+                                         const_cast<std::uint16_t*>(tile(t, 1, s)));
 #else
       for (std::int32_t n = 0; n < kTile; ++n)
         split_row(rows.data() + static_cast<std::size_t>(n) * cols, w.cols,
@@ -236,30 +182,6 @@ struct amx_panel {
 };
 
 #if RELOKV_ENGINE_AMX
-// The kernel lends AMX's tile registers to a process only when asked (arch_prctl), once.
-bool host_grants_amx() noexcept {
-  static const bool ok = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-}
-
-// Palette 1, all eight tiles 16 rows of 64 bytes: C in 0-3, A in 4-5, B in 6-7.
-void configure_tiles() noexcept {
-  struct alignas(64) config {
-    std::uint8_t palette = 1, start_row = 0;
-    std::uint8_t reserved[14] = {};
-    std::uint16_t colsb[16] = {};
-    std::uint8_t rows[16] = {};
-  } c;
-  for (int t = 0; t < 8; ++t) {
-    c.colsb[t] = 64;
-    c.rows[t] = kTile;
-  }
-  _tile_loadconfig(&c);
-}
-
 // Steps [s0, s1) (32 elements each) of the three products of 32 activation rows (from a:
 // rows ld apart, hi then lo) with tile columns b0 and b1 of the panel, into the four C tiles
 // at c (1 KiB each: rows 0-15 and 16-31 by b0 and b1), which start from zero when s0 == 0.
@@ -330,7 +252,8 @@ void steps(const std::uint16_t* a, std::size_t ld, std::size_t cols, const amx_p
 
 bool has_amx_tiles() noexcept {
 #if RELOKV_ENGINE_AMX
-  return g_amx.load(std::memory_order_relaxed) && integer_kernels_on() && host_grants_amx();
+  return g_amx.load(std::memory_order_relaxed) && integer_kernels_on() &&
+         relokv::detail::amx::granted();
 #else
   return false;
 #endif
@@ -376,7 +299,7 @@ void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std:
   thread_local amx_panel p;
 #if RELOKV_ENGINE_AMX
   const bool tiles = has_amx_tiles();
-  if (tiles) configure_tiles();
+  if (tiles) relokv::detail::amx::configure();
   thread_local std::vector<c_line> parked;  // the C tiles of a row block: per column pair, 4 KiB
 #endif
   for (std::int32_t c0 = r0; c0 < r1; c0 += chunk) {

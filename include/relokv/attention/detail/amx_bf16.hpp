@@ -1,10 +1,10 @@
 #pragma once
 /// @file
 /// Prefill attention over bf16 KV on AMX tiles (TDPBF16PS), where the build targets AMX-BF16
-/// and the kernel grants the tile registers (Linux arch_prctl). Two passes per tile of 16
-/// query rows of one query head, over the sequence's keys in tiles of 16: the first finds
-/// each row's largest score, the second takes e^(s - max) and accumulates P.V in four tile
-/// registers across all keys, so the accumulators are never rescaled (no online correction).
+/// and the kernel grants the tile registers (Linux arch_prctl). Per tile of 16 query rows of
+/// one query head, over the sequence's keys in tiles of 16: every score once, each row's
+/// largest, the weights e^(s - max), then P.V accumulated in four tile registers across all
+/// keys, so the accumulators are never rescaled (no online correction).
 ///
 /// Precision: queries, rotated keys and softmax weights are each split into two bf16 terms,
 /// hi + lo (~16 significant bits); Q.K takes Qhi Khi + Qhi Klo + Qlo Khi, P.V takes

@@ -143,7 +143,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   const pos_t m_max = *std::max_element(m, m + nq);
 
   // Prefill over bf16 KV on AMX (amx_bf16.hpp): the block loop packs each block-head's key
-  // tiles, the two passes run after it.
+  // tiles, amx::attend runs after it.
   [[maybe_unused]] bool use_amx = false;
 #if RELOKV_HOST_AMX
   amx::attention_tiles& at = amx::tiles_scratch();

@@ -128,8 +128,13 @@ struct bf16_activations {
   };
   std::int32_t n = 0, cols = 0, padded = 0;
   std::vector<line> lines;  ///< [padded][2 * cols] bf16
-  [[nodiscard]] const std::uint16_t* data() const noexcept { return lines.data()->v; }
-  [[nodiscard]] std::uint16_t* data() noexcept { return lines.data()->v; }
+  /// The buffer as one array of bf16 (not line by line: offsets cross lines).
+  [[nodiscard]] const std::uint16_t* data() const noexcept {
+    return reinterpret_cast<const std::uint16_t*>(lines.data());
+  }
+  [[nodiscard]] std::uint16_t* data() noexcept {
+    return reinterpret_cast<std::uint16_t*>(lines.data());
+  }
   /// Sizes the buffer for n rows of cols (a multiple of 32), the padding zeroed.
   /// @throws std::logic_error when cols is not a multiple of 32
   void size(std::int32_t n, std::int32_t cols);

@@ -127,10 +127,11 @@ struct amx_panel {
   std::int32_t tiles = 0, steps = 0;
 
   [[nodiscard]] const std::uint16_t* tile(std::int32_t t, int plane, std::int32_t s) const {
-    return b.data()->v + ((static_cast<std::size_t>(t) * 2 + static_cast<std::size_t>(plane)) *
-                              static_cast<std::size_t>(steps) +
-                          static_cast<std::size_t>(s)) *
-                             512;
+    return reinterpret_cast<const std::uint16_t*>(b.data()) +
+           ((static_cast<std::size_t>(t) * 2 + static_cast<std::size_t>(plane)) *
+                static_cast<std::size_t>(steps) +
+            static_cast<std::size_t>(s)) *
+               512;
   }
 
   void pack(const qmatrix& w, std::int32_t r0, std::int32_t r1) {
@@ -321,13 +322,15 @@ void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std:
           for (std::int32_t j0 = 0; j0 < n; j0 += kChunkSteps) {
             const std::int32_t j1 = std::min(n, j0 + kChunkSteps);
             for (std::int32_t t = t0; t < t1; t += 2)
-              steps(a, ld, static_cast<std::size_t>(x.cols), p, t, j0, j1,
-                    parked[static_cast<std::size_t>(t / 2) * 64].v);
+              steps(
+                  a, ld, static_cast<std::size_t>(x.cols), p, t, j0, j1,
+                  reinterpret_cast<float*>(parked.data()) + static_cast<std::size_t>(t / 2) * 1024);
           }
         }
         const std::int32_t mend = std::min(x.n, m0 + 2 * kTile);
         for (std::int32_t t = 0; t < p.tiles; t += 2) {
-          const float* cb = parked[static_cast<std::size_t>(t / 2) * 64].v;
+          const float* cb = reinterpret_cast<const float*>(parked.data()) +
+                            static_cast<std::size_t>(t / 2) * 1024;
           for (int q = 0; q < 2; ++q) {  // tile columns t, t + 1
             const std::int32_t col = c0 + (t + q) * kTile;
             const std::int32_t ncols = std::min(c1 - col, kTile);

@@ -28,9 +28,17 @@
 #include "relokv/block_table.hpp"
 #include "relokv/config.hpp"
 
-#if RELOKV_HOST_SIMD && defined(__AMX_TILE__) && defined(__AMX_BF16__) &&     \
-    defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__linux__) && \
-    !defined(RELOKV_NO_AMX)
+// GCC spells the targets' macros __AMX_TILE__ and __AMX_BF16__, clang __AMXTILE__ and
+// __AMXBF16__.
+#if (defined(__AMX_TILE__) || defined(__AMXTILE__)) && \
+    (defined(__AMX_BF16__) || defined(__AMXBF16__))
+#define RELOKV_TARGET_AMX_BF16 1
+#else
+#define RELOKV_TARGET_AMX_BF16 0
+#endif
+
+#if RELOKV_HOST_SIMD && RELOKV_TARGET_AMX_BF16 && defined(__AVX512BF16__) && \
+    defined(__AVX512BW__) && defined(__linux__) && !defined(RELOKV_NO_AMX)
 #define RELOKV_HOST_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -220,7 +228,7 @@ inline void split_queries(attention_tiles& t, const float* qrot, int nq, int hq,
   const std::size_t need =
       static_cast<std::size_t>(t.heads * G) * static_cast<std::size_t>(t.nq_pad) * row / 32;
   if (t.q.size() < need) t.q.resize(need);
-  auto* base = t.q.data()->v;
+  auto* base = reinterpret_cast<std::uint16_t*>(t.q.data());  // offsets cross lines
   for (int qh = 0; qh < t.heads * G; ++qh)
     for (int qi = 0; qi < t.nq_pad; ++qi) {
       std::uint16_t* dst = base + (static_cast<std::size_t>(qh) * t.nq_pad + qi) * row;
@@ -304,16 +312,16 @@ inline void attend(attention_tiles& t, const pos_t* m, int nq, int hq, int G, in
     const int head = h_begin * G + qh;
     for (int q0 = 0; q0 < nq; q0 += 16) {
       const int rows = std::min(16, nq - q0);
-      const std::uint16_t* a =
-          t.q.data()->v + (static_cast<std::size_t>(qh) * t.nq_pad + q0) * 2 * D;
+      const std::uint16_t* a = reinterpret_cast<const std::uint16_t*>(t.q.data()) +
+                               (static_cast<std::size_t>(qh) * t.nq_pad + q0) * 2 * D;
       pos_t mhi = m[q0];
       for (int r = 1; r < rows; ++r) mhi = std::max(mhi, m[q0 + r]);
       rs.keys.clear();
       for (std::size_t k = 0; k < ntiles; ++k)
         if (t.pos[k] <= mhi) rs.keys.push_back(k);
       const std::size_t nk = rs.keys.size();
-      float* sb = rs.s.data()->v;
-      for (std::size_t i = 0; i < nk; i += 4) {  // every score, four key tiles at a time
+      float* sb = reinterpret_cast<float*>(rs.s.data());  // offsets cross lines
+      for (std::size_t i = 0; i < nk; i += 4) {           // every score, four key tiles at a time
         const line* kt[4];
         for (std::size_t j = 0; j < 4 && i + j < nk; ++j) kt[j] = t.tile(h, rs.keys[i + j]);
         float* dst = sb + i * 256;

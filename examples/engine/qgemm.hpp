@@ -148,9 +148,6 @@ struct bf16_activations {
 /// Turns the AMX tiles off (false) or back on for the whole process (benchmarks compare them
 /// with the int16 tiles). Set it before any product runs.
 void use_amx_tiles(bool on) noexcept;
-/// Whether products of many rows with w's type run on the AMX tiles: the int16 tiles' types
-/// and F16 / BF16, when has_amx_tiles().
-[[nodiscard]] bool has_amx_product(ggml_type t) noexcept;
 /// y[i][r] = dot(x[i], w[r]) for i < x.n and r in [r0, r1) on AMX: the rows dequantized and
 /// split into bf16 hi + lo panels of at most 1 MiB (per thread), three TDPBF16PS products a
 /// step (Xhi Whi + Xlo Whi + Xhi Wlo) accumulated in fp32, in blocks of 32 x 32 outputs.

@@ -18,6 +18,7 @@
 // The library's AMX pieces (the tile grant, configuration and pair splits) are shared with its
 // attention kernels.
 #include <relokv/attention/detail/amx_bf16.hpp>
+#include <relokv/dtype.hpp>
 #define RELOKV_ENGINE_AMX RELOKV_HOST_AMX
 
 // GCC 12 reports a false -Wmaybe-uninitialized inside AVX-512 intrinsics (GCC bug 105593).
@@ -31,14 +32,9 @@ namespace {
 
 std::atomic<bool> g_amx{true};
 
-// fp32 to bf16, rounded to nearest even (finite values; the products never see others).
-std::uint16_t bf16_bits(float v) noexcept {
-  const auto u = std::bit_cast<std::uint32_t>(v);
-  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-float bf16_value(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
+// fp32 to bf16 bits (rounded to nearest even) and back: relokv's own bf16.
+std::uint16_t bf16_bits(float v) noexcept { return relokv::bf16::from_float(v).bits; }
+float bf16_value(std::uint16_t b) noexcept { return relokv::bf16{b}.to_float(); }
 
 // v as hi + lo, both bf16.
 void split_row(const float* v, std::int32_t n, std::uint16_t* hi, std::uint16_t* lo) {
@@ -261,10 +257,6 @@ bool has_amx_tiles() noexcept {
 }
 
 void use_amx_tiles(bool on) noexcept { g_amx.store(on, std::memory_order_relaxed); }
-
-bool has_amx_product(ggml_type t) noexcept {
-  return has_amx_tiles() && (has_tile_kernel(t) || t == ggml_type::kF16 || t == ggml_type::kBF16);
-}
 
 void bf16_activations::size(std::int32_t rows, std::int32_t width) {
   if (width % kStep != 0)

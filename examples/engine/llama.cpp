@@ -114,19 +114,20 @@ void matmul(const float* x, int n, int in, const qmatrix& w, int out, float* y,
 }
 
 /// g[i] = silu(g[i]) * u[i] for i < n, silu(x) = x * sigmoid(x) from e = e^-|x| (the library's
-/// branch-free exp, within 2e-7), 16 lanes at a time where the build has AVX-512 (std::exp is
-/// a call per element: SiLU was a tenth of prefill).
+/// branch-free exp, within 2e-7), a vector at a time where the build has AVX-512 or AVX2
+/// (std::exp is a call per element: SiLU was a tenth of prefill).
 void silu_mul(float* g, const float* u, std::size_t n) {
   std::size_t i = 0;
 #if RELOKV_HOST_SIMD
-  using relokv::detail::simd::vf16;
-  for (; i + 16 <= n; i += 16) {
-    vf16 x, up;
+  using relokv::detail::simd::vf;
+  constexpr std::size_t kLanes = relokv::detail::simd::kLanes;
+  for (; i + kLanes <= n; i += kLanes) {
+    vf x, up;
     std::memcpy(&x, g + i, sizeof x);
     std::memcpy(&up, u + i, sizeof up);
-    vf16 e = x < 0.0f ? x : -x;  // -|x|
+    vf e = x < 0.0f ? x : -x;  // -|x|
     relokv::detail::simd::exp_nonpositive(e);
-    const vf16 y = (x >= 0.0f ? x : x * e) / (1.0f + e) * up;
+    const vf y = (x >= 0.0f ? x : x * e) / (1.0f + e) * up;
     std::memcpy(g + i, &y, sizeof y);
   }
 #endif

@@ -5,8 +5,8 @@
 // per 32 elements with an fp32 scale, as the formats intend, and multiplied with AVX-512 VNNI
 // (paired-block kernels for Q4_1 and Q8_0, SmolLM2's types; 256-bit block kernels for the
 // others, qgemm_blocks.hpp), AVX2 (VPMADDUBSW) or portable loops. Prefill runs on int16 tiles
-// (tile_matmul_rows: int16 activations, VPDPWSSD). F32 weights go to BLAS as they are; F16
-// and BF16 are dequantized a lane's panel (at most 4 MiB) at a time and multiplied with BLAS.
+// (tile_matmul_rows: int16 activations, VPDPWSSD or VPMADDWD). F32 weights go to BLAS as they are;
+// F16 and BF16 are dequantized a lane's panel (at most 4 MiB) at a time and multiplied with BLAS.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -106,15 +106,22 @@ struct q16_activations {
 };
 
 /// Whether products of many rows with w's type run on the int16 tiles (Q4_0, Q4_1, Q5_0,
-/// Q8_0, Q4_K, Q6_K, unless use_integer_kernels(false)).
+/// Q8_0, Q4_K, Q6_K, unless use_integer_kernels(false)). Not where the tiles would run their
+/// portable loops: BLAS on dequantized panels is faster than those.
 [[nodiscard]] bool has_tile_kernel(ggml_type t) noexcept;
 /// The largest |integer| the tiles multiply for t (K-quants fold sub-block scales in).
 [[nodiscard]] std::int32_t tile_weight_bound(ggml_type t) noexcept;
-/// The tiles' instruction set on this build: "avx512-vnni" or "portable".
+/// The tiles' instruction set in use: "avx512-vnni", "avx2" or "portable".
 [[nodiscard]] const char* tile_kernel_isa() noexcept;
+/// The tiles' instruction sets this build has, best first.
+[[nodiscard]] std::vector<std::string> tile_kernel_isas();
+/// Makes the tiles use `isa` (one of tile_kernel_isas()) for the whole process; tests and
+/// benchmarks compare them. False, and nothing changes, when the build lacks it.
+bool select_tile_kernel_isa(const std::string& isa) noexcept;
 /// y[i][r] = dot(x[i], w[r]) for i < x.n and r in [r0, r1) on the int16 tiles: the rows'
 /// blocks unpacked to int16 panels of at most 512 KiB (per thread), multiplied with VPDPWSSD
-/// in register tiles of 4 x 48, each block's sum scaled by both scales in fp32.
+/// in register tiles of 4 x 48 (AVX-512 VNNI) or VPMADDWD in tiles of 3 x 16 (AVX2), each
+/// block's sum scaled by both scales in fp32.
 void tile_matmul_rows(const qmatrix& w, const q16_activations& x, float* y, std::int32_t ldy,
                       std::int32_t r0, std::int32_t r1);
 

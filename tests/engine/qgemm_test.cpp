@@ -224,40 +224,49 @@ TEST_CASE("qgemm: fp32 activations with Q4_1 and Q8_0, in registers and on panel
 
 TEST_CASE("qgemm: the int16 tiles agree with dequantize-then-fp32 for every quantized type",
           "[qgemm]") {
-  INFO("tiles: " << relokv_engine::tile_kernel_isa());
+  const auto isas = relokv_engine::tile_kernel_isas();
+  REQUIRE(isas.back() == "portable");
+  CHECK_FALSE(relokv_engine::select_tile_kernel_isa("sse9"));
   std::mt19937 rng(15);
   std::normal_distribution<float> nd;
-  for (const ggml_type t : {ggml_type::kQ4_0, ggml_type::kQ4_1, ggml_type::kQ5_0, ggml_type::kQ8_0,
-                            ggml_type::kQ4_K, ggml_type::kQ6_K}) {
-    // 600 rows of 512: two panels (512 KiB of int16 holds 512 rows), a last register tile of
-    // one group with 8 of its 16 rows; 11 activation rows: two tiles of four, then three.
-    const int cols = 512, rows = 600, n = 11;
-    REQUIRE(relokv_engine::has_tile_kernel(t));
-    const auto bytes = random_blocks(t, rows, cols, rng);
-    const qmatrix w = matrix_of(t, rows, cols, bytes);
-    std::vector<float> x(static_cast<std::size_t>(n * cols));
-    for (auto& v : x) v = nd(rng);
-    x[5] = 60.0f;  // an outlier: its block's scale is coarse, the bound follows it
-    relokv_engine::q16_activations xq;
-    xq.quantize(x.data(), n, cols, relokv_engine::tile_weight_bound(t));
-    std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f);
-    // Two calls over row ranges that split a group: each writes its rows only.
-    relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 0, 37);
-    for (int i = 0; i < n; ++i) CHECK(y[static_cast<std::size_t>(i * rows + 37)] == -1.0f);
-    relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 37, rows);
-    std::vector<float> wr(static_cast<std::size_t>(cols));
-    for (int r = 0; r < rows; ++r) {
-      w.dequantize_row(r, wr.data());
-      for (int i = 0; i < n; ++i) {
-        const auto [exact, bound, mag] =
-            quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
-                                xq.d.data() + static_cast<std::size_t>(i * (cols / 32)));
-        const float got = y[static_cast<std::size_t>(i * rows + r)];
-        INFO(relokv_engine::traits_of(t).name << " row " << r << " act " << i);
-        CHECK(std::abs(got - exact) <= bound * 1.001 + 2e-5 * (1 + mag));
+  for (const auto& isa : isas) {
+    REQUIRE(relokv_engine::select_tile_kernel_isa(isa));
+    INFO("tiles: " << relokv_engine::tile_kernel_isa());
+    for (const ggml_type t : {ggml_type::kQ4_0, ggml_type::kQ4_1, ggml_type::kQ5_0,
+                              ggml_type::kQ8_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
+      // 600 rows of 512: two panels (512 KiB of int16 holds 512 rows), a last register tile of
+      // one group with 8 of its 16 rows; 11 activation rows: tiles of four (or three), then the
+      // rest.
+      const int cols = 512, rows = 600, n = 11;
+      // The engine runs the tiles where they are vectorized, BLAS on panels elsewhere.
+      CHECK(relokv_engine::has_tile_kernel(t) == (isa != "portable"));
+      const auto bytes = random_blocks(t, rows, cols, rng);
+      const qmatrix w = matrix_of(t, rows, cols, bytes);
+      std::vector<float> x(static_cast<std::size_t>(n * cols));
+      for (auto& v : x) v = nd(rng);
+      x[5] = 60.0f;  // an outlier: its block's scale is coarse, the bound follows it
+      relokv_engine::q16_activations xq;
+      xq.quantize(x.data(), n, cols, relokv_engine::tile_weight_bound(t));
+      std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f);
+      // Two calls over row ranges that split a group: each writes its rows only.
+      relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 0, 37);
+      for (int i = 0; i < n; ++i) CHECK(y[static_cast<std::size_t>(i * rows + 37)] == -1.0f);
+      relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 37, rows);
+      std::vector<float> wr(static_cast<std::size_t>(cols));
+      for (int r = 0; r < rows; ++r) {
+        w.dequantize_row(r, wr.data());
+        for (int i = 0; i < n; ++i) {
+          const auto [exact, bound, mag] =
+              quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
+                                  xq.d.data() + static_cast<std::size_t>(i * (cols / 32)));
+          const float got = y[static_cast<std::size_t>(i * rows + r)];
+          INFO(relokv_engine::traits_of(t).name << " row " << r << " act " << i);
+          CHECK(std::abs(got - exact) <= bound * 1.001 + 2e-5 * (1 + mag));
+        }
       }
     }
   }
+  REQUIRE(relokv_engine::select_tile_kernel_isa(isas.front()));
 }
 
 TEST_CASE("qgemm: the tiles' int32 sums do not overflow at the largest weights", "[qgemm]") {

@@ -26,8 +26,8 @@
 /// decode.hpp and prefill.hpp (positional overloads forwarding to it), state.hpp (merging
 /// parts of a sequence), softmax.hpp (the online-softmax state arithmetic, shared with the
 /// CUDA kernels), kv_head_range.hpp. detail/attend_group.hpp's with_path picks a path once per
-/// call, as a tag type (portable_path in detail/portable.hpp, avx512_f32_path in
-/// detail/avx512_f32.hpp, avx512_bf16_path in detail/avx512_bf16.hpp), which share
+/// call, as a tag type (portable_path in detail/portable.hpp, simd_f32_path in
+/// detail/simd_f32.hpp, avx512_bf16_path in detail/avx512_bf16.hpp), which share
 /// detail/kernel_common.hpp (scratch, exp, rotations) and detail/prefetch.hpp.
 #include "relokv/attention/decode.hpp"
 #include "relokv/attention/kv_head_range.hpp"

@@ -22,9 +22,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "relokv/attention/detail/avx512_f32.hpp"
 #include "relokv/attention/detail/kernel_common.hpp"
 #include "relokv/attention/detail/simd.hpp"
+#include "relokv/attention/detail/simd_f32.hpp"
 #include "relokv/block_table.hpp"
 #include "relokv/config.hpp"
 

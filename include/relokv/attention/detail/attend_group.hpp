@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// One group of queries of one sequence over its blocks, for a path chosen once per call by a
-/// tag type (portable_path, avx512_f32_path, avx512_bf16_path; with_path picks it), and decode
+/// tag type (portable_path, simd_f32_path, avx512_bf16_path; with_path picks it), and decode
 /// or prefill as a template argument.
 #include <algorithm>
 #include <array>
@@ -15,11 +15,11 @@
 
 #include "relokv/attention/detail/amx_bf16.hpp"
 #include "relokv/attention/detail/avx512_bf16.hpp"
-#include "relokv/attention/detail/avx512_f32.hpp"
 #include "relokv/attention/detail/kernel_common.hpp"
 #include "relokv/attention/detail/portable.hpp"
 #include "relokv/attention/detail/prefetch.hpp"
 #include "relokv/attention/detail/simd.hpp"
+#include "relokv/attention/detail/simd_f32.hpp"
 #include "relokv/attention/kv_head_range.hpp"
 #include "relokv/attention/softmax.hpp"
 #include "relokv/concepts/rope_placement.hpp"
@@ -35,8 +35,8 @@ namespace detail {
 /// they sit in cache, and per-block work (key rotations for at_attention) is shared.
 /// q: [nq][num_q_heads][head_dim], unrotated; m: [nq]; out: [nq][num_q_heads][head_dim].
 /// The one place a path is chosen: AVX512_BF16 for bf16 storage where the host has it,
-/// AVX-512 fp32 for the shapes its kernels take (head_dim 64, 128 or 256, block size a
-/// multiple of 16), the portable path otherwise. Calls f(path tag).
+/// SIMD fp32 (AVX-512 or AVX2) for the shapes its kernels take (head_dim 64, 128 or 256, block size
+/// a multiple of 16), the portable path otherwise. Calls f(path tag).
 template <class T, class F>
 void with_path(const paged_kv_view<const T>& kv, F&& f) {
   [[maybe_unused]] const bool fast =
@@ -46,7 +46,7 @@ void with_path(const paged_kv_view<const T>& kv, F&& f) {
     if (fast) return f(avx512_bf16_path{});
 #endif
 #if RELOKV_HOST_SIMD
-  if (fast) return f(avx512_f32_path{});
+  if (fast) return f(simd_f32_path{});
 #endif
   f(portable_path{});
 }

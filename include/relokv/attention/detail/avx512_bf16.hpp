@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "relokv/attention/detail/avx512_f32.hpp"
 #include "relokv/attention/detail/kernel_common.hpp"
 #include "relokv/attention/detail/prefetch.hpp"
 #include "relokv/attention/detail/simd.hpp"
+#include "relokv/attention/detail/simd_f32.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/dtype.hpp"
 #include "relokv/memory/paged_view.hpp"
@@ -381,7 +381,7 @@ inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc, 
       }
     }
     vf16 bmax;
-    transpose_reduce(part, bmax, vmax);
+    transpose_reduce(part, bmax, simd::max_op{});
     const vf16 m_old = _mm512_mask_loadu_ps(ninf, live_rows, mx + r0);
     const vf16 m_new = vmax(m_old, bmax);
     vf16 cr = m_old - m_new;
@@ -642,7 +642,7 @@ struct avx512_bf16_path {
   /// keys and values converted once per block and head and shared by every row.
   template <class P>
   static void group(const block_head_t<bf16>& bh, group_row* rows, int n, attention_scratch& w) {
-    avx512_f32_path::group<P>(bh, rows, n, w);
+    simd_f32_path::group<P>(bh, rows, n, w);
   }
   template <class P, class... Args>
   static void decode_spans(Args&&... args) {

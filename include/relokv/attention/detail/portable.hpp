@@ -87,7 +87,7 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
 
 /// The portable path as attend_group's dispatch tag: any head_dim, block size and dtype.
 struct portable_path {
-  static constexpr bool kSimd = false;     ///< no AVX-512 kernels (no grouped prefill)
+  static constexpr bool kSimd = false;     ///< no SIMD kernels (no grouped prefill)
   static constexpr bool kBf16Dot = false;  ///< no bf16 products (fp32 accumulators in order)
   template <class P, class T>
   static void block_head(const block_head_t<T>& bh, attention_scratch& w) {

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// The AVX-512 fp32 path (head_dim 64, 128, 256): one block-head per call for decode, all the
-/// rows that see a block at once for prefill (keys transposed).
+/// The SIMD fp32 path (head_dim 64, 128, 256; AVX-512 or AVX2, simd::kLanes lanes): one
+/// block-head per call for decode, all the rows that see a block at once for prefill (keys
+/// transposed).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -24,22 +25,24 @@ RELOKV_NAMESPACE_BEGIN
 namespace detail {
 
 #if RELOKV_HOST_SIMD
-/// Calls f(std::integral_constant<int, D / 16>{}) for the fast paths' head dims (64, 128, 256).
+/// Calls f(std::integral_constant<int, D / simd::kLanes>{}) for the fast paths' head dims
+/// (64, 128, 256).
 template <class F>
 RELOKV_ALWAYS_INLINE inline void with_chunks(int D, F&& f) {
+  constexpr int L = simd::kLanes;
   if (D == 64) {
-    f(std::integral_constant<int, 4>{});
+    f(std::integral_constant<int, 64 / L>{});
   } else if (D == 128) {
-    f(std::integral_constant<int, 8>{});
+    f(std::integral_constant<int, 128 / L>{});
   } else {
-    f(std::integral_constant<int, 16>{});
+    f(std::integral_constant<int, 256 / L>{});
   }
 }
 
-/// One online-softmax step over 16 scores of which the first vc are live: x becomes the
+/// One online-softmax step over kLanes scores of which the first vc are live: x becomes the
 /// weights e^(x - m_new) (0 in dead lanes), mx the new running max; returns the correction
 /// e^(m_old - m_new) for the accumulators (0 on the first block).
-RELOKV_ALWAYS_INLINE inline float softmax_step(simd::vf16& x, int vc, float& mx) {
+RELOKV_ALWAYS_INLINE inline float softmax_step(simd::vf& x, int vc, float& mx) {
   const float bmax = simd::live_max(x, vc);
   const float m_old = mx;
   const float m_new = m_old > bmax ? m_old : bmax;
@@ -55,44 +58,45 @@ RELOKV_ALWAYS_INLINE inline float softmax_step(simd::vf16& x, int vc, float& mx)
 template <int DC>
 RELOKV_ALWAYS_INLINE inline void load_query_rows(const float* qg, const float* qcos,
                                                  const float* qsin, rope_layout layout,
-                                                 simd::vf16 (&qv)[DC]) {
-  using simd::vf16;
+                                                 simd::vf (&qv)[DC]) {
+  using simd::vf;
+  constexpr int L = simd::kLanes;
   if (qcos != nullptr && layout == rope_layout::kNeoX) {
     // NeoX over the whole head: qcos/qsin are the per-pair rows; chunk c pairs with c+DC/2.
     for (int c = 0; c < DC / 2; ++c) {
-      const vf16 x1 = RELOKV_VLOAD(qg + 16 * c), x2 = RELOKV_VLOAD(qg + 16 * (c + DC / 2));
-      const vf16 C = RELOKV_VLOAD(qcos + 16 * c), S = RELOKV_VLOAD(qsin + 16 * c);
+      const vf x1 = RELOKV_VLOAD(qg + L * c), x2 = RELOKV_VLOAD(qg + L * (c + DC / 2));
+      const vf C = RELOKV_VLOAD(qcos + L * c), S = RELOKV_VLOAD(qsin + L * c);
       qv[c] = x1 * C - x2 * S;
       qv[c + DC / 2] = x1 * S + x2 * C;
     }
   } else if (qcos != nullptr) {
     // GPT-J: per-element rows (expand_rotation); the partner is the neighbouring lane.
     for (int c = 0; c < DC; ++c) {
-      const vf16 x = RELOKV_VLOAD(qg + 16 * c);
-      const vf16 partner =
-          __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-      qv[c] = x * RELOKV_VLOAD(qcos + 16 * c) + partner * RELOKV_VLOAD(qsin + 16 * c);
+      const vf x = RELOKV_VLOAD(qg + L * c);
+      vf partner;
+      simd::swap_by<1>(partner, x, std::make_index_sequence<L>{});
+      qv[c] = x * RELOKV_VLOAD(qcos + L * c) + partner * RELOKV_VLOAD(qsin + L * c);
     }
   } else {
-    for (int c = 0; c < DC; ++c) qv[c] = RELOKV_VLOAD(qg + 16 * c);
+    for (int c = 0; c < DC; ++c) qv[c] = RELOKV_VLOAD(qg + L * c);
   }
 }
 
 /// One query head's chunks, rotated by the block's delta on the block_relative fast path.
 template <int DC, class T>
 RELOKV_ALWAYS_INLINE inline void load_query(const block_head_t<T>& bh, const float* qg,
-                                            simd::vf16 (&qv)[DC]) {
+                                            simd::vf (&qv)[DC]) {
   load_query_rows<DC>(qg, bh.qcos, bh.qsin, bh.layout, qv);
 }
 
-/// Keys j0 .. j0 + 15 of a block-head as fp32 rows of 16 * DC (in place for fp32 storage
+/// Keys j0 .. j0 + kLanes - 1 of a block-head as fp32 rows of L * DC (in place for fp32 storage
 /// that needs no rotation, else converted and/or rotated into w.kbuf). Rows from vc on may hold
 /// anything: the kernels mask their scores.
 template <int DC, class P, class T>
 RELOKV_ALWAYS_INLINE inline const float* key_rows(const block_head_t<T>& bh, int j0, int vc,
                                                   attention_scratch& w) {
   using namespace simd;
-  constexpr int D = 16 * DC;
+  constexpr int L = simd::kLanes, D = L * DC;
   using U = std::remove_const_t<T>;
   constexpr bool is_f32 = std::is_same_v<U, float>;
   constexpr bool is_bf16 = std::is_same_v<U, bf16>;
@@ -113,34 +117,34 @@ RELOKV_ALWAYS_INLINE inline const float* key_rows(const block_head_t<T>& bh, int
   // and c + DC/2 straight from the cos/sin rows.
   const bool fused_rotate =
       rotate && !std::is_same_v<U, fp16> && bh.layout == rope_layout::kNeoX && 2 * bh.pairs == D;
-  for (int j = 0; j < 16 && fused_rotate; ++j) {
+  for (int j = 0; j < L && fused_rotate; ++j) {
     if (j >= vc) break;  // masked slots: their scores never count
     const U* src = bh.kt + (j0 + j) * D;
     float* dst = kb + j * D;
     const float* cs = cbase + row_of(j);
     const float* sn = sbase + row_of(j);
     for (int c = 0; c < DC / 2; ++c) {
-      vf16 x1, x2;
+      vf x1, x2;
       if constexpr (is_bf16) {
-        load_bf16(x1, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
-        load_bf16(x2, reinterpret_cast<const std::uint16_t*>(src) + 16 * (c + DC / 2));
+        load_bf16(x1, reinterpret_cast<const std::uint16_t*>(src) + L * c);
+        load_bf16(x2, reinterpret_cast<const std::uint16_t*>(src) + L * (c + DC / 2));
       } else {
-        x1 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * c);
-        x2 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + 16 * (c + DC / 2));
+        x1 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + L * c);
+        x2 = RELOKV_VLOAD(reinterpret_cast<const float*>(src) + L * (c + DC / 2));
       }
-      const vf16 C = RELOKV_VLOAD(cs + 16 * c), S = RELOKV_VLOAD(sn + 16 * c);
-      RELOKV_VSTORE(dst + 16 * c, x1 * C - x2 * S);
-      RELOKV_VSTORE(dst + 16 * (c + DC / 2), x1 * S + x2 * C);
+      const vf C = RELOKV_VLOAD(cs + L * c), S = RELOKV_VLOAD(sn + L * c);
+      RELOKV_VSTORE(dst + L * c, x1 * C - x2 * S);
+      RELOKV_VSTORE(dst + L * (c + DC / 2), x1 * S + x2 * C);
     }
   }
-  for (int j = 0; j < 16 && !fused_rotate; ++j) {
+  for (int j = 0; j < L && !fused_rotate; ++j) {
     const U* src = bh.kt + (j0 + j) * D;
     float* dst = kb + j * D;
     if constexpr (is_bf16) {
       for (int c = 0; c < DC; ++c) {
-        vf16 x;
-        load_bf16(x, reinterpret_cast<const std::uint16_t*>(src) + 16 * c);
-        RELOKV_VSTORE(dst + 16 * c, x);
+        vf x;
+        load_bf16(x, reinterpret_cast<const std::uint16_t*>(src) + L * c);
+        RELOKV_VSTORE(dst + L * c, x);
       }
     } else {
       to_float_row(src, dst, D);
@@ -156,7 +160,7 @@ template <int DC, class T>
 RELOKV_ALWAYS_INLINE inline const float* value_rows(const block_head_t<T>& bh, int j0, int vc,
                                                     attention_scratch& w) {
   using namespace simd;
-  constexpr int D = 16 * DC;
+  constexpr int L = simd::kLanes, D = L * DC;
   using U = std::remove_const_t<T>;
   constexpr bool is_f32 = std::is_same_v<U, float>;
   constexpr bool is_bf16 = std::is_same_v<U, bf16>;
@@ -166,9 +170,9 @@ RELOKV_ALWAYS_INLINE inline const float* value_rows(const block_head_t<T>& bh, i
     const auto* vs = reinterpret_cast<const std::uint16_t*>(bh.vt) + j0 * D;
     for (int j = 0; j < vc; ++j)
       for (int c = 0; c < DC; ++c) {
-        vf16 x;
-        load_bf16(x, vs + j * D + 16 * c);
-        RELOKV_VSTORE(w.vbuf.data() + j * D + 16 * c, x);
+        vf x;
+        load_bf16(x, vs + j * D + L * c);
+        RELOKV_VSTORE(w.vbuf.data() + j * D + L * c, x);
       }
     return w.vbuf.data();
   } else {
@@ -177,114 +181,117 @@ RELOKV_ALWAYS_INLINE inline const float* value_rows(const block_head_t<T>& bh, i
   }
 }
 
-/// The same as portable_block_head for head_dim = 16 * DC and block sizes that are multiples
-/// of 16: keys in chunks of 16, query heads' chunks held in registers, scores reduced with a
-/// transpose-sum, one vector exp per chunk, and V accumulated chunk-wise in registers.
+/// The same as portable_block_head for head_dim = L * DC (L = kLanes) and block sizes that are
+/// multiples of 16: keys in chunks of L, query heads' chunks held in registers, scores reduced with
+/// a transpose-sum, one vector exp per chunk, and V accumulated chunk-wise in registers.
 template <int DC, class P, class T>
 void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   using namespace simd;
-  constexpr int D = 16 * DC;
+  constexpr int L = simd::kLanes, D = L * DC;
   prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G);
-  for (int j0 = 0; j0 < bh.valid; j0 += 16) {
-    const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
+  for (int j0 = 0; j0 < bh.valid; j0 += L) {
+    const int vc = bh.valid - j0 < L ? bh.valid - j0 : L;
     const float* kf = key_rows<DC, P>(bh, j0, vc, w);
     const float* vfp = value_rows<DC>(bh, j0, vc, w);
     for (int g = 0; g < bh.G; ++g) {
       pf.advance();
       const std::size_t qh = static_cast<std::size_t>(bh.h * bh.G + g);
       const float* qg = bh.qsrc + qh * D;
-      vf16 qv[DC];
+      vf qv[DC];
       load_query<DC>(bh, qg, qv);
-      // Chunk-outer, key-inner: sixteen independent accumulators keep the FMA units busy.
-      vf16 part[16];
-      for (int j = 0; j < 16; ++j) part[j] = RELOKV_VLOAD(kf + j * D) * qv[0];
+      // Chunk-outer, key-inner: L independent accumulators keep the FMA units busy.
+      vf part[L];
+      for (int j = 0; j < L; ++j) part[j] = RELOKV_VLOAD(kf + j * D) * qv[0];
       for (int c = 1; c < DC; ++c)
-        for (int j = 0; j < 16; ++j) part[j] += RELOKV_VLOAD(kf + j * D + 16 * c) * qv[c];
-      vf16 x;
+        for (int j = 0; j < L; ++j) part[j] += RELOKV_VLOAD(kf + j * D + L * c) * qv[c];
+      vf x;
       transpose_sum(part, x);
       const float corr = softmax_step(x, vc, bh.mx[qh]);
-      alignas(64) float pr[16];
+      alignas(64) float pr[L];
       RELOKV_VSTORE(pr, x);
       const float bsum = simd::sum(x);
       bh.sum[qh] = bh.sum[qh] * corr + bsum;
       float* acc = bh.acc + qh * D;
-      vf16 a[DC];
+      vf a[DC];
       // P.V from zero, folded into the rescaled accumulators at the end: the correction (a
       // scalar exp after the max) stays off the chain of dependent P.V steps.
-      for (int c = 0; c < DC; ++c) a[c] = vf16{};
+      for (int c = 0; c < DC; ++c) a[c] = vf{};
       for (int j = 0; j < vc; ++j) {
         const float p = pr[j];
         const float* vr = vfp + j * D;
-        for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + 16 * c) * p;
+        for (int c = 0; c < DC; ++c) a[c] += RELOKV_VLOAD(vr + L * c) * p;
       }
       for (int c = 0; c < DC; ++c)
-        RELOKV_VSTORE(acc + 16 * c, RELOKV_VLOAD(acc + 16 * c) * corr + a[c]);
+        RELOKV_VSTORE(acc + L * c, RELOKV_VLOAD(acc + L * c) * corr + a[c]);
     }
   }
   pf.finish();
 }
 
-/// R rows against one chunk of 16 keys: kt holds the keys transposed ([head_dim][16], so that
-/// a row's 16 scores are one vector of FMAs without a horizontal sum), vf the values' rows.
+/// R rows against one chunk of L = kLanes keys: kt holds the keys transposed ([head_dim][L],
+/// so that a row's L scores are one vector of FMAs without a horizontal sum), vals the
+/// values' rows.
 /// Each row's arithmetic is the same whatever R and its neighbours are, so results do not
 /// depend on how queries are grouped.
 template <int DC, int R>
-RELOKV_ALWAYS_INLINE inline void group_rows(const float* kt, const float* vf, const group_row* rows,
-                                            int j0) {
+RELOKV_ALWAYS_INLINE inline void group_rows(const float* kt, const float* vals,
+                                            const group_row* rows, int j0) {
   using namespace simd;
-  constexpr int D = 16 * DC;
-  vf16 s0[R], s1[R];  // even and odd dimensions: two FMA chains per row
-  for (int r = 0; r < R; ++r) s0[r] = s1[r] = vf16{};
+  constexpr int L = simd::kLanes, D = L * DC;
+  vf s0[R], s1[R];  // even and odd dimensions: two FMA chains per row
+  for (int r = 0; r < R; ++r) s0[r] = s1[r] = vf{};
   for (int d = 0; d < D; d += 2) {
-    const vf16 k0 = RELOKV_VLOAD(kt + 16 * d), k1 = RELOKV_VLOAD(kt + 16 * (d + 1));
+    const vf k0 = RELOKV_VLOAD(kt + L * d), k1 = RELOKV_VLOAD(kt + L * (d + 1));
     for (int r = 0; r < R; ++r) {
       s0[r] += k0 * rows[r].q[d];
       s1[r] += k1 * rows[r].q[d + 1];
     }
   }
-  alignas(64) float p[R][16];
+  alignas(64) float p[R][L];
   float corr[R];
   int vmax = 0;
   for (int r = 0; r < R; ++r) {
-    const int vc = rows[r].valid - j0 < 16 ? rows[r].valid - j0 : 16;
+    const int vc = rows[r].valid - j0 < L ? rows[r].valid - j0 : L;
     vmax = vc > vmax ? vc : vmax;
-    vf16 x = s0[r] + s1[r];
+    vf x = s0[r] + s1[r];
     corr[r] = softmax_step(x, vc, *rows[r].mx);
     RELOKV_VSTORE(p[r], x);
     *rows[r].sum = *rows[r].sum * corr[r] + simd::sum(x);
   }
-  vf16 a[R][DC];
+  vf a[R][DC];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < DC; ++c) a[r][c] = vf16{};  // folded in at the end, as above
+    for (int c = 0; c < DC; ++c) a[r][c] = vf{};  // folded in at the end, as above
   // Slots up to the longest row's limit hold real values; a shorter row's weight there is 0.
   for (int j = 0; j < vmax; ++j)
     for (int c = 0; c < DC; ++c) {
-      const vf16 v = RELOKV_VLOAD(vf + j * D + 16 * c);
+      const vf v = RELOKV_VLOAD(vals + j * D + L * c);
       for (int r = 0; r < R; ++r) a[r][c] += v * p[r][j];
     }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < DC; ++c)
-      RELOKV_VSTORE(rows[r].acc + 16 * c, RELOKV_VLOAD(rows[r].acc + 16 * c) * corr[r] + a[r][c]);
+      RELOKV_VSTORE(rows[r].acc + L * c, RELOKV_VLOAD(rows[r].acc + L * c) * corr[r] + a[r][c]);
 }
 
 /// Prefill over one block-head: every row of `rows` (all query heads of the head's group for
-/// the queries that see the block) against each chunk of 16 keys, the keys transposed once per
+/// the queries that see the block) against each chunk of kLanes keys, the keys transposed once per
 /// chunk and shared by all rows. bh gives the block-head (its valid is the longest row's).
 template <int DC, class P, class T>
 void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, attention_scratch& w) {
   using namespace simd;
-  constexpr int D = 16 * DC;
-  constexpr int R = DC <= 4 ? 4 : DC <= 8 ? 2 : 1;  // R * DC accumulators in registers
+  constexpr int L = simd::kLanes, D = L * DC;
+  constexpr int R = DC <= simd::kAccRegs / 4   ? 4
+                    : DC <= simd::kAccRegs / 2 ? 2
+                                               : 1;  // R * DC accumulators
   float* kt = w.ktile.data();
-  for (int j0 = 0; j0 < bh.valid; j0 += 16) {
-    const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
+  for (int j0 = 0; j0 < bh.valid; j0 += L) {
+    const int vc = bh.valid - j0 < L ? bh.valid - j0 : L;
     const float* kf = key_rows<DC, P>(bh, j0, vc, w);
-    const float* vf = value_rows<DC>(bh, j0, vc, w);
+    const float* vals = value_rows<DC>(bh, j0, vc, w);
     for (int c = 0; c < DC; ++c) {
-      vf16 t[16];
-      for (int j = 0; j < 16; ++j) t[j] = RELOKV_VLOAD(kf + j * D + 16 * c);
-      transpose16(t);
-      for (int d = 0; d < 16; ++d) RELOKV_VSTORE(kt + 16 * (16 * c + d), t[d]);
+      vf t[L];
+      for (int j = 0; j < L; ++j) t[j] = RELOKV_VLOAD(kf + j * D + L * c);
+      transpose(t);
+      for (int d = 0; d < L; ++d) RELOKV_VSTORE(kt + L * (L * c + d), t[d]);
     }
     // Rows that see this chunk: all of them in the first (valid >= 1), the longer ones after.
     const group_row* live = rows;
@@ -296,14 +303,14 @@ void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, att
       live = w.live_rows.data();
     }
     int i = 0;
-    for (; i + R <= n; i += R) group_rows<DC, R>(kt, vf, live + i, j0);
-    for (; i < n; ++i) group_rows<DC, 1>(kt, vf, live + i, j0);
+    for (; i + R <= n; i += R) group_rows<DC, R>(kt, vals, live + i, j0);
+    for (; i < n; ++i) group_rows<DC, 1>(kt, vals, live + i, j0);
   }
 }
-/// The AVX-512 fp32 path as attend_group's dispatch tag (head_dim 64, 128 or 256, block size
+/// The SIMD fp32 path as attend_group's dispatch tag (head_dim 64, 128 or 256, block size
 /// a multiple of 16): fast_block_head for decode and prefill rows one at a time,
 /// group_block_head for prefill's rows that see a block-head at once.
-struct avx512_f32_path {
+struct simd_f32_path {
   static constexpr bool kSimd = true;
   static constexpr bool kBf16Dot = false;
   template <class P, class T>

@@ -75,19 +75,79 @@ inline __m512 pair_scale(float a, float b) {
   return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
 }
 
+// Byte indices for VPERMT2B over the 128 bytes at a group of four blocks (bit 6: the second
+// 64 bytes): Q4_1's nibbles of blocks 0-3 side by side; Q4_1's four (d, m) pairs; Q8_0's four
+// scales.
+inline __m512i q4_1_quad_nibbles() {
+  alignas(64) std::uint8_t idx[64];
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 16; ++j)
+      idx[16 * k + j] = static_cast<std::uint8_t>(kQ4_1Bytes * k + 4 + j);
+  return _mm512_load_si512(idx);
+}
+inline __m512i quad_scales(int block_bytes, int per_block) {
+  alignas(64) std::uint8_t idx[64] = {};
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < per_block; ++j)
+      idx[per_block * k + j] = static_cast<std::uint8_t>(block_bytes * k + j);
+  return _mm512_load_si512(idx);
+}
+
 // One Q8_0 weight row against R activation rows: each block pair of the row is unpacked once
 // and multiplied with every activation row (VPDPBUSD: 64 u8 x s8 products into 16 int32
-// lanes, lanes 0-7 of the first block, 8-15 of the second), scaled per block in fp32.
+// lanes, lanes 0-7 of the first block, 8-15 of the second), scaled per block in fp32. Four
+// blocks at a time share one gather of their scales (VPERMT2B) and one conversion.
 template <int R>
 void row_q8_0(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, float* out) {
   const int nbk = xq.cols / 32;
+  const __m512i sc_idx = quad_scales(kQ8_0Bytes, 2);
+  // lanes 0-7: scale 0 (or 2), 8-15: scale 1 (or 3)
+  const __m512i lo_pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i hi_pair = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[R];
-  float extra[R];  // minus the +128 offset's term
+  __m128 extra4[R];  // d * s per block: times -128, the offset's term
+  float extra[R];
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm512_setzero_ps();
+    extra4[r] = _mm_setzero_ps();
     extra[r] = 0.0f;
   }
   int b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    const std::uint8_t* A = w + b * kQ8_0Bytes;
+    const __m512i z0 = _mm512_loadu_si512(A);
+    const __m512i z1 = _mm512_loadu_si512(A + 64);  // the scales reach byte 103 of 136
+    const __m128 d4 =
+        _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(z0, sc_idx, z1)));
+    const __m512i w01 = _mm512_xor_si512(
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + 2))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + kQ8_0Bytes + 2)), 1),
+        bias);
+    const __m512i w23 = _mm512_xor_si512(
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + 2 * kQ8_0Bytes + 2))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + 3 * kQ8_0Bytes + 2)), 1),
+        bias);
+    for (int r = 0; r < R; ++r) {
+      const std::size_t i = static_cast<std::size_t>(i0 + r);
+      const std::int8_t* x =
+          xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
+      const std::size_t at = i * static_cast<std::size_t>(nbk) + static_cast<std::size_t>(b);
+      const __m128 sc = _mm_mul_ps(d4, _mm_loadu_ps(xq.d.data() + at));
+      extra4[r] = _mm_fmadd_ps(d4, _mm_loadu_ps(xq.s.data() + at), extra4[r]);
+      const __m512 s512 = _mm512_castps128_ps512(sc);
+      const __m512i dp01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, _mm512_loadu_si512(x));
+      const __m512i dp23 =
+          _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, _mm512_loadu_si512(x + 64));
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp01), _mm512_permutexvar_ps(lo_pair, s512), acc[r]);
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp23), _mm512_permutexvar_ps(hi_pair, s512), acc[r]);
+    }
+  }
   for (; b + 2 <= nb; b += 2) {
     const std::uint8_t* A = w + b * kQ8_0Bytes;
     const std::uint8_t* B = A + kQ8_0Bytes;
@@ -114,35 +174,66 @@ void row_q8_0(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, f
       tail =
           q8_0_dot(w + b * kQ8_0Bytes, x, xq.d.data() + i * static_cast<std::size_t>(nbk) + b, 1);
     }
-    out[r] = hsum(acc[r]) + extra[r] + tail;
+    alignas(16) float e[4];
+    _mm_store_ps(e, extra4[r]);
+    out[r] = hsum(acc[r]) + extra[r] - 128.0f * ((e[0] + e[1]) + (e[2] + e[3])) + tail;
   }
 }
 
-// Q4_1 against activations laid out for it (q8_activations::qp, ::ds): per block pair, the
-// weights' nibbles need no shuffle (the activations were put in nibble order once), and the
-// pair's two scales and minimums are converted in one instruction and multiplied by the
-// activations' scales and sums in another.
+// Q4_1 against activations laid out for it (q8_activations::qp, ::ds): per group of four
+// blocks, one VPERMT2B gathers their nibbles (the activations were put in nibble order once, so
+// the low and high nibbles multiply as they lie) and another their scales and minimums, which
+// one instruction converts and another multiplies by the activations' scales and sums. A
+// remaining pair of blocks is taken the same way from its two 16-byte runs.
 template <int R>
 void row_q4_1(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, float* out) {
   const auto nbk = static_cast<std::size_t>(xq.cols / 32);
-  // lanes 0-3 and 8-11 hold block a's sums, 4-7 and 12-15 block b's
+  const __m512i nib_idx = q4_1_quad_nibbles();
+  const __m512i dm_idx = quad_scales(kQ4_1Bytes, 4);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // lanes 4k..4k+3 take block k's d * dx (element 2k of the products)
+  const __m512i spread4 = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+  // a pair: lanes 0-3 and 8-11 hold block a's sums, 4-7 and 12-15 block b's
   const __m512i spread = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
   __m512 acc[R];
-  __m128 extra[R];  // lanes 1 and 3: the minimums' terms
+  __m256 extra[R];  // odd lanes: the minimums' terms
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm512_setzero_ps();
-    extra[r] = _mm_setzero_ps();
+    extra[r] = _mm256_setzero_ps();
   }
   int b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    const std::uint8_t* A = w + b * kQ4_1Bytes;
+    const __m512i z0 = _mm512_loadu_si512(A);
+    const __m512i z1 =
+        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 64)));
+    const __m512i nib = _mm512_permutex2var_epi8(z0, nib_idx, z1);
+    const __m512i wlo = _mm512_and_si512(nib, m4);
+    const __m512i whi = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
+    const __m256 dm =
+        _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(z0, dm_idx, z1)));
+    for (int r = 0; r < R; ++r) {
+      const std::size_t i = static_cast<std::size_t>(i0 + r);
+      const std::int8_t* x =
+          xq.qp.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
+      const __m256 prod = _mm256_mul_ps(dm, _mm256_loadu_ps(xq.ds.data() + (i * nbk + b) * 2));
+      extra[r] = _mm256_add_ps(extra[r], prod);
+      const __m512i dp = _mm512_dpbusd_epi32(
+          _mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo, _mm512_loadu_si512(x)), whi,
+          _mm512_loadu_si512(x + 64));
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
+                          _mm512_permutexvar_ps(spread4, _mm512_castps256_ps512(prod)), acc[r]);
+    }
+  }
   for (; b + 2 <= nb; b += 2) {
     const std::uint8_t* A = w + b * kQ4_1Bytes;
     const std::uint8_t* B = A + kQ4_1Bytes;
     const __m256i q = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 4))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 4)), 1);
-    const __m512i wv =
-        _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
-                         _mm512_set1_epi8(0x0F));
+    const __m512i wv = _mm512_and_si512(
+        _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), m4);
     std::int32_t sa, sb;
     std::memcpy(&sa, A, 4);
     std::memcpy(&sb, B, 4);
@@ -152,7 +243,7 @@ void row_q4_1(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, f
       const __m512i xv = _mm512_loadu_si512(xq.qp.data() + i * static_cast<std::size_t>(xq.cols) +
                                             static_cast<std::size_t>(b) * 32);
       const __m128 prod = _mm_mul_ps(dm, _mm_loadu_ps(xq.ds.data() + (i * nbk + b) * 2));
-      extra[r] = _mm_add_ps(extra[r], prod);
+      extra[r] = _mm256_add_ps(extra[r], _mm256_castps128_ps256(prod));
       const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
                                _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(prod)), acc[r]);
@@ -167,9 +258,9 @@ void row_q4_1(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, f
       tail =
           q4_1_dot(w + b * kQ4_1Bytes, x, xq.d.data() + i * nbk + b, xq.s.data() + i * nbk + b, 1);
     }
-    alignas(16) float e[4];
-    _mm_store_ps(e, extra[r]);
-    out[r] = hsum(acc[r]) + e[1] + e[3] + tail;
+    alignas(32) float e[8];
+    _mm256_store_ps(e, extra[r]);
+    out[r] = hsum(acc[r]) + ((e[1] + e[3]) + (e[5] + e[7])) + tail;
   }
 }
 
@@ -358,20 +449,22 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
     ds[2 * blk] = scale;
     ds[2 * blk + 1] = s[blk];
   }
-  // Q4_1's order: per pair of blocks (a, b), a[0..15] b[0..15] a[16..31] b[16..31], the order
-  // of the pair's low nibbles, then high nibbles; an odd last block as it is.
+  // Q4_1's order: per group of four blocks (a, b, c, e), a[0..15] b[0..15] c[0..15] e[0..15]
+  // a[16..31] ... e[16..31], the order of their low nibbles, then high nibbles; a remaining
+  // pair likewise, a[0..15] b[0..15] a[16..31] b[16..31]; an odd last block as it is.
   const auto width_z = static_cast<std::size_t>(width);
   for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
     const std::int8_t* src = q.data() + r * width_z;
     std::int8_t* dst = qp.data() + r * width_z;
     std::size_t b = 0;
-    for (; b + 2 <= nbk; b += 2) {
-      const std::int8_t* a = src + b * 32;
-      std::memcpy(dst + b * 32, a, 16);
-      std::memcpy(dst + b * 32 + 16, a + 32, 16);
-      std::memcpy(dst + b * 32 + 32, a + 16, 16);
-      std::memcpy(dst + b * 32 + 48, a + 48, 16);
-    }
+    const auto group = [&](std::size_t k) {
+      for (std::size_t j = 0; j < k; ++j) {
+        std::memcpy(dst + b * 32 + 16 * j, src + (b + j) * 32, 16);
+        std::memcpy(dst + b * 32 + 16 * (k + j), src + (b + j) * 32 + 16, 16);
+      }
+    };
+    for (; b + 4 <= nbk; b += 4) group(4);
+    for (; b + 2 <= nbk; b += 2) group(2);
     if (b < nbk) std::memcpy(dst + b * 32, src + b * 32, 32);
   }
 }

@@ -80,7 +80,7 @@ struct q8_activations {
   std::vector<std::int8_t> q;   ///< [n][cols]
   std::vector<float> d;         ///< [n][cols / 32]: the scale of each block
   std::vector<float> s;         ///< [n][cols / 32]: d * (sum of the block's q)
-  std::vector<std::int8_t> qp;  ///< q in Q4_1's nibble order per pair of blocks (the kernel's)
+  std::vector<std::int8_t> qp;  ///< q in Q4_1's nibble order per group of blocks (the kernel's)
   std::vector<float> ds;        ///< [n][cols / 32][2]: d and s side by side
   std::vector<float> s16;       ///< [n][cols / 16]: d * (sum of each half block's q)
   /// Quantizes x ([n][cols], cols a multiple of 32): q = round(x / d), d = max|x| / 127.

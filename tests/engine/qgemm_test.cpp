@@ -117,8 +117,11 @@ TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rou
                               ggml_type::kQ8_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
       const bool k_quant = t == ggml_type::kQ4_K || t == ggml_type::kQ6_K;
       REQUIRE(relokv_engine::has_integer_kernel(t));
-      // 1 and 3 blocks (a tail after the pairs); K-quants: one and three super-blocks
-      for (const int cols : k_quant ? std::vector<int>{256, 768} : std::vector<int>{32, 96, 576}) {
+      // 1, 3, 5, 7 and 18 blocks: a pair, groups of four, and the tails after them (the
+      // paired kernels take four blocks, then two, then one); K-quants: one and three
+      // super-blocks
+      for (const int cols :
+           k_quant ? std::vector<int>{256, 768} : std::vector<int>{32, 96, 160, 224, 576}) {
         const int rows = 5, n = 7;  // one group of four activation rows, then three
         const auto bytes = random_blocks(t, rows, cols, rng);
         const qmatrix w = matrix_of(t, rows, cols, bytes);

@@ -113,7 +113,9 @@ void gemv_args(benchmark::internal::Benchmark* b) {
       b->Args({static_cast<std::int64_t>(t), kib, 4096});
   // SmolLM2's shapes: 576 columns (Q/K/V/O, gate, up), 1,536 (down)
   for (const ggml_type t : {ggml_type::kQ4_1, ggml_type::kQ8_0})
-    for (const std::int64_t cols : {576, 1536}) b->Args({static_cast<std::int64_t>(t), 1024, cols});
+    for (const std::int64_t kib : {1024, 48 * 1024})
+      for (const std::int64_t cols : {576, 1536})
+        b->Args({static_cast<std::int64_t>(t), kib, cols});
 }
 
 }  // namespace

@@ -26,6 +26,8 @@ namespace relokv_engine {
 namespace {
 
 constexpr int kQ4_1Bytes = 20, kQ8_0Bytes = 34;  // per block of 32: scale(s), then the values
+// Rows of at most this many bytes are multiplied four at a time in decode.
+constexpr std::size_t kInterleavedRowBytes = 640;
 
 #if RELOKV_ENGINE_VNNI
 // GCC 12 reports a false -Wmaybe-uninitialized (and -Wuninitialized) inside the AVX-512 insert,
@@ -64,12 +66,11 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, int
   return acc;
 }
 
-// Blocks b and b + 1 of a Q8_0 row as 64 bytes q + 128 (unsigned), for VPDPBUSD.
-inline __m512i q8_0_pair(const std::uint8_t* a, const std::uint8_t* b) {
+// Blocks b and b + 1 of a Q8_0 row (at a) as their 64 signed bytes.
+inline __m512i q8_0_raw_pair(const std::uint8_t* a) {
   const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2));
-  const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-  const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
-  return _mm512_xor_si512(q, _mm512_set1_epi8(static_cast<char>(0x80)));
+  const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + kQ8_0Bytes + 2));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
 }
 inline __m512 pair_scale(float a, float b) {
   return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
@@ -77,191 +78,285 @@ inline __m512 pair_scale(float a, float b) {
 
 // Byte indices for VPERMT2B over the 128 bytes at a group of four blocks (bit 6: the second
 // 64 bytes): Q4_1's nibbles of blocks 0-3 side by side; Q4_1's four (d, m) pairs; Q8_0's four
-// scales.
-inline __m512i q4_1_quad_nibbles() {
-  alignas(64) std::uint8_t idx[64];
-  for (int k = 0; k < 4; ++k)
-    for (int j = 0; j < 16; ++j)
-      idx[16 * k + j] = static_cast<std::uint8_t>(kQ4_1Bytes * k + 4 + j);
-  return _mm512_load_si512(idx);
-}
-inline __m512i quad_scales(int block_bytes, int per_block) {
-  alignas(64) std::uint8_t idx[64] = {};
-  for (int k = 0; k < 4; ++k)
-    for (int j = 0; j < per_block; ++j)
-      idx[per_block * k + j] = static_cast<std::uint8_t>(block_bytes * k + j);
-  return _mm512_load_si512(idx);
+// scales. Built once (a kernel call is one row: building them there cost a fifth of a row).
+struct quad_tables {
+  __m512i q4_1_nibbles, q4_1_scales, q8_0_scales;
+  quad_tables() {
+    alignas(64) std::uint8_t nib[64], s41[64] = {}, s80[64] = {};
+    for (int k = 0; k < 4; ++k) {
+      for (int j = 0; j < 16; ++j)
+        nib[16 * k + j] = static_cast<std::uint8_t>(kQ4_1Bytes * k + 4 + j);
+      for (int j = 0; j < 4; ++j) s41[4 * k + j] = static_cast<std::uint8_t>(kQ4_1Bytes * k + j);
+      for (int j = 0; j < 2; ++j) s80[2 * k + j] = static_cast<std::uint8_t>(kQ8_0Bytes * k + j);
+    }
+    q4_1_nibbles = _mm512_load_si512(nib);
+    q4_1_scales = _mm512_load_si512(s41);
+    q8_0_scales = _mm512_load_si512(s80);
+  }
+};
+const quad_tables& quads() {
+  static const quad_tables t;
+  return t;
 }
 
-// One Q8_0 weight row against R activation rows: each block pair of the row is unpacked once
-// and multiplied with every activation row (VPDPBUSD: 64 u8 x s8 products into 16 int32
-// lanes, lanes 0-7 of the first block, 8-15 of the second), scaled per block in fp32. Four
-// blocks at a time share one gather of their scales (VPERMT2B) and one conversion.
-template <int R>
-void row_q8_0(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, float* out) {
-  const int nbk = xq.cols / 32;
-  const __m512i sc_idx = quad_scales(kQ8_0Bytes, 2);
+// Each of the paired kernels takes W weight rows against R activation rows (W = 4, R = 1 in
+// decode: four rows share the constants, the row loop's overheads and one reduction, and
+// their sums are four independent chains; W = 1 elsewhere) and writes out[k * R + r].
+//
+// The four sums of a, b, c, e at once: lane k of the result is the sum of the k-th's lanes.
+inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 e) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 ce = _mm512_add_ps(_mm512_unpacklo_ps(c, e), _mm512_unpackhi_ps(c, e));
+  const __m512 abce = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(ce))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(ce))));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abce), _mm512_extractf32x8_ps(abce, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+template <int W, int R>
+void reduce_rows(const __m512 (&acc)[W][R], const float (&tail)[W][R], float* out) {
+  if constexpr (W == 4 && R == 1) {
+    alignas(16) float s[4];
+    _mm_store_ps(s, hsum4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]));
+    for (int k = 0; k < 4; ++k) out[k] = s[k] + tail[k][0];
+  } else {
+    for (int k = 0; k < W; ++k)
+      for (int r = 0; r < R; ++r) out[k * R + r] = hsum(acc[k][r]) + tail[k][r];
+  }
+}
+
+// Q8_0: each block pair of a row is unpacked once and multiplied with every activation row
+// (VPDPBUSD: 64 u8 x s8 products into 16 int32 lanes, lanes 0-7 of the first block, 8-15 of
+// the second), scaled per block in fp32. Four blocks at a time share one gather of their
+// scales (VPERMT2B) and one conversion.
+template <int W, int R>
+void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, int i0, float* out) {
+  const auto nbk = static_cast<std::size_t>(xq.cols / 32);
+  const __m512i sc_idx = quads().q8_0_scales;
   // lanes 0-7: scale 0 (or 2), 8-15: scale 1 (or 3)
   const __m512i lo_pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i hi_pair = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[R];
-  __m128 extra4[R];  // d * s per block: times -128, the offset's term
-  float extra[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm512_setzero_ps();
-    extra4[r] = _mm_setzero_ps();
-    extra[r] = 0.0f;
-  }
+  __m512 acc[W][R];
+  __m128 extra4[W][R];  // d * s per block: times -128, the offset's term
+  float tail[W][R];
+  for (int k = 0; k < W; ++k)
+    for (int r = 0; r < R; ++r) {
+      acc[k][r] = _mm512_setzero_ps();
+      extra4[k][r] = _mm_setzero_ps();
+      tail[k][r] = 0.0f;
+    }
+  const auto at = [&](int r, int b) {
+    return static_cast<std::size_t>(i0 + r) * nbk + static_cast<std::size_t>(b);
+  };
+  const auto xat = [&](int r, int b) {
+    return xq.q.data() + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(xq.cols) +
+           static_cast<std::size_t>(b) * 32;
+  };
   int b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    const std::uint8_t* A = w + b * kQ8_0Bytes;
-    const __m512i z0 = _mm512_loadu_si512(A);
-    const __m512i z1 = _mm512_loadu_si512(A + 64);  // the scales reach byte 103 of 136
-    const __m128 d4 =
-        _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(z0, sc_idx, z1)));
-    const __m512i w01 = _mm512_xor_si512(
-        _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + 2))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + kQ8_0Bytes + 2)), 1),
-        bias);
-    const __m512i w23 = _mm512_xor_si512(
-        _mm512_inserti64x4(
-            _mm512_castsi256_si512(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + 2 * kQ8_0Bytes + 2))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + 3 * kQ8_0Bytes + 2)), 1),
-        bias);
+  for (; b + 4 <= nb; b += 4)
+    for (int k = 0; k < W; ++k) {
+      const std::uint8_t* A = w[k] + b * kQ8_0Bytes;
+      const __m512i z0 = _mm512_loadu_si512(A);
+      const __m512i z1 = _mm512_loadu_si512(A + 64);  // the scales reach byte 103 of 136
+      const __m128 d4 =
+          _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(z0, sc_idx, z1)));
+      const __m512i w01 = _mm512_xor_si512(q8_0_raw_pair(A), bias);
+      const __m512i w23 = _mm512_xor_si512(q8_0_raw_pair(A + 2 * kQ8_0Bytes), bias);
+      for (int r = 0; r < R; ++r) {
+        const __m128 sc = _mm_mul_ps(d4, _mm_loadu_ps(xq.d.data() + at(r, b)));
+        extra4[k][r] = _mm_fmadd_ps(d4, _mm_loadu_ps(xq.s.data() + at(r, b)), extra4[k][r]);
+        const __m512 s512 = _mm512_castps128_ps512(sc);
+        const __m512i dp01 =
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, _mm512_loadu_si512(xat(r, b)));
+        const __m512i dp23 =
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, _mm512_loadu_si512(xat(r, b) + 64));
+        acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp01), _mm512_permutexvar_ps(lo_pair, s512),
+                                    acc[k][r]);
+        acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp23), _mm512_permutexvar_ps(hi_pair, s512),
+                                    acc[k][r]);
+      }
+    }
+  for (; b + 2 <= nb; b += 2)
+    for (int k = 0; k < W; ++k) {
+      const std::uint8_t* A = w[k] + b * kQ8_0Bytes;
+      const __m512i wv = _mm512_xor_si512(q8_0_raw_pair(A), bias);
+      const float da = fp16_at(A), db = fp16_at(A + kQ8_0Bytes);
+      for (int r = 0; r < R; ++r) {
+        const float* xd = xq.d.data() + at(r, b);
+        const float* xs = xq.s.data() + at(r, b);
+        const __m512i dp =
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(xat(r, b)));
+        acc[k][r] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), pair_scale(da * xd[0], db * xd[1]), acc[k][r]);
+        tail[k][r] -= 128.0f * (da * xs[0] + db * xs[1]);
+      }
+    }
+  for (int k = 0; k < W; ++k)
     for (int r = 0; r < R; ++r) {
-      const std::size_t i = static_cast<std::size_t>(i0 + r);
-      const std::int8_t* x =
-          xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
-      const std::size_t at = i * static_cast<std::size_t>(nbk) + static_cast<std::size_t>(b);
-      const __m128 sc = _mm_mul_ps(d4, _mm_loadu_ps(xq.d.data() + at));
-      extra4[r] = _mm_fmadd_ps(d4, _mm_loadu_ps(xq.s.data() + at), extra4[r]);
-      const __m512 s512 = _mm512_castps128_ps512(sc);
-      const __m512i dp01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, _mm512_loadu_si512(x));
-      const __m512i dp23 =
-          _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, _mm512_loadu_si512(x + 64));
-      acc[r] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp01), _mm512_permutexvar_ps(lo_pair, s512), acc[r]);
-      acc[r] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp23), _mm512_permutexvar_ps(hi_pair, s512), acc[r]);
+      if (b < nb)  // an odd block count: the last block by the reference loop
+        tail[k][r] += q8_0_dot(w[k] + b * kQ8_0Bytes, xat(r, b), xq.d.data() + at(r, b), 1);
+      alignas(16) float e[4];
+      _mm_store_ps(e, extra4[k][r]);
+      tail[k][r] -= 128.0f * ((e[0] + e[1]) + (e[2] + e[3]));
     }
-  }
-  for (; b + 2 <= nb; b += 2) {
-    const std::uint8_t* A = w + b * kQ8_0Bytes;
-    const std::uint8_t* B = A + kQ8_0Bytes;
-    const __m512i wv = q8_0_pair(A, B);
-    const float da = fp16_at(A), db = fp16_at(B);
-    const float ea = -128.0f * da, eb = -128.0f * db;
-    for (int r = 0; r < R; ++r) {
-      const std::size_t i = static_cast<std::size_t>(i0 + r);
-      const __m512i xv = _mm512_loadu_si512(xq.q.data() + i * static_cast<std::size_t>(xq.cols) +
-                                            static_cast<std::size_t>(b) * 32);
-      const float* xd = xq.d.data() + i * static_cast<std::size_t>(nbk) + b;
-      const float* xs = xq.s.data() + i * static_cast<std::size_t>(nbk) + b;
-      const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), pair_scale(da * xd[0], db * xd[1]), acc[r]);
-      extra[r] += ea * xs[0] + eb * xs[1];
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float tail = 0.0f;
-    if (b < nb) {  // an odd block count: the last block by the reference loop
-      const std::size_t i = static_cast<std::size_t>(i0 + r);
-      const std::int8_t* x =
-          xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
-      tail =
-          q8_0_dot(w + b * kQ8_0Bytes, x, xq.d.data() + i * static_cast<std::size_t>(nbk) + b, 1);
-    }
-    alignas(16) float e[4];
-    _mm_store_ps(e, extra4[r]);
-    out[r] = hsum(acc[r]) + extra[r] - 128.0f * ((e[0] + e[1]) + (e[2] + e[3])) + tail;
-  }
+  reduce_rows<W, R>(acc, tail, out);
 }
 
-// Q4_1 against activations laid out for it (q8_activations::qp, ::ds): per group of four
-// blocks, one VPERMT2B gathers their nibbles (the activations were put in nibble order once, so
-// the low and high nibbles multiply as they lie) and another their scales and minimums, which
-// one instruction converts and another multiplies by the activations' scales and sums. A
-// remaining pair of blocks is taken the same way from its two 16-byte runs.
-template <int R>
-void row_q4_1(const std::uint8_t* w, int nb, const q8_activations& xq, int i0, float* out) {
+// Q4_1 sixteen blocks (320 bytes, five vectors) at a time, the bytes multiplied as they lie:
+// each block is five 4-byte lanes, its scale and minimum then its nibbles, so every lane of
+// VPDPBUSD's sums belongs to one block, and the activations (q8_activations::qp) hold zeros
+// against the scale lanes and each block's elements against its nibbles. The sixteen (d, m)
+// lanes are gathered by three permutes and converted in two instructions.
+struct q4_1_group_tables {
+  __m512i heads[3];   // VPERMT2D / VPERMD indices gathering the (d, m) lanes
+  __m512i spread[5];  // per vector: VPERMT2PS indices of its lanes' d * dx
+  q4_1_group_tables() {
+    alignas(64) std::int32_t h[3][16] = {}, sp[5][16];
+    for (int k = 0; k < 16; ++k) {
+      const int lane = 5 * k;  // block k's (d, m) among the group's 80 lanes
+      h[k < 7 ? 0 : k < 13 ? 1 : 2][k] = k < 7 ? lane : k < 13 ? lane - 32 : lane - 64;
+    }
+    for (int v = 0; v < 5; ++v)
+      for (int l = 0; l < 16; ++l) {
+        const int k = (16 * v + l) / 5;
+        sp[v][l] = k < 8 ? 2 * k : 16 + 2 * (k - 8);
+      }
+    for (int t = 0; t < 3; ++t) heads[t] = _mm512_load_si512(h[t]);
+    for (int v = 0; v < 5; ++v) spread[v] = _mm512_load_si512(sp[v]);
+  }
+};
+const q4_1_group_tables& q4_1_groups() {
+  static const q4_1_group_tables t;
+  return t;
+}
+
+// Q4_1 against activations laid out for it (q8_activations::qp, ::ds): groups of sixteen
+// blocks as above; then per group of four blocks, one VPERMT2B gathers their nibbles (the
+// activations were put in nibble order once, so the low and high nibbles multiply as they
+// lie) and another their scales and minimums, which one instruction converts and another
+// multiplies by the activations' scales and sums. A remaining pair of blocks is taken the same
+// way from its two 16-byte runs.
+template <int W, int R>
+void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, int i0, float* out) {
+  const q4_1_group_tables& tab = q4_1_groups();
   const auto nbk = static_cast<std::size_t>(xq.cols / 32);
-  const __m512i nib_idx = q4_1_quad_nibbles();
-  const __m512i dm_idx = quad_scales(kQ4_1Bytes, 4);
+  const __m512i nib_idx = quads().q4_1_nibbles;
+  const __m512i dm_idx = quads().q4_1_scales;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   // lanes 4k..4k+3 take block k's d * dx (element 2k of the products)
   const __m512i spread4 = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
   // a pair: lanes 0-3 and 8-11 hold block a's sums, 4-7 and 12-15 block b's
   const __m512i spread = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
-  __m512 acc[R];
-  __m256 extra[R];  // odd lanes: the minimums' terms
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm512_setzero_ps();
-    extra[r] = _mm256_setzero_ps();
-  }
+  __m512 acc[W][R];
+  __m512 extra[W][R];  // odd lanes: the minimums' terms
+  float tail[W][R];
+  for (int k = 0; k < W; ++k)
+    for (int r = 0; r < R; ++r) {
+      acc[k][r] = _mm512_setzero_ps();
+      extra[k][r] = _mm512_setzero_ps();
+      tail[k][r] = 0.0f;
+    }
+  const auto xrow = [&](int r) {
+    return xq.qp.data() + static_cast<std::size_t>(i0 + r) * xq.qp_stride;
+  };
+  const auto dsrow = [&](int r, int b) {
+    return xq.ds.data() +
+           (static_cast<std::size_t>(i0 + r) * nbk + static_cast<std::size_t>(b)) * 2;
+  };
   int b = 0;
-  for (; b + 4 <= nb; b += 4) {
-    const std::uint8_t* A = w + b * kQ4_1Bytes;
-    const __m512i z0 = _mm512_loadu_si512(A);
-    const __m512i z1 =
-        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 64)));
-    const __m512i nib = _mm512_permutex2var_epi8(z0, nib_idx, z1);
-    const __m512i wlo = _mm512_and_si512(nib, m4);
-    const __m512i whi = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
-    const __m256 dm =
-        _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(z0, dm_idx, z1)));
+  for (; b + 16 <= nb; b += 16)
+    for (int k = 0; k < W; ++k) {
+      const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
+      __m512i v[5];
+#pragma GCC unroll 5
+      for (int j = 0; j < 5; ++j) v[j] = _mm512_loadu_si512(A + 64 * j);
+      __m512i h = _mm512_permutex2var_epi32(v[0], tab.heads[0], v[1]);
+      h = _mm512_mask_blend_epi32(0x1F80, h, _mm512_permutex2var_epi32(v[2], tab.heads[1], v[3]));
+      h = _mm512_mask_permutexvar_epi32(h, 0xE000, tab.heads[2], v[4]);
+      const __m512 dm0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));        // blocks 0-7
+      const __m512 dm1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));  // blocks 8-15
+      for (int r = 0; r < R; ++r) {
+        const std::int8_t* x = xrow(r) + static_cast<std::size_t>(b / 16) * 640;
+        const __m512 p0 = _mm512_mul_ps(dm0, _mm512_loadu_ps(dsrow(r, b)));
+        const __m512 p1 = _mm512_mul_ps(dm1, _mm512_loadu_ps(dsrow(r, b) + 16));
+        extra[k][r] = _mm512_add_ps(extra[k][r], _mm512_add_ps(p0, p1));
+#pragma GCC unroll 5
+        for (int j = 0; j < 5; ++j) {
+          const __m512i lo = _mm512_and_si512(v[j], m4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v[j], 4), m4);
+          const __m512i dp = _mm512_dpbusd_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x + 128 * j)), hi,
+              _mm512_loadu_si512(x + 128 * j + 64));
+          acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
+                                      _mm512_permutex2var_ps(p0, tab.spread[j], p1), acc[k][r]);
+        }
+      }
+    }
+  const int grouped = b;  // blocks before the four-block layout starts
+  const auto xat = [&](int r, int blk) {
+    return xrow(r) + static_cast<std::size_t>(grouped / 16) * 640 +
+           static_cast<std::size_t>(blk - grouped) * 32;
+  };
+  for (; b + 4 <= nb; b += 4)
+    for (int k = 0; k < W; ++k) {
+      const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
+      const __m512i z0 = _mm512_loadu_si512(A);
+      const __m512i z1 =
+          _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 64)));
+      const __m512i nib = _mm512_permutex2var_epi8(z0, nib_idx, z1);
+      const __m512i wlo = _mm512_and_si512(nib, m4);
+      const __m512i whi = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
+      const __m256 dm =
+          _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(z0, dm_idx, z1)));
+      for (int r = 0; r < R; ++r) {
+        const std::int8_t* x = xat(r, b);
+        const __m256 prod = _mm256_mul_ps(dm, _mm256_loadu_ps(dsrow(r, b)));
+        extra[k][r] = _mm512_add_ps(extra[k][r], _mm512_zextps256_ps512(prod));
+        const __m512i dp = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo, _mm512_loadu_si512(x)), whi,
+            _mm512_loadu_si512(x + 64));
+        acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
+                                    _mm512_permutexvar_ps(spread4, _mm512_castps256_ps512(prod)),
+                                    acc[k][r]);
+      }
+    }
+  for (; b + 2 <= nb; b += 2)
+    for (int k = 0; k < W; ++k) {
+      const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
+      const std::uint8_t* B = A + kQ4_1Bytes;
+      const __m256i q = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 4))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 4)), 1);
+      const __m512i wv = _mm512_and_si512(
+          _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), m4);
+      std::int32_t sa, sb;
+      std::memcpy(&sa, A, 4);
+      std::memcpy(&sb, B, 4);
+      const __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(sa), sb, 1));
+      for (int r = 0; r < R; ++r) {
+        const __m128 prod = _mm_mul_ps(dm, _mm_loadu_ps(dsrow(r, b)));
+        extra[k][r] = _mm512_add_ps(extra[k][r], _mm512_zextps128_ps512(prod));
+        const __m512i dp =
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(xat(r, b)));
+        acc[k][r] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
+                            _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(prod)), acc[k][r]);
+      }
+    }
+  for (int k = 0; k < W; ++k)
     for (int r = 0; r < R; ++r) {
       const std::size_t i = static_cast<std::size_t>(i0 + r);
-      const std::int8_t* x =
-          xq.qp.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
-      const __m256 prod = _mm256_mul_ps(dm, _mm256_loadu_ps(xq.ds.data() + (i * nbk + b) * 2));
-      extra[r] = _mm256_add_ps(extra[r], prod);
-      const __m512i dp = _mm512_dpbusd_epi32(
-          _mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo, _mm512_loadu_si512(x)), whi,
-          _mm512_loadu_si512(x + 64));
-      acc[r] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
-                          _mm512_permutexvar_ps(spread4, _mm512_castps256_ps512(prod)), acc[r]);
+      if (b < nb) {  // an odd block count: the last block by the reference loop
+        const std::int8_t* x =
+            xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
+        tail[k][r] = q4_1_dot(w[k] + b * kQ4_1Bytes, x, xq.d.data() + i * nbk + b,
+                              xq.s.data() + i * nbk + b, 1);
+      }
+      // the minimums' terms (odd lanes) join the sums before one reduction
+      acc[k][r] = _mm512_mask_add_ps(acc[k][r], 0xAAAA, acc[k][r], extra[k][r]);
     }
-  }
-  for (; b + 2 <= nb; b += 2) {
-    const std::uint8_t* A = w + b * kQ4_1Bytes;
-    const std::uint8_t* B = A + kQ4_1Bytes;
-    const __m256i q = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 4))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 4)), 1);
-    const __m512i wv = _mm512_and_si512(
-        _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), m4);
-    std::int32_t sa, sb;
-    std::memcpy(&sa, A, 4);
-    std::memcpy(&sb, B, 4);
-    const __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(sa), sb, 1));
-    for (int r = 0; r < R; ++r) {
-      const std::size_t i = static_cast<std::size_t>(i0 + r);
-      const __m512i xv = _mm512_loadu_si512(xq.qp.data() + i * static_cast<std::size_t>(xq.cols) +
-                                            static_cast<std::size_t>(b) * 32);
-      const __m128 prod = _mm_mul_ps(dm, _mm_loadu_ps(xq.ds.data() + (i * nbk + b) * 2));
-      extra[r] = _mm256_add_ps(extra[r], _mm256_castps128_ps256(prod));
-      const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
-                               _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(prod)), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float tail = 0.0f;
-    const std::size_t i = static_cast<std::size_t>(i0 + r);
-    if (b < nb) {  // an odd block count: the last block by the reference loop
-      const std::int8_t* x =
-          xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32;
-      tail =
-          q4_1_dot(w + b * kQ4_1Bytes, x, xq.d.data() + i * nbk + b, xq.s.data() + i * nbk + b, 1);
-    }
-    alignas(32) float e[8];
-    _mm256_store_ps(e, extra[r]);
-    out[r] = hsum(acc[r]) + ((e[1] + e[3]) + (e[5] + e[7])) + tail;
-  }
+  reduce_rows<W, R>(acc, tail, out);
 }
 
 // fp32 activations: one weight row against one fp32 row, each block dequantized in registers
@@ -427,7 +522,6 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
   q.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(width));
   d.resize(static_cast<std::size_t>(rows) * nbk);
   s.resize(d.size());
-  qp.resize(q.size());
   ds.resize(2 * d.size());
   s16.resize(2 * d.size());
   for (std::size_t blk = 0; blk < d.size(); ++blk) {
@@ -449,23 +543,39 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
     ds[2 * blk] = scale;
     ds[2 * blk + 1] = s[blk];
   }
-  // Q4_1's order: per group of four blocks (a, b, c, e), a[0..15] b[0..15] c[0..15] e[0..15]
-  // a[16..31] ... e[16..31], the order of their low nibbles, then high nibbles; a remaining
-  // pair likewise, a[0..15] b[0..15] a[16..31] b[16..31]; an odd last block as it is.
+  // Q4_1's order (row_q4_1): per group of sixteen blocks, five vectors of the weights' bytes,
+  // each as two runs of 64: the elements against each byte's low nibbles, then its high
+  // nibbles, zeros against the blocks' scales; then per group of four blocks (a, b, c, e),
+  // a[0..15] b[0..15] c[0..15] e[0..15] a[16..31] ... e[16..31]; a remaining pair likewise,
+  // a[0..15] b[0..15] a[16..31] b[16..31]; an odd last block as it is.
+  const std::size_t groups = nbk / 16;
+  qp_stride = groups * 640 + (nbk - groups * 16) * 32;
+  qp.assign(static_cast<std::size_t>(rows) * qp_stride, 0);
   const auto width_z = static_cast<std::size_t>(width);
   for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
     const std::int8_t* src = q.data() + r * width_z;
-    std::int8_t* dst = qp.data() + r * width_z;
+    std::int8_t* dst = qp.data() + r * qp_stride;
+    for (std::size_t g = 0; g < groups; ++g)
+      for (std::size_t at = 0; at < 320; ++at) {  // byte `at` of the group's weights
+        const std::size_t blk = g * 16 + at / 20, off = at % 20;
+        if (off < 4) continue;  // the block's scale and minimum: zeros
+        std::int8_t* v = dst + g * 640 + at / 64 * 128 + at % 64;
+        v[0] = src[blk * 32 + off - 4];
+        v[64] = src[blk * 32 + off - 4 + 16];
+      }
+    dst += groups * 640;
+    src += groups * 16 * 32;
     std::size_t b = 0;
+    const std::size_t rest = nbk - groups * 16;
     const auto group = [&](std::size_t k) {
       for (std::size_t j = 0; j < k; ++j) {
         std::memcpy(dst + b * 32 + 16 * j, src + (b + j) * 32, 16);
         std::memcpy(dst + b * 32 + 16 * (k + j), src + (b + j) * 32 + 16, 16);
       }
     };
-    for (; b + 4 <= nbk; b += 4) group(4);
-    for (; b + 2 <= nbk; b += 2) group(2);
-    if (b < nbk) std::memcpy(dst + b * 32, src + b * 32, 32);
+    for (; b + 4 <= rest; b += 4) group(4);
+    for (; b + 2 <= rest; b += 2) group(2);
+    if (b < rest) std::memcpy(dst + b * 32, src + b * 32, 32);
   }
 }
 
@@ -479,13 +589,15 @@ float qdot_fp32_portable(const qmatrix& w, std::int32_t r, const float* x) {
   return direct_portable(w, r, x, sums.data());
 }
 
-void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1) noexcept {
-  // The bytes kPrefetchAhead past row r's, into L2, while row r is multiplied: a GEMV row
+void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1, std::int32_t rows,
+                    std::size_t ahead) noexcept {
+  // The bytes `ahead` past the rows', into L2, while the rows are multiplied: a GEMV row
   // computes long enough that the hardware prefetchers alone leave a matrix that misses the
   // caches at a quarter of a plain read's bandwidth (bench/results/engine-2026-12-02.md).
   const std::uint8_t* end = w.row(r1);
-  const std::uint8_t* p = w.row(r) + kPrefetchAhead;
-  const std::uint8_t* q = std::min(end, w.row(r) + w.row_bytes + kPrefetchAhead);
+  const std::uint8_t* p = w.row(r) + ahead;
+  const std::uint8_t* q =
+      std::min(end, w.row(r) + w.row_bytes * static_cast<std::size_t>(rows) + ahead);
   for (; p < q; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
@@ -499,16 +611,27 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
         (w.type == ggml_type::kQ4_1 || w.type == ggml_type::kQ8_0)) {  // the paired kernels
       const bool q41 = w.type == ggml_type::kQ4_1;
       const int nb = w.cols / 32;
-      for (std::int32_t r = r0; r < r1; ++r) {
+      std::int32_t r = r0;
+      // Decode: four short rows at a time (SmolLM2's 576 columns: their sums' chains and the
+      // row loop's overheads had left the kernel at half its speed on long rows). Long rows
+      // stream faster one at a time (bench/bench_gemv.cpp).
+      if (n == 1 && w.row_bytes <= kInterleavedRowBytes)
+        for (; r + 4 <= r1; r += 4) {
+          const std::uint8_t* rows[4] = {w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)};
+          prefetch_ahead(w, r, r1, 4);
+          q41 ? rows_q4_1<4, 1>(rows, nb, *xq, 0, y + r) : rows_q8_0<4, 1>(rows, nb, *xq, 0, y + r);
+        }
+      for (; r < r1; ++r) {
         prefetch_ahead(w, r, r1);
+        const std::uint8_t* row = w.row(r);
         std::int32_t i = 0;
         float out[4];
         for (; i + 4 <= n; i += 4) {
-          q41 ? row_q4_1<4>(w.row(r), nb, *xq, i, out) : row_q8_0<4>(w.row(r), nb, *xq, i, out);
+          q41 ? rows_q4_1<1, 4>(&row, nb, *xq, i, out) : rows_q8_0<1, 4>(&row, nb, *xq, i, out);
           for (int k = 0; k < 4; ++k) y[static_cast<std::size_t>(i + k) * ldy + r] = out[k];
         }
         for (; i < n; ++i) {
-          q41 ? row_q4_1<1>(w.row(r), nb, *xq, i, out) : row_q8_0<1>(w.row(r), nb, *xq, i, out);
+          q41 ? rows_q4_1<1, 1>(&row, nb, *xq, i, out) : rows_q8_0<1, 1>(&row, nb, *xq, i, out);
           y[static_cast<std::size_t>(i) * ldy + r] = out[0];
         }
       }

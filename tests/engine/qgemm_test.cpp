@@ -117,36 +117,40 @@ TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rou
                               ggml_type::kQ8_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
       const bool k_quant = t == ggml_type::kQ4_K || t == ggml_type::kQ6_K;
       REQUIRE(relokv_engine::has_integer_kernel(t));
-      // 1, 3, 5, 7 and 18 blocks: a pair, groups of four, and the tails after them (the
-      // paired kernels take four blocks, then two, then one); K-quants: one and three
+      // 1, 3, 5, 7, 18 and 23 blocks: each of the steps the Q4_1 and Q8_0 kernels take
+      // (sixteen blocks, four, two, one) and the tails after them; K-quants: one and three
       // super-blocks
       for (const int cols :
-           k_quant ? std::vector<int>{256, 768} : std::vector<int>{32, 96, 160, 224, 576}) {
-        const int rows = 5, n = 7;  // one group of four activation rows, then three
-        const auto bytes = random_blocks(t, rows, cols, rng);
-        const qmatrix w = matrix_of(t, rows, cols, bytes);
-        std::vector<float> x(static_cast<std::size_t>(n * cols));
-        for (auto& v : x) v = nd(rng);
-        x[3] = 40.0f;  // an outlier: its block's scale is coarse, the bound follows it
-        relokv_engine::q8_activations xq;
-        xq.quantize(x.data(), n, cols);
-        std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f),
-            wr(static_cast<std::size_t>(cols));
-        relokv_engine::qmatmul_rows(w, x.data(), &xq, n, y.data(), rows, 0, rows);
-        for (int r = 0; r < rows; ++r) {
-          w.dequantize_row(r, wr.data());
-          for (int i = 0; i < n; ++i) {
-            const auto [exact, bound, mag] =
-                quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
-                                    xq.d.data() + static_cast<std::size_t>(i * (cols / 32)));
-            const float got = y[static_cast<std::size_t>(i * rows + r)];
-            INFO(isa << " " << relokv_engine::traits_of(t).name << " cols " << cols << " row " << r
-                     << " act " << i);
-            CHECK(std::abs(got - exact) <= bound * 1.001 + 1e-4 * (1 + std::abs(exact)));
-            // The fast kernel and the reference loops: the same integer sums, fp32 order aside
-            // (relative to the terms' magnitude: the offsets' terms cancel).
-            const float ref = relokv_engine::qdot_portable(w, r, xq, i);
-            CHECK(std::abs(got - ref) <= 1e-5 * (1 + std::abs(ref) + mag));
+           k_quant ? std::vector<int>{256, 768} : std::vector<int>{32, 96, 160, 224, 576, 736}) {
+        // seven activation rows (a group of four, then three) and one (decode: weight rows
+        // four at a time where they are short, then one)
+        for (const int n : {7, 1}) {
+          const int rows = 5;
+          const auto bytes = random_blocks(t, rows, cols, rng);
+          const qmatrix w = matrix_of(t, rows, cols, bytes);
+          std::vector<float> x(static_cast<std::size_t>(n * cols));
+          for (auto& v : x) v = nd(rng);
+          x[3] = 40.0f;  // an outlier: its block's scale is coarse, the bound follows it
+          relokv_engine::q8_activations xq;
+          xq.quantize(x.data(), n, cols);
+          std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f),
+              wr(static_cast<std::size_t>(cols));
+          relokv_engine::qmatmul_rows(w, x.data(), &xq, n, y.data(), rows, 0, rows);
+          for (int r = 0; r < rows; ++r) {
+            w.dequantize_row(r, wr.data());
+            for (int i = 0; i < n; ++i) {
+              const auto [exact, bound, mag] =
+                  quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
+                                      xq.d.data() + static_cast<std::size_t>(i * (cols / 32)));
+              const float got = y[static_cast<std::size_t>(i * rows + r)];
+              INFO(isa << " " << relokv_engine::traits_of(t).name << " cols " << cols << " row "
+                       << r << " act " << i << " of " << n);
+              CHECK(std::abs(got - exact) <= bound * 1.001 + 1e-4 * (1 + std::abs(exact)));
+              // The fast kernel and the reference loops: the same integer sums, fp32 order aside
+              // (relative to the terms' magnitude: the offsets' terms cancel).
+              const float ref = relokv_engine::qdot_portable(w, r, xq, i);
+              CHECK(std::abs(got - ref) <= 1e-5 * (1 + std::abs(ref) + mag));
+            }
           }
         }
       }

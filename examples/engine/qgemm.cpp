@@ -40,6 +40,16 @@ constexpr std::size_t kInterleavedRowBytes = 640;
 #endif
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+// Prefetches (into L2) the lines kPrefetchAhead past a step's `Bytes` at p. The paired
+// kernels prefetch step by step, spread among their products: a burst of a row's lines at
+// its start stalled the core once the lines in flight filled its buffers, and a matrix
+// streamed at 0.6-0.65 of a plain read (bench/results/engine-2026-12-02b.md).
+template <int Bytes>
+inline void prefetch_step(const std::uint8_t* p) {
+#pragma GCC unroll 8
+  for (int j = 0; j < Bytes; j += 64) __builtin_prefetch(p + kPrefetchAhead + j, 0, 2);
+}
+
 // The paired kernels' tails (an odd last block): one row of Q4_1 or Q8_0 blocks against one
 // row of Q8 activations.
 // Q4_1: w = d * q + m (q in [0, 15]), so a block contributes d * dx * sum(q * xq) + m * s
@@ -157,6 +167,7 @@ void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 4 <= nb; b += 4)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ8_0Bytes;
+      prefetch_step<4 * kQ8_0Bytes>(A);
       const __m512i z0 = _mm512_loadu_si512(A);
       const __m512i z1 = _mm512_loadu_si512(A + 64);  // the scales reach byte 103 of 136
       const __m128 d4 =
@@ -180,6 +191,7 @@ void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 2 <= nb; b += 2)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ8_0Bytes;
+      prefetch_step<2 * kQ8_0Bytes>(A);
       const __m512i wv = _mm512_xor_si512(q8_0_raw_pair(A), bias);
       const float da = fp16_at(A), db = fp16_at(A + kQ8_0Bytes);
       for (int r = 0; r < R; ++r) {
@@ -268,6 +280,7 @@ void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 16 <= nb; b += 16)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
+      prefetch_step<16 * kQ4_1Bytes>(A);
       __m512i v[5];
 #pragma GCC unroll 5
       for (int j = 0; j < 5; ++j) v[j] = _mm512_loadu_si512(A + 64 * j);
@@ -301,6 +314,7 @@ void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 4 <= nb; b += 4)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
+      prefetch_step<4 * kQ4_1Bytes>(A);
       const __m512i z0 = _mm512_loadu_si512(A);
       const __m512i z1 =
           _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 64)));
@@ -324,6 +338,7 @@ void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 2 <= nb; b += 2)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
+      prefetch_step<2 * kQ4_1Bytes>(A);
       const std::uint8_t* B = A + kQ4_1Bytes;
       const __m256i q = _mm256_inserti128_si256(
           _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 4))),
@@ -589,15 +604,13 @@ float qdot_fp32_portable(const qmatrix& w, std::int32_t r, const float* x) {
   return direct_portable(w, r, x, sums.data());
 }
 
-void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1, std::int32_t rows,
-                    std::size_t ahead) noexcept {
-  // The bytes `ahead` past the rows', into L2, while the rows are multiplied: a GEMV row
+void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1) noexcept {
+  // The bytes kPrefetchAhead past row r's, into L2, while row r is multiplied: a GEMV row
   // computes long enough that the hardware prefetchers alone leave a matrix that misses the
   // caches at a quarter of a plain read's bandwidth (bench/results/engine-2026-12-02.md).
   const std::uint8_t* end = w.row(r1);
-  const std::uint8_t* p = w.row(r) + ahead;
-  const std::uint8_t* q =
-      std::min(end, w.row(r) + w.row_bytes * static_cast<std::size_t>(rows) + ahead);
+  const std::uint8_t* p = w.row(r) + kPrefetchAhead;
+  const std::uint8_t* q = std::min(end, w.row(r) + w.row_bytes + kPrefetchAhead);
   for (; p < q; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
@@ -618,11 +631,9 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
       if (n == 1 && w.row_bytes <= kInterleavedRowBytes)
         for (; r + 4 <= r1; r += 4) {
           const std::uint8_t* rows[4] = {w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)};
-          prefetch_ahead(w, r, r1, 4);
           q41 ? rows_q4_1<4, 1>(rows, nb, *xq, 0, y + r) : rows_q8_0<4, 1>(rows, nb, *xq, 0, y + r);
         }
       for (; r < r1; ++r) {
-        prefetch_ahead(w, r, r1);
         const std::uint8_t* row = w.row(r);
         std::int32_t i = 0;
         float out[4];

@@ -17,9 +17,8 @@ enum class block_isa { kVnni256, kAvx2, kPortable };
 
 /// How far ahead of the row being multiplied a GEMV prefetches its weights.
 inline constexpr std::size_t kPrefetchAhead = 2048;
-/// Prefetches (into L2) the bytes `ahead` past rows [r, r + rows) of w, up to row r1's start.
-void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1, std::int32_t rows = 1,
-                    std::size_t ahead = kPrefetchAhead) noexcept;
+/// Prefetches (into L2) the bytes kPrefetchAhead past row r of w, up to row r1's start.
+void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1) noexcept;
 
 /// Whether this build has the kernels of `isa` (the host must run what the build targets).
 [[nodiscard]] bool block_isa_available(block_isa isa) noexcept;

@@ -604,16 +604,6 @@ float qdot_fp32_portable(const qmatrix& w, std::int32_t r, const float* x) {
   return direct_portable(w, r, x, sums.data());
 }
 
-void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1) noexcept {
-  // The bytes kPrefetchAhead past row r's, into L2, while row r is multiplied: a GEMV row
-  // computes long enough that the hardware prefetchers alone leave a matrix that misses the
-  // caches at a quarter of a plain read's bandwidth (bench/results/engine-2026-12-02.md).
-  const std::uint8_t* end = w.row(r1);
-  const std::uint8_t* p = w.row(r) + kPrefetchAhead;
-  const std::uint8_t* q = std::min(end, w.row(r) + w.row_bytes + kPrefetchAhead);
-  for (; p < q; p += 64) __builtin_prefetch(p, 0, 2);
-}
-
 void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, std::int32_t n,
                   float* y, std::int32_t ldy, std::int32_t r0, std::int32_t r1) {
   if (r1 <= r0 || n <= 0) return;

@@ -15,10 +15,10 @@ namespace relokv_engine {
 /// VPMADDUBSW + VPMADDWD (AVX2), or scalar loops.
 enum class block_isa { kVnni256, kAvx2, kPortable };
 
-/// How far ahead of the row being multiplied a GEMV prefetches its weights.
+/// How far ahead of the bytes being multiplied a GEMV prefetches its weights (into L2), step
+/// by step: 1, 4, 8 and 16 KiB streamed a 48 MB matrix slower
+/// (bench/results/engine-2026-12-02.md).
 inline constexpr std::size_t kPrefetchAhead = 2048;
-/// Prefetches (into L2) the bytes kPrefetchAhead past row r of w, up to row r1's start.
-void prefetch_ahead(const qmatrix& w, std::int32_t r, std::int32_t r1) noexcept;
 
 /// Whether this build has the kernels of `isa` (the host must run what the build targets).
 [[nodiscard]] bool block_isa_available(block_isa isa) noexcept;

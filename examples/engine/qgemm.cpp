@@ -18,6 +18,12 @@
 #else
 #define RELOKV_ENGINE_VNNI 0
 #endif
+// Q5_0's AVX-512 kernel also spreads bits with VPSHUFBITQMB and gathers bytes with VPERMT2B.
+#if RELOKV_ENGINE_VNNI && defined(__AVX512BITALG__) && defined(__AVX512VBMI__)
+#define RELOKV_ENGINE_Q5_0 1
+#else
+#define RELOKV_ENGINE_Q5_0 0
+#endif
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -25,7 +31,7 @@
 namespace relokv_engine {
 namespace {
 
-constexpr int kQ4_1Bytes = 20, kQ8_0Bytes = 34;  // per block of 32: scale(s), then the values
+constexpr int kQ4_1Bytes = 20, kQ8_0Bytes = 34, kQ5_0Bytes = 22;  // per block of 32
 // Rows of at most this many bytes are multiplied four at a time in decode.
 constexpr std::size_t kInterleavedRowBytes = 640;
 
@@ -72,6 +78,22 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, int
     int s = 0;
     for (int j = 0; j < 32; ++j) s += q[j] * x[j];
     acc += fp16_at(w) * xd[b] * static_cast<float>(s);
+  }
+  return acc;
+}
+// Q5_0: w = d * (q - 16), q = nibble + 16 * (its bit of qh); xs as for Q4_1.
+[[maybe_unused]] float q5_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd,
+                                const float* xs, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += kQ5_0Bytes, x += 32) {
+    std::uint32_t qh = 0;
+    std::memcpy(&qh, w + 2, 4);
+    int s = 0;
+    for (int j = 0; j < 16; ++j) {
+      s += ((w[6 + j] & 0xF) | (((qh >> j) & 1u) << 4)) * x[j];
+      s += ((w[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) * x[j + 16];
+    }
+    acc += fp16_at(w) * (xd[b] * static_cast<float>(s) - 16.0f * xs[b]);
   }
   return acc;
 }
@@ -374,6 +396,128 @@ void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   reduce_rows<W, R>(acc, tail, out);
 }
 
+#if RELOKV_ENGINE_Q5_0
+// Q5_0 (w = d * (q - 16), q = nibble + 16 * its bit of qh), four blocks (88 bytes) a step
+// against activations in the four-block nibble order (q8_activations::qq): one VPERMT2B
+// gathers the nibbles, another each block's qh into the two 64-bit lanes that hold its
+// elements, and VPSHUFBITQMB (AVX512_BITALG) turns each element's bit into a byte mask that
+// adds 16 where it is set. The offset is -16 d times the activations' block sums.
+struct q5_0_tables {
+  __m512i nibbles, qh, bits_lo, bits_hi, scales;
+  q5_0_tables() {
+    alignas(64) std::uint8_t nib[64], qh_at[64], lo[64], hi[64], sc[64] = {};
+    for (int k = 0; k < 4; ++k) {
+      for (int j = 0; j < 16; ++j)
+        nib[16 * k + j] = static_cast<std::uint8_t>(kQ5_0Bytes * k + 6 + j);
+      for (int j = 0; j < 2; ++j) sc[2 * k + j] = static_cast<std::uint8_t>(kQ5_0Bytes * k + j);
+    }
+    for (int q = 0; q < 8; ++q)  // 64-bit lane q: elements 8 * (q % 2) .. + 7 of block q / 2
+      for (int i = 0; i < 8; ++i) {
+        qh_at[8 * q + i] = static_cast<std::uint8_t>(kQ5_0Bytes * (q / 2) + 2 + i % 4);
+        lo[8 * q + i] = static_cast<std::uint8_t>(8 * (q % 2) + i);
+        hi[8 * q + i] = static_cast<std::uint8_t>(16 + 8 * (q % 2) + i);
+      }
+    nibbles = _mm512_load_si512(nib);
+    qh = _mm512_load_si512(qh_at);
+    bits_lo = _mm512_load_si512(lo);
+    bits_hi = _mm512_load_si512(hi);
+    scales = _mm512_load_si512(sc);
+  }
+};
+const q5_0_tables& q5_0_quads() {
+  static const q5_0_tables t;
+  return t;
+}
+
+template <int W, int R>
+void rows_q5_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, int i0, float* out) {
+  const q5_0_tables& tab = q5_0_quads();
+  const auto nbk = static_cast<std::size_t>(xq.cols / 32);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+  // lanes 4k..4k+3 take block k's d * dx
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[W][R];
+  __m128 extra4[W][R];  // d * s per block: times -16, the offset's term
+  float tail[W][R];
+  for (int k = 0; k < W; ++k)
+    for (int r = 0; r < R; ++r) {
+      acc[k][r] = _mm512_setzero_ps();
+      extra4[k][r] = _mm_setzero_ps();
+      tail[k][r] = 0.0f;
+    }
+  const auto at = [&](int r, int b) {
+    return static_cast<std::size_t>(i0 + r) * nbk + static_cast<std::size_t>(b);
+  };
+  const auto xat = [&](int r, int b) {
+    return xq.qq.data() + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(xq.cols) +
+           static_cast<std::size_t>(b) * 32;
+  };
+  int b = 0;
+  for (; b + 4 <= nb; b += 4)
+    for (int k = 0; k < W; ++k) {
+      const std::uint8_t* A = w[k] + b * kQ5_0Bytes;
+      prefetch_step<4 * kQ5_0Bytes>(A);
+      const __m512i z0 = _mm512_loadu_si512(A);
+      const __m512i z1 = _mm512_maskz_loadu_epi8(0xFFFFFF, A + 64);  // the step's last 24 bytes
+      const __m512i nib = _mm512_permutex2var_epi8(z0, tab.nibbles, z1);
+      const __m512i qh = _mm512_permutex2var_epi8(z0, tab.qh, z1);
+      const __m512i lo = _mm512_mask_add_epi8(_mm512_and_si512(nib, m4),
+                                              _mm512_bitshuffle_epi64_mask(qh, tab.bits_lo),
+                                              _mm512_and_si512(nib, m4), sixteen);
+      const __m512i hin = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
+      const __m512i hi =
+          _mm512_mask_add_epi8(hin, _mm512_bitshuffle_epi64_mask(qh, tab.bits_hi), hin, sixteen);
+      const __m128 d4 =
+          _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(z0, tab.scales, z1)));
+      for (int r = 0; r < R; ++r) {
+        const __m128 sc = _mm_mul_ps(d4, _mm_loadu_ps(xq.d.data() + at(r, b)));
+        extra4[k][r] = _mm_fmadd_ps(d4, _mm_loadu_ps(xq.s.data() + at(r, b)), extra4[k][r]);
+        const __m512i dp = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xat(r, b))), hi,
+            _mm512_loadu_si512(xat(r, b) + 64));
+        acc[k][r] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
+                            _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)), acc[k][r]);
+      }
+    }
+  for (int k = 0; k < W; ++k)
+    for (int r = 0; r < R; ++r) {
+      const std::size_t i = static_cast<std::size_t>(i0 + r);
+      if (b < nb)  // the last blocks (fewer than four) by the reference loop
+        tail[k][r] = q5_0_dot(
+            w[k] + b * kQ5_0Bytes,
+            xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32,
+            xq.d.data() + at(r, b), xq.s.data() + at(r, b), nb - b);
+      alignas(16) float e[4];
+      _mm_store_ps(e, extra4[k][r]);
+      tail[k][r] -= 16.0f * ((e[0] + e[1]) + (e[2] + e[3]));
+    }
+  reduce_rows<W, R>(acc, tail, out);
+}
+#endif
+
+// The AVX-512 kernel of w's type (has_paired_kernel).
+constexpr bool has_paired_kernel(ggml_type t) noexcept {
+  return t == ggml_type::kQ4_1 || t == ggml_type::kQ8_0 ||
+         (RELOKV_ENGINE_Q5_0 != 0 && t == ggml_type::kQ5_0);
+}
+template <int W, int R>
+void paired_rows(ggml_type t, const std::uint8_t* const* w, int nb, const q8_activations& xq,
+                 int i0, float* out) {
+  switch (t) {
+    case ggml_type::kQ4_1:
+      return rows_q4_1<W, R>(w, nb, xq, i0, out);
+    case ggml_type::kQ8_0:
+      return rows_q8_0<W, R>(w, nb, xq, i0, out);
+#if RELOKV_ENGINE_Q5_0
+    case ggml_type::kQ5_0:
+      return rows_q5_0<W, R>(w, nb, xq, i0, out);
+#endif
+    default:
+      throw std::logic_error(std::string("qgemm: no paired kernel for ") + traits_of(t).name);
+  }
+}
+
 // fp32 activations: one weight row against one fp32 row, each block dequantized in registers
 // (d * q, plus m * sum(x) for Q4_1 with the block sums xs given).
 template <bool Q41>
@@ -558,7 +702,19 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
     ds[2 * blk] = scale;
     ds[2 * blk + 1] = s[blk];
   }
-  // Q4_1's order (row_q4_1): per group of sixteen blocks, five vectors of the weights' bytes,
+  // Q5_0's order (rows_q5_0): per group of four blocks (a, b, c, e), a[0..15] b[0..15]
+  // c[0..15] e[0..15] a[16..31] ... e[16..31]; the blocks after the last group as they are.
+  qq = q;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r)
+    for (std::size_t b = 0; b + 4 <= nbk; b += 4) {
+      const std::int8_t* src = q.data() + r * static_cast<std::size_t>(width) + b * 32;
+      std::int8_t* dst = qq.data() + r * static_cast<std::size_t>(width) + b * 32;
+      for (std::size_t j = 0; j < 4; ++j) {
+        std::memcpy(dst + 16 * j, src + 32 * j, 16);
+        std::memcpy(dst + 16 * (4 + j), src + 32 * j + 16, 16);
+      }
+    }
+  // Q4_1's order (rows_q4_1): per group of sixteen blocks, five vectors of the weights' bytes,
   // each as two runs of 64: the elements against each byte's low nibbles, then its high
   // nibbles, zeros against the blocks' scales; then per group of four blocks (a, b, c, e),
   // a[0..15] b[0..15] c[0..15] e[0..15] a[16..31] ... e[16..31]; a remaining pair likewise,
@@ -610,9 +766,7 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
   if (xq != nullptr && integer_product(w, n)) {
     const block_isa isa = block_isa_now();
 #if RELOKV_ENGINE_VNNI
-    if (isa == block_isa::kVnni256 &&
-        (w.type == ggml_type::kQ4_1 || w.type == ggml_type::kQ8_0)) {  // the paired kernels
-      const bool q41 = w.type == ggml_type::kQ4_1;
+    if (isa == block_isa::kVnni256 && has_paired_kernel(w.type)) {
       const int nb = w.cols / 32;
       std::int32_t r = r0;
       // Decode: four short rows at a time (SmolLM2's 576 columns: their sums' chains and the
@@ -621,18 +775,18 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
       if (n == 1 && w.row_bytes <= kInterleavedRowBytes)
         for (; r + 4 <= r1; r += 4) {
           const std::uint8_t* rows[4] = {w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)};
-          q41 ? rows_q4_1<4, 1>(rows, nb, *xq, 0, y + r) : rows_q8_0<4, 1>(rows, nb, *xq, 0, y + r);
+          paired_rows<4, 1>(w.type, rows, nb, *xq, 0, y + r);
         }
       for (; r < r1; ++r) {
         const std::uint8_t* row = w.row(r);
         std::int32_t i = 0;
         float out[4];
         for (; i + 4 <= n; i += 4) {
-          q41 ? rows_q4_1<1, 4>(&row, nb, *xq, i, out) : rows_q8_0<1, 4>(&row, nb, *xq, i, out);
+          paired_rows<1, 4>(w.type, &row, nb, *xq, i, out);
           for (int k = 0; k < 4; ++k) y[static_cast<std::size_t>(i + k) * ldy + r] = out[k];
         }
         for (; i < n; ++i) {
-          q41 ? rows_q4_1<1, 1>(&row, nb, *xq, i, out) : rows_q8_0<1, 1>(&row, nb, *xq, i, out);
+          paired_rows<1, 1>(w.type, &row, nb, *xq, i, out);
           y[static_cast<std::size_t>(i) * ldy + r] = out[0];
         }
       }

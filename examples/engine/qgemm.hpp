@@ -82,8 +82,9 @@ struct q8_activations {
   std::vector<float> s;         ///< [n][cols / 32]: d * (sum of the block's q)
   std::vector<std::int8_t> qp;  ///< q laid out for the Q4_1 kernel, qp_stride bytes a row
   std::size_t qp_stride = 0;
-  std::vector<float> ds;   ///< [n][cols / 32][2]: d and s side by side
-  std::vector<float> s16;  ///< [n][cols / 16]: d * (sum of each half block's q)
+  std::vector<std::int8_t> qq;  ///< q laid out for the Q5_0 kernel ([n][cols])
+  std::vector<float> ds;        ///< [n][cols / 32][2]: d and s side by side
+  std::vector<float> s16;       ///< [n][cols / 16]: d * (sum of each half block's q)
   /// Quantizes x ([n][cols], cols a multiple of 32): q = round(x / d), d = max|x| / 127.
   void quantize(const float* x, std::int32_t n, std::int32_t cols);
 };

@@ -131,6 +131,34 @@ const quad_tables& quads() {
   return t;
 }
 
+// q8_activations::qp's sixteen-block groups from the plain int8 rows: output vector v (v / 2
+// of the group's five, low nibbles' elements for even v) takes its bytes from the 128 bytes of
+// four blocks starting at block `first`, through VPERMT2B, zeros where `keep` is clear.
+struct q4_1_layout_tables {
+  __m512i idx[10];
+  __mmask64 keep[10];
+  int first[10];
+  q4_1_layout_tables() {
+    for (int v = 0; v < 10; ++v) {
+      alignas(64) std::uint8_t ix[64] = {};
+      const int c = v / 2, half = v % 2;
+      first[v] = 64 * c / kQ4_1Bytes;
+      keep[v] = 0;
+      for (int p = 0; p < 64; ++p) {
+        const int at = 64 * c + p, blk = at / kQ4_1Bytes, off = at % kQ4_1Bytes;
+        if (off < 4) continue;  // the block's scale and minimum
+        ix[p] = static_cast<std::uint8_t>((blk - first[v]) * 32 + off - 4 + 16 * half);
+        keep[v] |= __mmask64{1} << p;
+      }
+      idx[v] = _mm512_load_si512(ix);
+    }
+  }
+};
+const q4_1_layout_tables& q4_1_layout() {
+  static const q4_1_layout_tables t;
+  return t;
+}
+
 // Each of the paired kernels takes W weight rows against R activation rows (W = 4, R = 1 in
 // decode: four rows share the constants, the row loop's overheads and one reduction, and
 // their sums are four independent chains; W = 1 elsewhere) and writes out[k * R + r].
@@ -674,6 +702,12 @@ void qmatrix::dequantize_row(std::int32_t r, float* out) const {
   dequantize_blocks(type, row(r), static_cast<std::uint64_t>(cols), out);
 }
 
+// GCC 12's false -Wmaybe-uninitialized inside the AVX-512 intrinsics again (see the kernels).
+#if RELOKV_ENGINE_VNNI && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t width) {
   n = rows;
   cols = width;
@@ -685,16 +719,32 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
   s16.resize(2 * d.size());
   for (std::size_t blk = 0; blk < d.size(); ++blk) {
     const float* xb = x + blk * 32;
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(xb[j]));
-    const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     std::int8_t* qb = q.data() + blk * 32;
     int sum = 0, first = 0;
+    float scale = 0.0f;
+#if RELOKV_ENGINE_VNNI
+    // The same values as the loop below: VCVTPS2DQ rounds to nearest even, as lrintf does.
+    const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    scale = amax / 127.0f;
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));
+    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtsepi32_epi8(qlo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtsepi32_epi8(qhi));
+    first = _mm512_reduce_add_epi32(qlo);
+    sum = first + _mm512_reduce_add_epi32(qhi);
+#else
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(xb[j]));
+    scale = amax / 127.0f;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     for (int j = 0; j < 32; ++j) {
       qb[j] = static_cast<std::int8_t>(std::lrintf(xb[j] * inv));
       sum += qb[j];
       if (j == 15) first = sum;
     }
+#endif
     s16[2 * blk] = scale * static_cast<float>(first);
     s16[2 * blk + 1] = scale * static_cast<float>(sum - first);
     d[blk] = scale;
@@ -726,7 +776,17 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
   for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
     const std::int8_t* src = q.data() + r * width_z;
     std::int8_t* dst = qp.data() + r * qp_stride;
-    for (std::size_t g = 0; g < groups; ++g)
+    for (std::size_t g = 0; g < groups; ++g) {
+#if RELOKV_ENGINE_VNNI
+      const q4_1_layout_tables& t = q4_1_layout();
+      for (int v = 0; v < 10; ++v) {  // vector v / 2's low (even v) or high nibbles' elements
+        const std::int8_t* from = src + (g * 16 + static_cast<std::size_t>(t.first[v])) * 32;
+        _mm512_storeu_si512(
+            dst + g * 640 + static_cast<std::size_t>(v) * 64,
+            _mm512_maskz_permutex2var_epi8(t.keep[v], _mm512_loadu_si512(from), t.idx[v],
+                                           _mm512_loadu_si512(from + 64)));
+      }
+#else
       for (std::size_t at = 0; at < 320; ++at) {  // byte `at` of the group's weights
         const std::size_t blk = g * 16 + at / 20, off = at % 20;
         if (off < 4) continue;  // the block's scale and minimum: zeros
@@ -734,6 +794,8 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
         v[0] = src[blk * 32 + off - 4];
         v[64] = src[blk * 32 + off - 4 + 16];
       }
+#endif
+    }
     dst += groups * 640;
     src += groups * 16 * 32;
     std::size_t b = 0;
@@ -749,6 +811,9 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
     if (b < rest) std::memcpy(dst + b * 32, src + b * 32, 32);
   }
 }
+#if RELOKV_ENGINE_VNNI && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 float qdot_portable(const qmatrix& w, std::int32_t r, const q8_activations& xq, std::int32_t i) {
   return block_dot_portable(w, r, xq, i);

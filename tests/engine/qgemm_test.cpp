@@ -183,6 +183,40 @@ TEST_CASE("qgemm: every other type through dequantized panels equals the fp32 pr
   }
 }
 
+TEST_CASE("qgemm: int8 activations round to nearest even against max|x| / 127", "[qgemm]") {
+  // The vector quantization (AVX-512 builds) and the scalar one give the same bytes: ties go
+  // to even, the largest element to +-127, an all-zero block to zeros with scale 0.
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd;
+  const int cols = 96, n = 2;
+  std::vector<float> x(static_cast<std::size_t>(n * cols));
+  for (auto& v : x) v = nd(rng);
+  const float ties[] = {127.0f, 2.5f, -2.5f, 3.5f, 0.5f, -0.5f, -126.5f, 1.5f};
+  std::copy(std::begin(ties), std::end(ties), x.begin());  // block 0: scale 1
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);         // block 2: all zero
+  relokv_engine::q8_activations xq;
+  xq.quantize(x.data(), n, cols);
+  for (int b = 0; b < n * cols / 32; ++b) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j)
+      amax = std::max(amax, std::abs(x[static_cast<std::size_t>(b * 32 + j)]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const auto at = static_cast<std::size_t>(b * 32 + j);
+      const auto want = static_cast<std::int8_t>(std::lrintf(x[at] * inv));
+      INFO("block " << b << " element " << j);
+      CHECK(xq.q[at] == want);
+      sum += want;
+    }
+    CHECK(xq.d[static_cast<std::size_t>(b)] == amax / 127.0f);
+    CHECK(xq.s[static_cast<std::size_t>(b)] == amax / 127.0f * static_cast<float>(sum));
+  }
+  const std::int8_t first[] = {127, 2, -2, 4, 0, 0, -126, 2};
+  for (int j = 0; j < 8; ++j) CHECK(xq.q[static_cast<std::size_t>(j)] == first[j]);
+  CHECK(xq.d[2] == 0.0f);
+}
+
 TEST_CASE("qgemm: a split over row ranges writes only its rows", "[qgemm]") {
   std::mt19937 rng(13);
   const int rows = 9, cols = 64, n = 2;

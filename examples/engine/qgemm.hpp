@@ -3,8 +3,9 @@
 // Decode (at most kIntegerMaxRows activation rows) runs on integer dot products for every
 // quantized type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K): the activations are quantized to int8
 // per 32 elements with an fp32 scale, as the formats intend, and multiplied with AVX-512 VNNI
-// (paired-block kernels for Q4_1 and Q8_0, SmolLM2's types; 256-bit block kernels for the
-// others, qgemm_blocks.hpp), AVX2 (VPMADDUBSW) or portable loops. Prefill runs on int16 tiles
+// (AVX-512 kernels for Q4_1 and Q8_0, SmolLM2's types, and for Q5_0, most of Qwen2.5's, where
+// the host has AVX512_BITALG; 256-bit block kernels for the others, qgemm_blocks.hpp), AVX2
+// (VPMADDUBSW) or portable loops. Prefill runs on int16 tiles
 // (tile_matmul_rows: int16 activations, VPDPWSSD or VPMADDWD). F32 weights go to BLAS as they are;
 // F16 and BF16 are dequantized a lane's panel (at most 4 MiB) at a time and multiplied with BLAS.
 #include <cstddef>
@@ -63,9 +64,9 @@ inline constexpr std::int32_t kIntegerMaxRows = 8;
 [[nodiscard]] inline bool integer_product(const qmatrix& w, std::int32_t n) noexcept {
   return n <= kIntegerMaxRows && has_integer_kernel(w.type);
 }
-/// The integer kernels' instruction set in use: "avx512-vnni" (paired kernels for Q4_1 and
-/// Q8_0, 256-bit VPDPBUSD block kernels for the others), "avx2" (block kernels on VPMADDUBSW)
-/// or "portable" (scalar loops).
+/// The integer kernels' instruction set in use: "avx512-vnni" (AVX-512 kernels for Q4_1, Q8_0
+/// and, with AVX512_BITALG, Q5_0; 256-bit VPDPBUSD block kernels for the others), "avx2" (block
+/// kernels on VPMADDUBSW) or "portable" (scalar loops).
 [[nodiscard]] const char* integer_kernel_isa() noexcept;
 /// The instruction sets this build has, best first (a host runs what its build targets).
 [[nodiscard]] std::vector<std::string> integer_kernel_isas();

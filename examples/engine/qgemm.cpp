@@ -185,34 +185,66 @@ void reduce_rows(const __m512 (&acc)[W][R], const float (&tail)[W][R], float* ou
   }
 }
 
+// The sums of a kernel whose weights are w = d * (u - offset), u unsigned (Q8_0 as q + 128,
+// Q5_0), for W weight rows against R activation rows: the scaled integer sums in acc, each
+// block's d * s (s = dx * the sum of its activations) in ds4 for the offset's term, and what
+// the reference loops add in tail. `layout` is the activations' byte order the kernel reads.
+template <int W, int R>
+struct offset_sums {
+  const q8_activations& xq;
+  const std::int8_t* layout;
+  int i0;
+  std::size_t nbk;
+  __m512 acc[W][R];
+  __m128 ds4[W][R];
+  float tail[W][R];
+  offset_sums(const q8_activations& x, const std::int8_t* bytes, int first)
+      : xq(x), layout(bytes), i0(first), nbk(static_cast<std::size_t>(x.cols / 32)) {
+    for (int k = 0; k < W; ++k)
+      for (int r = 0; r < R; ++r) {
+        acc[k][r] = _mm512_setzero_ps();
+        ds4[k][r] = _mm_setzero_ps();
+        tail[k][r] = 0.0f;
+      }
+  }
+  /// Activation row r's block b: its index among the scales, its bytes in `layout` or in q.
+  std::size_t at(int r, int b) const {
+    return static_cast<std::size_t>(i0 + r) * nbk + static_cast<std::size_t>(b);
+  }
+  const std::int8_t* bytes(const std::int8_t* base, int r, int b) const {
+    return base + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(xq.cols) +
+           static_cast<std::size_t>(b) * 32;
+  }
+  const std::int8_t* x(int r, int b) const { return bytes(layout, r, b); }
+  /// Four blocks' d (d4) against activation row r from block b: their d * dx, and d * s added
+  /// to the offset's term.
+  __m128 scales(__m128 d4, int k, int r, int b) {
+    ds4[k][r] = _mm_fmadd_ps(d4, _mm_loadu_ps(xq.s.data() + at(r, b)), ds4[k][r]);
+    return _mm_mul_ps(d4, _mm_loadu_ps(xq.d.data() + at(r, b)));
+  }
+  void finish(float offset, float* out) {
+    for (int k = 0; k < W; ++k)
+      for (int r = 0; r < R; ++r) {
+        alignas(16) float e[4];
+        _mm_store_ps(e, ds4[k][r]);
+        tail[k][r] -= offset * ((e[0] + e[1]) + (e[2] + e[3]));
+      }
+    reduce_rows<W, R>(acc, tail, out);
+  }
+};
+
 // Q8_0: each block pair of a row is unpacked once and multiplied with every activation row
 // (VPDPBUSD: 64 u8 x s8 products into 16 int32 lanes, lanes 0-7 of the first block, 8-15 of
 // the second), scaled per block in fp32. Four blocks at a time share one gather of their
 // scales (VPERMT2B) and one conversion.
 template <int W, int R>
 void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, int i0, float* out) {
-  const auto nbk = static_cast<std::size_t>(xq.cols / 32);
   const __m512i sc_idx = quads().q8_0_scales;
   // lanes 0-7: scale 0 (or 2), 8-15: scale 1 (or 3)
   const __m512i lo_pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i hi_pair = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[W][R];
-  __m128 extra4[W][R];  // d * s per block: times -128, the offset's term
-  float tail[W][R];
-  for (int k = 0; k < W; ++k)
-    for (int r = 0; r < R; ++r) {
-      acc[k][r] = _mm512_setzero_ps();
-      extra4[k][r] = _mm_setzero_ps();
-      tail[k][r] = 0.0f;
-    }
-  const auto at = [&](int r, int b) {
-    return static_cast<std::size_t>(i0 + r) * nbk + static_cast<std::size_t>(b);
-  };
-  const auto xat = [&](int r, int b) {
-    return xq.q.data() + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(xq.cols) +
-           static_cast<std::size_t>(b) * 32;
-  };
+  offset_sums<W, R> sums(xq, xq.q.data(), i0);
   int b = 0;
   for (; b + 4 <= nb; b += 4)
     for (int k = 0; k < W; ++k) {
@@ -225,17 +257,14 @@ void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
       const __m512i w01 = _mm512_xor_si512(q8_0_raw_pair(A), bias);
       const __m512i w23 = _mm512_xor_si512(q8_0_raw_pair(A + 2 * kQ8_0Bytes), bias);
       for (int r = 0; r < R; ++r) {
-        const __m128 sc = _mm_mul_ps(d4, _mm_loadu_ps(xq.d.data() + at(r, b)));
-        extra4[k][r] = _mm_fmadd_ps(d4, _mm_loadu_ps(xq.s.data() + at(r, b)), extra4[k][r]);
-        const __m512 s512 = _mm512_castps128_ps512(sc);
+        const __m512 s512 = _mm512_castps128_ps512(sums.scales(d4, k, r, b));
         const __m512i dp01 =
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, _mm512_loadu_si512(xat(r, b)));
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, _mm512_loadu_si512(sums.x(r, b)));
         const __m512i dp23 =
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, _mm512_loadu_si512(xat(r, b) + 64));
-        acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp01), _mm512_permutexvar_ps(lo_pair, s512),
-                                    acc[k][r]);
-        acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp23), _mm512_permutexvar_ps(hi_pair, s512),
-                                    acc[k][r]);
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, _mm512_loadu_si512(sums.x(r, b) + 64));
+        __m512& acc = sums.acc[k][r];
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp01), _mm512_permutexvar_ps(lo_pair, s512), acc);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp23), _mm512_permutexvar_ps(hi_pair, s512), acc);
       }
     }
   for (; b + 2 <= nb; b += 2)
@@ -245,24 +274,21 @@ void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
       const __m512i wv = _mm512_xor_si512(q8_0_raw_pair(A), bias);
       const float da = fp16_at(A), db = fp16_at(A + kQ8_0Bytes);
       for (int r = 0; r < R; ++r) {
-        const float* xd = xq.d.data() + at(r, b);
-        const float* xs = xq.s.data() + at(r, b);
+        const float* xd = xq.d.data() + sums.at(r, b);
+        const float* xs = xq.s.data() + sums.at(r, b);
         const __m512i dp =
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(xat(r, b)));
-        acc[k][r] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), pair_scale(da * xd[0], db * xd[1]), acc[k][r]);
-        tail[k][r] -= 128.0f * (da * xs[0] + db * xs[1]);
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(sums.x(r, b)));
+        sums.acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), pair_scale(da * xd[0], db * xd[1]),
+                                         sums.acc[k][r]);
+        sums.tail[k][r] -= 128.0f * (da * xs[0] + db * xs[1]);
       }
     }
-  for (int k = 0; k < W; ++k)
-    for (int r = 0; r < R; ++r) {
-      if (b < nb)  // an odd block count: the last block by the reference loop
-        tail[k][r] += q8_0_dot(w[k] + b * kQ8_0Bytes, xat(r, b), xq.d.data() + at(r, b), 1);
-      alignas(16) float e[4];
-      _mm_store_ps(e, extra4[k][r]);
-      tail[k][r] -= 128.0f * ((e[0] + e[1]) + (e[2] + e[3]));
-    }
-  reduce_rows<W, R>(acc, tail, out);
+  if (b < nb)  // an odd block count: the last block by the reference loop
+    for (int k = 0; k < W; ++k)
+      for (int r = 0; r < R; ++r)
+        sums.tail[k][r] +=
+            q8_0_dot(w[k] + b * kQ8_0Bytes, sums.x(r, b), xq.d.data() + sums.at(r, b), 1);
+  sums.finish(128.0f, out);
 }
 
 // Q4_1 sixteen blocks (320 bytes, five vectors) at a time, the bytes multiplied as they lie:
@@ -460,26 +486,10 @@ const q5_0_tables& q5_0_quads() {
 template <int W, int R>
 void rows_q5_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, int i0, float* out) {
   const q5_0_tables& tab = q5_0_quads();
-  const auto nbk = static_cast<std::size_t>(xq.cols / 32);
   const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
   // lanes 4k..4k+3 take block k's d * dx
   const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  __m512 acc[W][R];
-  __m128 extra4[W][R];  // d * s per block: times -16, the offset's term
-  float tail[W][R];
-  for (int k = 0; k < W; ++k)
-    for (int r = 0; r < R; ++r) {
-      acc[k][r] = _mm512_setzero_ps();
-      extra4[k][r] = _mm_setzero_ps();
-      tail[k][r] = 0.0f;
-    }
-  const auto at = [&](int r, int b) {
-    return static_cast<std::size_t>(i0 + r) * nbk + static_cast<std::size_t>(b);
-  };
-  const auto xat = [&](int r, int b) {
-    return xq.qq.data() + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(xq.cols) +
-           static_cast<std::size_t>(b) * 32;
-  };
+  offset_sums<W, R> sums(xq, xq.qq.data(), i0);
   int b = 0;
   for (; b + 4 <= nb; b += 4)
     for (int k = 0; k < W; ++k) {
@@ -489,38 +499,30 @@ void rows_q5_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
       const __m512i z1 = _mm512_maskz_loadu_epi8(0xFFFFFF, A + 64);  // the step's last 24 bytes
       const __m512i nib = _mm512_permutex2var_epi8(z0, tab.nibbles, z1);
       const __m512i qh = _mm512_permutex2var_epi8(z0, tab.qh, z1);
-      const __m512i lo = _mm512_mask_add_epi8(_mm512_and_si512(nib, m4),
-                                              _mm512_bitshuffle_epi64_mask(qh, tab.bits_lo),
-                                              _mm512_and_si512(nib, m4), sixteen);
+      const __m512i lon = _mm512_and_si512(nib, m4);
+      const __m512i lo =
+          _mm512_mask_add_epi8(lon, _mm512_bitshuffle_epi64_mask(qh, tab.bits_lo), lon, sixteen);
       const __m512i hin = _mm512_and_si512(_mm512_srli_epi16(nib, 4), m4);
       const __m512i hi =
           _mm512_mask_add_epi8(hin, _mm512_bitshuffle_epi64_mask(qh, tab.bits_hi), hin, sixteen);
       const __m128 d4 =
           _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(z0, tab.scales, z1)));
       for (int r = 0; r < R; ++r) {
-        const __m128 sc = _mm_mul_ps(d4, _mm_loadu_ps(xq.d.data() + at(r, b)));
-        extra4[k][r] = _mm_fmadd_ps(d4, _mm_loadu_ps(xq.s.data() + at(r, b)), extra4[k][r]);
+        const __m512 sc = _mm512_castps128_ps512(sums.scales(d4, k, r, b));
         const __m512i dp = _mm512_dpbusd_epi32(
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xat(r, b))), hi,
-            _mm512_loadu_si512(xat(r, b) + 64));
-        acc[k][r] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp),
-                            _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)), acc[k][r]);
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(sums.x(r, b))), hi,
+            _mm512_loadu_si512(sums.x(r, b) + 64));
+        sums.acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_permutexvar_ps(spread, sc),
+                                         sums.acc[k][r]);
       }
     }
-  for (int k = 0; k < W; ++k)
-    for (int r = 0; r < R; ++r) {
-      const std::size_t i = static_cast<std::size_t>(i0 + r);
-      if (b < nb)  // the last blocks (fewer than four) by the reference loop
-        tail[k][r] = q5_0_dot(
-            w[k] + b * kQ5_0Bytes,
-            xq.q.data() + i * static_cast<std::size_t>(xq.cols) + static_cast<std::size_t>(b) * 32,
-            xq.d.data() + at(r, b), xq.s.data() + at(r, b), nb - b);
-      alignas(16) float e[4];
-      _mm_store_ps(e, extra4[k][r]);
-      tail[k][r] -= 16.0f * ((e[0] + e[1]) + (e[2] + e[3]));
-    }
-  reduce_rows<W, R>(acc, tail, out);
+  if (b < nb)  // the last blocks (fewer than four) by the reference loop
+    for (int k = 0; k < W; ++k)
+      for (int r = 0; r < R; ++r)
+        sums.tail[k][r] =
+            q5_0_dot(w[k] + b * kQ5_0Bytes, sums.bytes(xq.q.data(), r, b),
+                     xq.d.data() + sums.at(r, b), xq.s.data() + sums.at(r, b), nb - b);
+  sums.finish(16.0f, out);
 }
 #endif
 

@@ -101,6 +101,25 @@ struct quantized_reference {
   }
 };
 
+// Calls check(r, i, got, exact, bound, mag) for every output y[i][r] of a product of w with
+// the activation rows of x ([n][cols]), quantized with the block scales xd, against w's rows
+// dequantized (quantized_reference).
+template <class F>
+void each_output(const qmatrix& w, const std::vector<float>& x, const float* xd,
+                 const std::vector<float>& y, int n, F&& check) {
+  const int rows = w.rows, cols = w.cols;
+  std::vector<float> wr(static_cast<std::size_t>(cols));
+  for (int r = 0; r < rows; ++r) {
+    w.dequantize_row(r, wr.data());
+    for (int i = 0; i < n; ++i) {
+      const auto [exact, bound, mag] =
+          quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
+                              xd + static_cast<std::size_t>(i * (cols / 32)));
+      check(r, i, y[static_cast<std::size_t>(i * rows + r)], exact, bound, mag);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rounding of Q8",
@@ -133,25 +152,20 @@ TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rou
           x[3] = 40.0f;  // an outlier: its block's scale is coarse, the bound follows it
           relokv_engine::q8_activations xq;
           xq.quantize(x.data(), n, cols);
-          std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f),
-              wr(static_cast<std::size_t>(cols));
+          std::vector<float> y(static_cast<std::size_t>(n * rows), -1.0f);
           relokv_engine::qmatmul_rows(w, x.data(), &xq, n, y.data(), rows, 0, rows);
-          for (int r = 0; r < rows; ++r) {
-            w.dequantize_row(r, wr.data());
-            for (int i = 0; i < n; ++i) {
-              const auto [exact, bound, mag] =
-                  quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
-                                      xq.d.data() + static_cast<std::size_t>(i * (cols / 32)));
-              const float got = y[static_cast<std::size_t>(i * rows + r)];
-              INFO(isa << " " << relokv_engine::traits_of(t).name << " cols " << cols << " row "
-                       << r << " act " << i << " of " << n);
-              CHECK(std::abs(got - exact) <= bound * 1.001 + 1e-4 * (1 + std::abs(exact)));
-              // The fast kernel and the reference loops: the same integer sums, fp32 order aside
-              // (relative to the terms' magnitude: the offsets' terms cancel).
-              const float ref = relokv_engine::qdot_portable(w, r, xq, i);
-              CHECK(std::abs(got - ref) <= 1e-5 * (1 + std::abs(ref) + mag));
-            }
-          }
+          each_output(
+              w, x, xq.d.data(), y, n,
+              [&](int r, int i, float got, double exact, double bound, double mag) {
+                INFO(isa << " " << relokv_engine::traits_of(t).name << " cols " << cols << " row "
+                         << r << " act " << i << " of " << n);
+                CHECK(std::abs(got - exact) <= bound * 1.001 + 1e-4 * (1 + std::abs(exact)));
+                // The fast kernel and the reference loops: the same integer sums, fp32
+                // order aside (relative to the terms' magnitude: the offsets' terms
+                // cancel).
+                const float ref = relokv_engine::qdot_portable(w, r, xq, i);
+                CHECK(std::abs(got - ref) <= 1e-5 * (1 + std::abs(ref) + mag));
+              });
         }
       }
     }
@@ -293,18 +307,11 @@ TEST_CASE("qgemm: the int16 tiles agree with dequantize-then-fp32 for every quan
       relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 0, 37);
       for (int i = 0; i < n; ++i) CHECK(y[static_cast<std::size_t>(i * rows + 37)] == -1.0f);
       relokv_engine::tile_matmul_rows(w, xq, y.data(), rows, 37, rows);
-      std::vector<float> wr(static_cast<std::size_t>(cols));
-      for (int r = 0; r < rows; ++r) {
-        w.dequantize_row(r, wr.data());
-        for (int i = 0; i < n; ++i) {
-          const auto [exact, bound, mag] =
-              quantized_reference(wr, x.data() + static_cast<std::size_t>(i * cols),
-                                  xq.d.data() + static_cast<std::size_t>(i * (cols / 32)));
-          const float got = y[static_cast<std::size_t>(i * rows + r)];
-          INFO(relokv_engine::traits_of(t).name << " row " << r << " act " << i);
-          CHECK(std::abs(got - exact) <= bound * 1.001 + 2e-5 * (1 + mag));
-        }
-      }
+      each_output(w, x, xq.d.data(), y, n,
+                  [&](int r, int i, float got, double exact, double bound, double mag) {
+                    INFO(relokv_engine::traits_of(t).name << " row " << r << " act " << i);
+                    CHECK(std::abs(got - exact) <= bound * 1.001 + 2e-5 * (1 + mag));
+                  });
     }
   }
   REQUIRE(relokv_engine::select_tile_kernel_isa(isas.front()));

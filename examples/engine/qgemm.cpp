@@ -19,7 +19,14 @@
 #define RELOKV_ENGINE_VNNI 0
 #endif
 // Q5_0's AVX-512 kernel also spreads bits with VPSHUFBITQMB and gathers bytes with VPERMT2B.
-#if RELOKV_ENGINE_VNNI && defined(__AVX512BITALG__) && defined(__AVX512VBMI__)
+// The paired kernels gather bytes with VPERMT2B (AVX512_VBMI: Ice Lake and later, Zen 4; not
+// Cascade Lake, whose VNNI serves the 256-bit block kernels).
+#if RELOKV_ENGINE_VNNI && defined(__AVX512VBMI__)
+#define RELOKV_ENGINE_PAIRED 1
+#else
+#define RELOKV_ENGINE_PAIRED 0
+#endif
+#if RELOKV_ENGINE_PAIRED && defined(__AVX512BITALG__)
 #define RELOKV_ENGINE_Q5_0 1
 #else
 #define RELOKV_ENGINE_Q5_0 0
@@ -31,9 +38,7 @@
 namespace relokv_engine {
 namespace {
 
-constexpr int kQ4_1Bytes = 20, kQ8_0Bytes = 34, kQ5_0Bytes = 22;  // per block of 32
-// Rows of at most this many bytes are multiplied four at a time in decode.
-constexpr std::size_t kInterleavedRowBytes = 640;
+constexpr int kQ4_1Bytes = 20, kQ8_0Bytes = 34;  // per block of 32: scale(s), then the values
 
 #if RELOKV_ENGINE_VNNI
 // GCC 12 reports a false -Wmaybe-uninitialized (and -Wuninitialized) inside the AVX-512 insert,
@@ -55,6 +60,11 @@ inline void prefetch_step(const std::uint8_t* p) {
 #pragma GCC unroll 8
   for (int j = 0; j < Bytes; j += 64) __builtin_prefetch(p + kPrefetchAhead + j, 0, 2);
 }
+
+#if RELOKV_ENGINE_PAIRED
+constexpr int kQ5_0Bytes = 22;
+// Rows of at most this many bytes are multiplied four at a time in decode.
+constexpr std::size_t kInterleavedRowBytes = 640;
 
 // The paired kernels' tails (an odd last block): one row of Q4_1 or Q8_0 blocks against one
 // row of Q8 activations.
@@ -82,8 +92,8 @@ float q8_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, int
   return acc;
 }
 // Q5_0: w = d * (q - 16), q = nibble + 16 * (its bit of qh); xs as for Q4_1.
-[[maybe_unused]] float q5_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd,
-                                const float* xs, int nb) {
+float q5_0_dot(const std::uint8_t* w, const std::int8_t* x, const float* xd, const float* xs,
+               int nb) {
   float acc = 0.0f;
   for (int b = 0; b < nb; ++b, w += kQ5_0Bytes, x += 32) {
     std::uint32_t qh = 0;
@@ -548,6 +558,8 @@ void paired_rows(ggml_type t, const std::uint8_t* const* w, int nb, const q8_act
   }
 }
 
+#endif  // RELOKV_ENGINE_PAIRED
+
 // fp32 activations: one weight row against one fp32 row, each block dequantized in registers
 // (d * q, plus m * sum(x) for Q4_1 with the block sums xs given).
 template <bool Q41>
@@ -779,7 +791,7 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
     const std::int8_t* src = q.data() + r * width_z;
     std::int8_t* dst = qp.data() + r * qp_stride;
     for (std::size_t g = 0; g < groups; ++g) {
-#if RELOKV_ENGINE_VNNI
+#if RELOKV_ENGINE_PAIRED
       const q4_1_layout_tables& t = q4_1_layout();
       for (int v = 0; v < 10; ++v) {  // vector v / 2's low (even v) or high nibbles' elements
         const std::int8_t* from = src + (g * 16 + static_cast<std::size_t>(t.first[v])) * 32;
@@ -832,7 +844,7 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
   if (r1 <= r0 || n <= 0) return;
   if (xq != nullptr && integer_product(w, n)) {
     const block_isa isa = block_isa_now();
-#if RELOKV_ENGINE_VNNI
+#if RELOKV_ENGINE_PAIRED
     if (isa == block_isa::kVnni256 && has_paired_kernel(w.type)) {
       const int nb = w.cols / 32;
       std::int32_t r = r0;

@@ -51,16 +51,6 @@ constexpr int kQ4_1Bytes = 20, kQ8_0Bytes = 34;  // per block of 32: scale(s), t
 #endif
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// Prefetches (into L2) the lines kPrefetchAhead past a step's `Bytes` at p. The paired
-// kernels prefetch step by step, spread among their products: a burst of a row's lines at
-// its start stalled the core once the lines in flight filled its buffers, and a matrix
-// streamed at 0.6-0.65 of a plain read (bench/results/engine-2026-12-02b.md).
-template <int Bytes>
-inline void prefetch_step(const std::uint8_t* p) {
-#pragma GCC unroll 8
-  for (int j = 0; j < Bytes; j += 64) __builtin_prefetch(p + kPrefetchAhead + j, 0, 2);
-}
-
 #if RELOKV_ENGINE_PAIRED
 constexpr int kQ5_0Bytes = 22;
 // Rows of at most this many bytes are multiplied four at a time in decode.
@@ -120,7 +110,7 @@ inline __m512 pair_scale(float a, float b) {
 
 // Byte indices for VPERMT2B over the 128 bytes at a group of four blocks (bit 6: the second
 // 64 bytes): Q4_1's nibbles of blocks 0-3 side by side; Q4_1's four (d, m) pairs; Q8_0's four
-// scales. Built once (a kernel call is one row: building them there cost a fifth of a row).
+// scales.
 struct quad_tables {
   __m512i q4_1_nibbles, q4_1_scales, q8_0_scales;
   quad_tables() {
@@ -136,8 +126,11 @@ struct quad_tables {
     q8_0_scales = _mm512_load_si512(s80);
   }
 };
-const quad_tables& quads() {
-  static const quad_tables t;
+// The kernels' constant tables, each built once (a kernel call is one row: building them
+// there cost a fifth of a row).
+template <class Tables>
+const Tables& tables() {
+  static const Tables t;
   return t;
 }
 
@@ -164,10 +157,60 @@ struct q4_1_layout_tables {
     }
   }
 };
-const q4_1_layout_tables& q4_1_layout() {
-  static const q4_1_layout_tables t;
-  return t;
+
+// k blocks of 32 int8 (at src) in nibble order (at dst): each block's first 16, then each
+// one's last 16, so that the low and high nibbles of k blocks' weights multiply as they lie.
+// One block is as it was.
+void nibble_order(const std::int8_t* src, std::size_t k, std::int8_t* dst) {
+  for (std::size_t j = 0; j < k; ++j) {
+    std::memcpy(dst + 16 * j, src + 32 * j, 16);
+    std::memcpy(dst + 16 * (k + j), src + 32 * j + 16, 16);
+  }
 }
+
+// q ([rows][width]) in Q4_1's order (rows_q4_1), `stride` bytes a row: per group of sixteen
+// blocks, five vectors of the weights' bytes, each as two runs of 64: the elements against
+// each byte's low nibbles, then its high nibbles, zeros against the blocks' scales; then
+// nibble order by four blocks, by two, and an odd last block as it is.
+void q4_1_order(const std::vector<std::int8_t>& q, std::int32_t rows, std::int32_t width,
+                std::vector<std::int8_t>& out, std::size_t& stride) {
+  const q4_1_layout_tables& t = tables<q4_1_layout_tables>();
+  const auto nbk = static_cast<std::size_t>(width / 32);
+  const std::size_t groups = nbk / 16, rest = nbk - groups * 16;
+  stride = groups * 640 + rest * 32;
+  out.resize(static_cast<std::size_t>(rows) * stride);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    const std::int8_t* src = q.data() + r * static_cast<std::size_t>(width);
+    std::int8_t* dst = out.data() + r * stride;
+    for (std::size_t g = 0; g < groups; ++g, src += 16 * 32, dst += 640)
+      for (int v = 0; v < 10; ++v) {  // vector v / 2's low (even v) or high nibbles' elements
+        const std::int8_t* from = src + static_cast<std::size_t>(t.first[v]) * 32;
+        _mm512_storeu_si512(
+            dst + static_cast<std::size_t>(v) * 64,
+            _mm512_maskz_permutex2var_epi8(t.keep[v], _mm512_loadu_si512(from), t.idx[v],
+                                           _mm512_loadu_si512(from + 64)));
+      }
+    std::size_t b = 0;
+    for (; b + 4 <= rest; b += 4) nibble_order(src + b * 32, 4, dst + b * 32);
+    for (; b + 2 <= rest; b += 2) nibble_order(src + b * 32, 2, dst + b * 32);
+    if (b < rest) nibble_order(src + b * 32, 1, dst + b * 32);
+  }
+}
+
+#if RELOKV_ENGINE_Q5_0
+// q in Q5_0's order (rows_q5_0): nibble order by four blocks; the blocks after the last
+// group as they are.
+void q5_0_order(const std::vector<std::int8_t>& q, std::int32_t rows, std::int32_t width,
+                std::vector<std::int8_t>& out) {
+  const auto nbk = static_cast<std::size_t>(width / 32);
+  out = q;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r)
+    for (std::size_t b = 0; b + 4 <= nbk; b += 4) {
+      const std::size_t at = r * static_cast<std::size_t>(width) + b * 32;
+      nibble_order(q.data() + at, 4, out.data() + at);
+    }
+}
+#endif
 
 // Each of the paired kernels takes W weight rows against R activation rows (W = 4, R = 1 in
 // decode: four rows share the constants, the row loop's overheads and one reduction, and
@@ -249,7 +292,7 @@ struct offset_sums {
 // scales (VPERMT2B) and one conversion.
 template <int W, int R>
 void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, int i0, float* out) {
-  const __m512i sc_idx = quads().q8_0_scales;
+  const __m512i sc_idx = tables<quad_tables>().q8_0_scales;
   // lanes 0-7: scale 0 (or 2), 8-15: scale 1 (or 3)
   const __m512i lo_pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i hi_pair = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
@@ -259,7 +302,7 @@ void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 4 <= nb; b += 4)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ8_0Bytes;
-      prefetch_step<4 * kQ8_0Bytes>(A);
+      prefetch_ahead(A, 4 * kQ8_0Bytes);
       const __m512i z0 = _mm512_loadu_si512(A);
       const __m512i z1 = _mm512_loadu_si512(A + 64);  // the scales reach byte 103 of 136
       const __m128 d4 =
@@ -280,7 +323,7 @@ void rows_q8_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 2 <= nb; b += 2)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ8_0Bytes;
-      prefetch_step<2 * kQ8_0Bytes>(A);
+      prefetch_ahead(A, 2 * kQ8_0Bytes);
       const __m512i wv = _mm512_xor_si512(q8_0_raw_pair(A), bias);
       const float da = fp16_at(A), db = fp16_at(A + kQ8_0Bytes);
       for (int r = 0; r < R; ++r) {
@@ -324,10 +367,6 @@ struct q4_1_group_tables {
     for (int v = 0; v < 5; ++v) spread[v] = _mm512_load_si512(sp[v]);
   }
 };
-const q4_1_group_tables& q4_1_groups() {
-  static const q4_1_group_tables t;
-  return t;
-}
 
 // Q4_1 against activations laid out for it (q8_activations::qp, ::ds): groups of sixteen
 // blocks as above; then per group of four blocks, one VPERMT2B gathers their nibbles (the
@@ -337,10 +376,10 @@ const q4_1_group_tables& q4_1_groups() {
 // way from its two 16-byte runs.
 template <int W, int R>
 void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, int i0, float* out) {
-  const q4_1_group_tables& tab = q4_1_groups();
+  const q4_1_group_tables& tab = tables<q4_1_group_tables>();
   const auto nbk = static_cast<std::size_t>(xq.cols / 32);
-  const __m512i nib_idx = quads().q4_1_nibbles;
-  const __m512i dm_idx = quads().q4_1_scales;
+  const __m512i nib_idx = tables<quad_tables>().q4_1_nibbles;
+  const __m512i dm_idx = tables<quad_tables>().q4_1_scales;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   // lanes 4k..4k+3 take block k's d * dx (element 2k of the products)
   const __m512i spread4 = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
@@ -366,7 +405,7 @@ void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 16 <= nb; b += 16)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
-      prefetch_step<16 * kQ4_1Bytes>(A);
+      prefetch_ahead(A, 16 * kQ4_1Bytes);
       __m512i v[5];
 #pragma GCC unroll 5
       for (int j = 0; j < 5; ++j) v[j] = _mm512_loadu_si512(A + 64 * j);
@@ -400,7 +439,7 @@ void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 4 <= nb; b += 4)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
-      prefetch_step<4 * kQ4_1Bytes>(A);
+      prefetch_ahead(A, 4 * kQ4_1Bytes);
       const __m512i z0 = _mm512_loadu_si512(A);
       const __m512i z1 =
           _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 64)));
@@ -424,7 +463,7 @@ void rows_q4_1(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 2 <= nb; b += 2)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ4_1Bytes;
-      prefetch_step<2 * kQ4_1Bytes>(A);
+      prefetch_ahead(A, 2 * kQ4_1Bytes);
       const std::uint8_t* B = A + kQ4_1Bytes;
       const __m256i q = _mm256_inserti128_si256(
           _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 4))),
@@ -488,14 +527,10 @@ struct q5_0_tables {
     scales = _mm512_load_si512(sc);
   }
 };
-const q5_0_tables& q5_0_quads() {
-  static const q5_0_tables t;
-  return t;
-}
 
 template <int W, int R>
 void rows_q5_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, int i0, float* out) {
-  const q5_0_tables& tab = q5_0_quads();
+  const q5_0_tables& tab = tables<q5_0_tables>();
   const __m512i m4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
   // lanes 4k..4k+3 take block k's d * dx
   const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -504,7 +539,7 @@ void rows_q5_0(const std::uint8_t* const* w, int nb, const q8_activations& xq, i
   for (; b + 4 <= nb; b += 4)
     for (int k = 0; k < W; ++k) {
       const std::uint8_t* A = w[k] + b * kQ5_0Bytes;
-      prefetch_step<4 * kQ5_0Bytes>(A);
+      prefetch_ahead(A, 4 * kQ5_0Bytes);
       const __m512i z0 = _mm512_loadu_si512(A);
       const __m512i z1 = _mm512_maskz_loadu_epi8(0xFFFFFF, A + 64);  // the step's last 24 bytes
       const __m512i nib = _mm512_permutex2var_epi8(z0, tab.nibbles, z1);
@@ -766,64 +801,12 @@ void q8_activations::quantize(const float* x, std::int32_t rows, std::int32_t wi
     ds[2 * blk] = scale;
     ds[2 * blk + 1] = s[blk];
   }
-  // Q5_0's order (rows_q5_0): per group of four blocks (a, b, c, e), a[0..15] b[0..15]
-  // c[0..15] e[0..15] a[16..31] ... e[16..31]; the blocks after the last group as they are.
-  qq = q;
-  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r)
-    for (std::size_t b = 0; b + 4 <= nbk; b += 4) {
-      const std::int8_t* src = q.data() + r * static_cast<std::size_t>(width) + b * 32;
-      std::int8_t* dst = qq.data() + r * static_cast<std::size_t>(width) + b * 32;
-      for (std::size_t j = 0; j < 4; ++j) {
-        std::memcpy(dst + 16 * j, src + 32 * j, 16);
-        std::memcpy(dst + 16 * (4 + j), src + 32 * j + 16, 16);
-      }
-    }
-  // Q4_1's order (rows_q4_1): per group of sixteen blocks, five vectors of the weights' bytes,
-  // each as two runs of 64: the elements against each byte's low nibbles, then its high
-  // nibbles, zeros against the blocks' scales; then per group of four blocks (a, b, c, e),
-  // a[0..15] b[0..15] c[0..15] e[0..15] a[16..31] ... e[16..31]; a remaining pair likewise,
-  // a[0..15] b[0..15] a[16..31] b[16..31]; an odd last block as it is.
-  const std::size_t groups = nbk / 16;
-  qp_stride = groups * 640 + (nbk - groups * 16) * 32;
-  qp.assign(static_cast<std::size_t>(rows) * qp_stride, 0);
-  const auto width_z = static_cast<std::size_t>(width);
-  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
-    const std::int8_t* src = q.data() + r * width_z;
-    std::int8_t* dst = qp.data() + r * qp_stride;
-    for (std::size_t g = 0; g < groups; ++g) {
-#if RELOKV_ENGINE_PAIRED
-      const q4_1_layout_tables& t = q4_1_layout();
-      for (int v = 0; v < 10; ++v) {  // vector v / 2's low (even v) or high nibbles' elements
-        const std::int8_t* from = src + (g * 16 + static_cast<std::size_t>(t.first[v])) * 32;
-        _mm512_storeu_si512(
-            dst + g * 640 + static_cast<std::size_t>(v) * 64,
-            _mm512_maskz_permutex2var_epi8(t.keep[v], _mm512_loadu_si512(from), t.idx[v],
-                                           _mm512_loadu_si512(from + 64)));
-      }
-#else
-      for (std::size_t at = 0; at < 320; ++at) {  // byte `at` of the group's weights
-        const std::size_t blk = g * 16 + at / 20, off = at % 20;
-        if (off < 4) continue;  // the block's scale and minimum: zeros
-        std::int8_t* v = dst + g * 640 + at / 64 * 128 + at % 64;
-        v[0] = src[blk * 32 + off - 4];
-        v[64] = src[blk * 32 + off - 4 + 16];
-      }
+#if RELOKV_ENGINE_PAIRED  // the layouts only the AVX-512 kernels read
+  q4_1_order(q, rows, width, qp, qp_stride);
+#if RELOKV_ENGINE_Q5_0
+  q5_0_order(q, rows, width, qq);
 #endif
-    }
-    dst += groups * 640;
-    src += groups * 16 * 32;
-    std::size_t b = 0;
-    const std::size_t rest = nbk - groups * 16;
-    const auto group = [&](std::size_t k) {
-      for (std::size_t j = 0; j < k; ++j) {
-        std::memcpy(dst + b * 32 + 16 * j, src + (b + j) * 32, 16);
-        std::memcpy(dst + b * 32 + 16 * (k + j), src + (b + j) * 32 + 16, 16);
-      }
-    };
-    for (; b + 4 <= rest; b += 4) group(4);
-    for (; b + 2 <= rest; b += 2) group(2);
-    if (b < rest) std::memcpy(dst + b * 32, src + b * 32, 32);
-  }
+#endif
 }
 #if RELOKV_ENGINE_VNNI && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

@@ -78,12 +78,13 @@ bool select_integer_kernel_isa(const std::string& isa) noexcept;
 /// integer kernels' right-hand side, quantized once per product and shared by its rows.
 struct q8_activations {
   std::int32_t n = 0, cols = 0;
-  std::vector<std::int8_t> q;   ///< [n][cols]
-  std::vector<float> d;         ///< [n][cols / 32]: the scale of each block
-  std::vector<float> s;         ///< [n][cols / 32]: d * (sum of the block's q)
-  std::vector<std::int8_t> qp;  ///< q laid out for the Q4_1 kernel, qp_stride bytes a row
+  std::vector<std::int8_t> q;  ///< [n][cols]
+  std::vector<float> d;        ///< [n][cols / 32]: the scale of each block
+  std::vector<float> s;        ///< [n][cols / 32]: d * (sum of the block's q)
+  /// q laid out for the AVX-512 Q4_1 kernel, qp_stride bytes a row (empty in builds without it)
+  std::vector<std::int8_t> qp;
   std::size_t qp_stride = 0;
-  std::vector<std::int8_t> qq;  ///< q laid out for the Q5_0 kernel ([n][cols])
+  std::vector<std::int8_t> qq;  ///< q for the AVX-512 Q5_0 kernel ([n][cols]; empty without it)
   std::vector<float> ds;        ///< [n][cols / 32][2]: d and s side by side
   std::vector<float> s16;       ///< [n][cols / 16]: d * (sum of each half block's q)
   /// Quantizes x ([n][cols], cols a multiple of 32): q = round(x / d), d = max|x| / 127.

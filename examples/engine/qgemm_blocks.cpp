@@ -281,13 +281,10 @@ void row_blocks(const qmatrix& w, std::int32_t r, const q8_activations& xq, std:
       extra[k] += c.o[0] * s16[0] + c.o[1] * s16[1];
     }
   };
-  // Each step prefetches its bytes kPrefetchAhead ahead (a row's burst at its start stalls
-  // the core once the lines in flight fill its buffers; see qgemm.cpp's prefetch_step).
   const std::size_t bytes = traits_of(T).block_bytes;
   if constexpr (kSuper<T>) {
     for (std::size_t sb = 0; sb < nb / 8; ++sb) {
-      for (std::size_t j = 0; j < bytes; j += 64)
-        __builtin_prefetch(row + sb * bytes + j + kPrefetchAhead, 0, 2);
+      prefetch_ahead(row + sb * bytes, bytes);
       block_code c[8];
       super_codes<T>(row, sb, c);
       for (int s = 0; s < 8; ++s)
@@ -295,8 +292,8 @@ void row_blocks(const qmatrix& w, std::int32_t r, const q8_activations& xq, std:
     }
   } else {
     for (std::size_t b = 0; b < nb; ++b) {
-      if ((b * bytes) % 64 < bytes)  // the block starts a line (or shares its first one)
-        __builtin_prefetch(row + b * bytes + kPrefetchAhead, 0, 2);
+      if ((b * bytes) % 64 < bytes)  // the first block of a line (counted from the row's start)
+        prefetch_ahead(row + b * bytes, 1);
       __m256i u;
       const block_code c = decode_avx2<T, sgn>(row, static_cast<std::int32_t>(b), u);
       step(b, u, c);

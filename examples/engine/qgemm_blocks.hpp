@@ -19,6 +19,13 @@ enum class block_isa { kVnni256, kAvx2, kPortable };
 /// by step: 1, 4, 8 and 16 KiB streamed a 48 MB matrix slower
 /// (bench/results/engine-2026-12-02.md).
 inline constexpr std::size_t kPrefetchAhead = 2048;
+/// Prefetches (into L2) the lines of the `bytes` at p + kPrefetchAhead. Each step of a GEMV
+/// kernel prefetches its own bytes, spread among its products: a burst of a row's lines at its
+/// start stalled the core once the lines in flight filled its buffers
+/// (bench/results/engine-2026-12-02b.md).
+inline void prefetch_ahead(const std::uint8_t* p, std::size_t bytes) noexcept {
+  for (std::size_t j = 0; j < bytes; j += 64) __builtin_prefetch(p + kPrefetchAhead + j, 0, 2);
+}
 
 /// Whether this build has the kernels of `isa` (the host must run what the build targets).
 [[nodiscard]] bool block_isa_available(block_isa isa) noexcept;

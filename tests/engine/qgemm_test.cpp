@@ -136,7 +136,7 @@ TEST_CASE("qgemm: integer kernels agree with dequantize-then-fp32 within the rou
                               ggml_type::kQ8_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
       const bool k_quant = t == ggml_type::kQ4_K || t == ggml_type::kQ6_K;
       REQUIRE(relokv_engine::has_integer_kernel(t));
-      // 1, 3, 5, 7, 18 and 23 blocks: each of the steps the Q4_1 and Q8_0 kernels take
+      // 1, 3, 5, 7, 18 and 23 blocks: each of the steps the Q4_1, Q8_0 and Q5_0 kernels take
       // (sixteen blocks, four, two, one) and the tails after them; K-quants: one and three
       // super-blocks
       for (const int cols :

@@ -67,6 +67,18 @@ class cursor {
   [[noreturn]] void fail(std::uint64_t at, const std::string& problem) const {
     throw gguf_error(file_, at, problem);
   }
+  /// Metadata values (array elements) the reader still holds: each costs sizeof(gguf_value)
+  /// in memory, far more than its bytes in the file, so a file cannot make the reader hold
+  /// more than kMaxMetadataValues of them (a vocabulary of 150k tokens, its merges and types,
+  /// is about half a million).
+  static constexpr std::uint64_t kMaxMetadataValues = std::uint64_t{1} << 23;
+  std::uint64_t values_left = kMaxMetadataValues;
+  /// Bytes at the end of the file that what follows the metadata needs at least (the tensor
+  /// infos): metadata cannot claim them.
+  std::uint64_t tail = 0;
+  [[nodiscard]] std::uint64_t meta_left() const noexcept {
+    return left() > tail ? left() - tail : 0;
+  }
 
  private:
   const std::uint8_t* b_;
@@ -136,8 +148,12 @@ gguf_value read_value(cursor& c, std::uint32_t t, int depth) {
       const auto n = c.get<std::uint64_t>("array length");
       const std::uint64_t ms = min_size(et);
       if (ms == 0) c.fail(at, "unknown array element type " + std::to_string(et));
-      if (n > c.left() / ms)
+      if (n > c.meta_left() / ms)
         c.fail(at, "array of " + std::to_string(n) + " elements exceeds the file");
+      if (n > c.values_left)
+        c.fail(at, "array of " + std::to_string(n) + " elements exceeds the reader's limit of " +
+                       std::to_string(cursor::kMaxMetadataValues) + " metadata values in all");
+      c.values_left -= n;
       gguf_value::array a;
       a.reserve(static_cast<std::size_t>(n));
       for (std::uint64_t i = 0; i < n; ++i) a.push_back(read_value(c, et, depth + 1));
@@ -236,7 +252,11 @@ void gguf_file::parse() {
     c.fail(4, "unsupported GGUF version " + std::to_string(version_) + " (2 and 3 are)");
   const auto n_tensors = c.get<std::uint64_t>("tensor count");
   const auto n_kv = c.get<std::uint64_t>("metadata count");
-  if (n_kv > c.left() / 12)
+  // Every tensor info takes at least 24 bytes after the metadata.
+  if (n_tensors > c.left() / 24)
+    c.fail(8, "tensor count " + std::to_string(n_tensors) + " exceeds the file");
+  c.tail = n_tensors * 24;
+  if (n_kv > c.meta_left() / 12)
     c.fail(16, "metadata count " + std::to_string(n_kv) + " exceeds the file");
   for (std::uint64_t i = 0; i < n_kv; ++i) {
     const std::uint64_t at = c.pos();

@@ -681,8 +681,8 @@ std::vector<float> llama_engine<P, T>::prefill(const relokv::request_layout& lay
   std::vector<std::int32_t> positions;
   std::int32_t no_write = -1;
   for (const relokv::token_slot& t : r->req->prefill_tokens()) {
-    positions.push_back(t.pos);
-    if (!t.write) no_write = t.pos;
+    positions.push_back(t.pos());
+    if (!t.writes()) no_write = t.pos();
   }
   if (stats) {
     stats->tokens = layout.num_tokens();
@@ -722,7 +722,7 @@ std::vector<float> llama_engine<P, T>::decode(relokv::token_t token) {
   live_request& r = *live_;
   const auto slot = r.req->append_token();  // the open block, or a new one (cache.extend)
   if (!slot) throw std::runtime_error("llama_engine: out of KV blocks during decode");
-  const relokv::pos_t pos = slot->pos;
+  const relokv::pos_t pos = slot->pos();
   r.tokens.push_back(token);
   r.map.table.assign(r.req->blocks().begin(), r.req->blocks().end());
   r.map.index();

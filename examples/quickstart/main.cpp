@@ -101,12 +101,12 @@ void serve(cache_type& cache, relokv::host_kv_storage<float>& storage,
       q.clear();
       pos.clear();
       for (const relokv::token_slot& s : slots) {  // (position, block, slot) of each token
-        const relokv::token_t t = toks[static_cast<std::size_t>(s.pos)];
-        // A reused last token (s.write == false) is computed for its output, not written.
+        const relokv::token_t t = toks[static_cast<std::size_t>(s.pos())];
+        // A reused last token (s.writes() == false) is computed for its output, not written.
         req.write(l, s, project(t, l, 1, kKvRow).data(), project(t, l, 2, kKvRow).data());
         const auto qt = project(t, l, 0, kQRow);
         q.insert(q.end(), qt.begin(), qt.end());
-        pos.push_back(s.pos);
+        pos.push_back(s.pos());
       }
       req.attend(l, q.data(), pos.data(), n, kQHeads, scale, out.data());
       for (std::int32_t i = 0; i < n; ++i)  // an engine feeds `out` to its output projection

@@ -230,9 +230,13 @@ int main(int argc, char** argv) {
     const auto loaded = relokv_engine::load_model(model_path);
     const auto& model = loaded.model;
     relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
-    const auto w = o.data.empty() ? relokv_rag::generate(o.requests, o.corpus, o.passages, o.zipf,
-                                                         o.seed, model->cfg.vocab)
-                                  : relokv_rag::load_jsonl(o.data, o.requests, o.seed, codec);
+    // A real model reads the shipped sample unless told otherwise; the synthetic model (random
+    // weights, no tokenizer) runs the generator unless given a file.
+    std::string data = o.data;
+    if (data.empty() && !o.generator && !model_path.empty()) data = relokv_rag::default_data();
+    const auto w = data.empty() ? relokv_rag::generate(o.requests, o.corpus, o.passages, o.zipf,
+                                                       o.seed, model->cfg.vocab)
+                                : relokv_rag::load_jsonl(data, o.requests, o.seed, codec);
     const bool sweeping = !o.sweep_out.empty() || !o.calibrate_out.empty();
     std::printf("relokv_rag: %zu requests from %s, %zu passages, model %s, placement %s, KV %s%s\n",
                 w.requests.size(), w.source.c_str(), w.corpus.size(),

@@ -3,6 +3,14 @@
 
 namespace relokv_rag {
 
+std::string default_data() {
+#ifdef RELOKV_RAG_SAMPLE
+  return RELOKV_RAG_SAMPLE;
+#else
+  return "data/2wikimqa_dev_sample200.jsonl";
+#endif
+}
+
 void add_options(CLI::App& app, options& o) {
   app.description(
       "Runs a multi-document QA workload under every position-independent caching variant, all "
@@ -10,14 +18,28 @@ void add_options(CLI::App& app, options& o) {
       "full recompute: TTFT, prefill work, hit rates, KV memory, the KL divergence of the first "
       "answer token and of the whole answer (teacher-forced), greedy agreement, EM and F1, each "
       "with a bootstrap 95% interval.");
-  app.add_option("--data", o.data,
-                 "2WikiMultihopQA-style JSONL (question, answer, context as [[title, "
-                 "[sentences]], ...]); default: the built-in generator");
-  app.add_option("--requests", o.requests, "questions to run")->capture_default_str();
-  app.add_option("--passages", o.passages, "generator: passages per question")
+  // Every number is range-checked here, so that a bad value is a message, never a division
+  // by zero or an out-of-bounds read further down (the library functions check again).
+  auto* data = app.add_option("--data", o.data,
+                              "2WikiMultihopQA-style JSONL (question, answer, context as [[title, "
+                              "[sentences]], ...]); default with a model: the sample shipped in "
+                              "data/ (" +
+                                  default_data() + ")");
+  app.add_flag("--generator", o.generator,
+               "the built-in generator of random passages instead of a data file (the default "
+               "of the synthetic model)")
+      ->excludes(data);
+  app.add_option("--requests", o.requests, "questions to run")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--corpus", o.corpus, "generator: passages in the corpus")->capture_default_str();
+  app.add_option("--passages", o.passages, "generator: passages per question")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
+      ->capture_default_str();
+  app.add_option("--corpus", o.corpus, "generator: passages in the corpus")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--zipf", o.zipf, "generator: Zipf exponent of passage popularity")
+      ->check(CLI::Range(0.0, 16.0))
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for passage order and the generator")
       ->capture_default_str();
@@ -26,14 +48,20 @@ void add_options(CLI::App& app, options& o) {
                  "auto ($RELOKV_MODEL or the smollm2 cache); default: the synthetic model");
   app.add_flag("--synthetic", o.synthetic, "the offline synthetic model (the default)");
   app.add_option("--placement", o.run.placement, "pre_rotated, at_attention or block_relative")
+      ->check(CLI::IsMember({"pre_rotated", "at_attention", "block_relative"}))
       ->capture_default_str();
   app.add_option("--kv-dtype", o.run.kv_dtype, "the KV pool's element type: bf16 or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
-  app.add_option("--max-answer", o.run.max_answer, "greedy answer tokens")->capture_default_str();
-  app.add_option("--first-k", o.first_k, "EPIC's tokens per span, and KVBoost's seam window")
+  app.add_option("--max-answer", o.run.max_answer, "greedy answer tokens")
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  app.add_option("--topk", o.topk, "CacheBlend's recompute ratio in [0, 1]")->capture_default_str();
+  app.add_option("--first-k", o.first_k, "EPIC's tokens per span, and KVBoost's seam window")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--topk", o.topk, "CacheBlend's recompute ratio in [0, 1]")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
   app.add_option("--variants", o.variants,
                  "comma-separated subset of full, prefix, naive, block, epic, kvboost, "
                  "cacheblend, union (full always runs first, as the reference)");
@@ -46,9 +74,11 @@ void add_options(CLI::App& app, options& o) {
                  "sweep, then write the cheapest strategy within --max-kl and "
                  "--min-agreement as a profile (JSON)");
   app.add_option("--max-kl", o.max_kl, "calibration: largest mean first-token KL allowed")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--min-agreement", o.min_agreement,
-                 "calibration: smallest mean greedy agreement allowed")
+                 "calibration: smallest mean greedy agreement allowed, in [0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--json", o.json_out, "results as JSON");
   app.add_option("--csv", o.csv_out, "results as CSV");

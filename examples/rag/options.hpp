@@ -16,13 +16,16 @@ struct options {
   std::size_t requests = 24, passages = 10, corpus = 40;
   double zipf = 1.0, max_kl = 0.05, min_agreement = 0.8;
   std::uint32_t seed = 1;
-  bool quiet = false, synthetic = false;
+  bool quiet = false, synthetic = false, generator = false;
   std::string variants;
   std::string store, role = "both";
   std::int32_t first_k = 16;
   float topk = 0.15f;
   relokv_rag::run_options run;
 };
+
+/// The 2WikiMultihopQA sample shipped in the source tree's data/ (its path at configure time).
+std::string default_data();
 
 /// Registers every option of relokv_rag on `app`, writing into `o`.
 void add_options(CLI::App& app, options& o);

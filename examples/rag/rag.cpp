@@ -74,6 +74,15 @@ workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint
 
 workload generate(std::size_t requests, std::size_t corpus, std::size_t k, double zipf,
                   std::uint32_t seed, std::int32_t vocab) {
+  if (corpus == 0 || k == 0)
+    throw std::invalid_argument(
+        "the generator needs at least one passage per question and one "
+        "in the corpus (got " +
+        std::to_string(k) + " and " + std::to_string(corpus) + ")");
+  if (!(zipf >= 0) || vocab < 16)
+    throw std::invalid_argument(
+        "the generator needs a Zipf exponent >= 0 and a vocabulary of "
+        "at least 16 tokens");
   std::mt19937 rng(seed);
   workload w;
   w.source = "generator";
@@ -282,6 +291,10 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
 std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model> model,
                                 const workload& w, const text_codec& codec,
                                 const std::vector<variant>& variants, const run_options& opt) {
+  if (opt.max_answer < 1)
+    throw std::invalid_argument("max_answer must be at least 1 (got " +
+                                std::to_string(opt.max_answer) + ")");
+  if (variants.empty()) throw std::invalid_argument("run needs at least the reference variant");
   if (opt.kv_dtype != "bf16" && opt.kv_dtype != "fp32")
     throw std::invalid_argument("unknown KV dtype '" + opt.kv_dtype + "' (bf16 or fp32)");
   const bool f32 = opt.kv_dtype == "fp32";

@@ -122,6 +122,10 @@ writer_report run_writer(std::shared_ptr<const relokv_engine::llama_model> model
 reader_report run_reader(std::shared_ptr<const relokv_engine::llama_model> model, const workload& w,
                          const text_codec& codec, const std::vector<variant>& variants,
                          const store_mode_options& opt) {
+  if (opt.max_answer < 1)
+    throw std::invalid_argument("max_answer must be at least 1 (got " +
+                                std::to_string(opt.max_answer) + ")");
+  if (variants.empty()) throw std::invalid_argument("run_reader needs the reference variant");
   return by_placement(opt.placement, [&](auto p) {
     return reader_with<decltype(p)>(model, w, codec, variants, opt);
   });

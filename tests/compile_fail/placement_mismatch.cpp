@@ -24,11 +24,11 @@ int main() {
   relokv::request_kv req(cache, storage, rope, layout, cache.plan(layout));
   std::vector<float> k(64), q(64), out(64);
   const relokv::token_slot s = req.prefill_tokens()[0];
-  const relokv::pos_t pos = s.pos;
-  relokv::append_kv(rope, req.layer(0), s.block, s.slot, s.pos, k.data(), k.data());
+  const relokv::pos_t pos = s.pos();
+  relokv::append_kv(rope, req.layer(0), s.block(), s.slot(), s.pos(), k.data(), k.data());
   relokv::decode_attention(rope, req.layer(0), req.table(), q.data(), &pos, 1, 1.0f, out.data());
 #ifdef RELOKV_BREAK_MISMATCH
-  relokv::append_kv<relokv::pre_rotated>(rope, req.layer(0), s.block, s.slot, s.pos, k.data(),
+  relokv::append_kv<relokv::pre_rotated>(rope, req.layer(0), s.block(), s.slot(), s.pos(), k.data(),
                                          k.data());
 #endif
   return 0;

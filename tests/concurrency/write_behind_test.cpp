@@ -90,3 +90,27 @@ TEST_CASE("write_behind: a slow store never slows commit; a full queue drops", "
   CHECK(written->load() == handed);
   CHECK(handed + failed == 12 * 2 + 2);  // each span's two blocks, the prefix once
 }
+
+TEST_CASE("write_behind: a moved-from adapter is an unavailable store", "[threads][store]") {
+  using wb = relokv::write_behind<slow_store>;
+  slow_store s;
+  wb a(s, s);
+  wb b(std::move(a));
+  const relokv::store_key key{1, 2};
+  const std::byte bytes[4] = {};
+  const std::span<const std::byte> value(bytes);
+  std::vector<relokv::store_blob> got;
+  std::vector<std::uint8_t> has;
+  // The moved-from one answers, touching nothing that moved away.
+  CHECK(a.put({&key, 1}, {&value, 1}) == relokv::store_status::kUnavailable);
+  CHECK(a.get({&key, 1}, got) == relokv::store_status::kUnavailable);
+  CHECK(a.contains({&key, 1}, has) == relokv::store_status::kUnavailable);
+  CHECK(a.erase({&key, 1}) == relokv::store_status::kUnavailable);
+  CHECK(a.counters().put_calls == 0);
+  CHECK(a.queued().first == 0);
+  a.flush();
+  // The moved-to one works.
+  CHECK(b.put({&key, 1}, {&value, 1}) == relokv::store_status::kOk);
+  b.flush();
+  CHECK(b.counters().keys_written == 1);
+}

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "device_kernels.hpp"
@@ -217,6 +218,12 @@ TEST_CASE("cuda: deviation and top-k match the host", "[gpu]") {
     eligible[i] = (i % 3) != 0;
   }
   std::vector<std::uint8_t> want(1000, 0);
+  relokv::select_topk(score, eligible, 77, want);
+  CHECK(relokv_test::device_topk(score, eligible, 77) == want);
+  // NaN deviations rank first on the device as on the host.
+  for (std::size_t i : {5u, 100u, 101u, 640u}) score[i] = std::numeric_limits<float>::quiet_NaN();
+  score[333] = -std::numeric_limits<float>::quiet_NaN();
+  std::fill(want.begin(), want.end(), std::uint8_t{0});
   relokv::select_topk(score, eligible, 77, want);
   CHECK(relokv_test::device_topk(score, eligible, 77) == want);
 }

@@ -213,6 +213,54 @@ TEST_CASE("gguf: malformed files name the offset and the problem", "[engine]") {
   CHECK_THROWS_AS(gguf_file::open("/nonexistent/model.gguf"), gguf_error);
 }
 
+TEST_CASE("gguf: a huge metadata array is an error before it is held", "[engine]") {
+  // One u8 array of 2^24 elements, with the bytes to back it: the file holds it, but the
+  // reader would hold 2^24 values (~50 bytes each in memory). 10^8 elements in a 100 MB file
+  // asked for ~20 GB before the limit.
+  const std::uint64_t n = std::uint64_t{1} << 24;
+  std::vector<std::uint8_t> b;
+  const auto put = [&](auto v) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+    b.insert(b.end(), p, p + sizeof(v));
+  };
+  put(std::uint32_t{0x46554747});  // "GGUF"
+  put(std::uint32_t{3});
+  put(std::uint64_t{0});  // tensors
+  put(std::uint64_t{1});  // metadata
+  put(std::uint64_t{3});
+  b.insert(b.end(), {'b', 'i', 'g'});
+  put(std::uint32_t{9});  // array
+  put(std::uint32_t{0});  // of u8
+  put(n);
+  const std::size_t array_at = 24 + 8 + 3 + 4;
+  b.resize(b.size() + n, 0);
+  try {
+    (void)gguf_file::from_memory(std::move(b), "big.gguf");
+    FAIL("no error");
+  } catch (const gguf_error& e) {
+    CHECK(e.offset() == array_at);
+    CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("limit"));
+  }
+  // The same array's bytes claimed by tensor infos that follow the metadata: not in the file.
+  std::vector<std::uint8_t> c;
+  const auto put_c = [&](auto v) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
+    c.insert(c.end(), p, p + sizeof(v));
+  };
+  put_c(std::uint32_t{0x46554747});
+  put_c(std::uint32_t{3});
+  put_c(std::uint64_t{100});  // 100 tensor infos need at least 2,400 bytes
+  put_c(std::uint64_t{1});
+  put_c(std::uint64_t{1});
+  c.push_back('a');
+  put_c(std::uint32_t{9});
+  put_c(std::uint32_t{0});
+  put_c(std::uint64_t{2000});
+  c.resize(c.size() + 2400, 0);  // 2,400 bytes: the array's 2,000 leave too few for the infos
+  CHECK_THROWS_WITH(gguf_file::from_memory(std::move(c)),
+                    Catch::Matchers::Contains("array of 2000 elements exceeds the file"));
+}
+
 namespace {
 /// A llama GGUF header (token embeddings only) whose hyperparameters a test overrides; the
 /// checks read them before any other tensor.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -203,6 +204,45 @@ TEST_CASE("token_deviation: L2 and cosine on crafted rows", "[recompute]") {
   const float f2[2] = {1, 0}, z[2] = {0, 0};
   relokv::token_deviation(relokv::deviation_metric::kL2, bk, bv, f2, z, 1, 2, out);
   CHECK(out[0] == 0.0f);
+}
+
+TEST_CASE("select_topk: a NaN deviation ranks first, whatever the order", "[recompute]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  // NaNs at the front, the middle and the end, between numbers, +inf and ties.
+  std::vector<float> score(64);
+  for (std::size_t i = 0; i < score.size(); ++i) score[i] = static_cast<float>((i * 37) % 11);
+  const std::vector<std::size_t> nans = {0, 9, 31, 40, 63};
+  for (auto i : nans) score[i] = nan;
+  score[20] = inf;
+  score[41] = -nan;  // a negative NaN ranks first too
+  std::vector<std::uint8_t> eligible(score.size(), 1);
+  eligible[9] = 0;                                      // not eligible: left alone, NaN or not
+  std::vector<std::size_t> want = {0, 31, 40, 41, 63};  // eligible NaNs, by index
+  for (std::int64_t k : {5, 6, 7}) {
+    std::vector<std::uint8_t> mask(score.size(), 0);
+    relokv::select_topk(score, eligible, k, mask);
+    std::vector<std::size_t> got;
+    for (std::size_t i = 0; i < mask.size(); ++i)
+      if (mask[i]) got.push_back(i);
+    auto expect = want;
+    if (k >= 6) expect.push_back(20);  // then +inf
+    if (k >= 7) {                      // then the first 10 (the largest finite score)
+      for (std::size_t i = 0; i < score.size(); ++i)
+        if (score[i] == 10.0f) {
+          expect.push_back(i);
+          break;
+        }
+    }
+    std::sort(expect.begin(), expect.end());
+    CHECK(got == expect);
+  }
+  // Fewer slots than NaNs: the lowest-indexed NaNs.
+  std::vector<std::uint8_t> mask(score.size(), 0);
+  relokv::select_topk(score, eligible, 2, mask);
+  CHECK(mask[0] == 1);
+  CHECK(mask[31] == 1);
+  CHECK(std::count(mask.begin(), mask.end(), 1) == 2);
 }
 
 TEST_CASE("any_strategy: one type, every shipped strategy", "[recompute]") {

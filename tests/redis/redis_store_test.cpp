@@ -5,10 +5,12 @@
 #define CATCH_CONFIG_RUNNER
 #include <relokv/store/redis_store.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "support/catch.hpp"
 #include "support/redis_server.hpp"
@@ -206,6 +208,118 @@ TEST_CASE("redis: two writers storing the same spans at once", "[redis]") {
   instance<redis_store> r(connect(server));
   CHECK(r.serve(rag({&kB, &kA})).store_hits == 6);
   CHECK(r.cache.stats().store_rejected_total() == 0);
+}
+
+TEST_CASE("redis: readers during concurrent writes of different blocks read one of them, whole",
+          "[redis]") {
+  relokv_test::redis_server server;
+  // Two writers put different values under the same eight keys, over and over; two readers
+  // read them meanwhile. Every read is empty (before the first write) or one of the two
+  // values, byte for byte: never a mixture, never a torn prefix.
+  constexpr int kKeys = 8;
+  const auto value = [](int writer, int key) {
+    std::vector<std::byte> v(48000 + 1000 * static_cast<std::size_t>(writer));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<std::byte>((i * (2 * writer + 3) + static_cast<std::size_t>(key)) & 0xFF);
+    return v;
+  };
+  std::vector<relokv::store_key> keys;
+  std::vector<std::vector<std::byte>> vals[2];
+  for (int k = 0; k < kKeys; ++k) {
+    keys.push_back({static_cast<std::uint64_t>(k) + 100, 7});
+    for (int w = 0; w < 2; ++w) vals[w].push_back(value(w, k));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> reads{0}, whole[2] = {0, 0}, bad{0}, unavailable{0};
+  auto writer = [&](int w) {
+    auto s = connect(server);
+    std::vector<std::span<const std::byte>> views(vals[w].begin(), vals[w].end());
+    for (int i = 0; i < 60; ++i)
+      if (s.put(keys, views) != relokv::store_status::kOk) ++unavailable;
+  };
+  auto reader = [&] {
+    auto s = connect(server);
+    std::vector<relokv::store_blob> out;
+    while (!stop.load()) {
+      if (s.get(keys, out) != relokv::store_status::kOk) {
+        ++unavailable;
+        continue;
+      }
+      for (std::size_t k = 0; k < out.size(); ++k) {
+        if (out[k].empty()) continue;
+        ++reads;
+        const auto b = out[k].bytes();
+        bool matched = false;
+        for (int w = 0; w < 2 && !matched; ++w)
+          if (std::equal(b.begin(), b.end(), vals[w][k].begin(), vals[w][k].end())) {
+            ++whole[w];
+            matched = true;
+          }
+        if (!matched) ++bad;
+      }
+    }
+  };
+  std::thread r1(reader), r2(reader), w1(writer, 0), w2(writer, 1);
+  w1.join();
+  w2.join();
+  stop = true;
+  r1.join();
+  r2.join();
+  INFO("reads " << reads << ": writer 0's " << whole[0] << ", writer 1's " << whole[1]);
+  CHECK(bad == 0);
+  CHECK(unavailable == 0);
+  CHECK(reads > 0);
+  CHECK(whole[0] + whole[1] == reads);
+}
+
+TEST_CASE("redis: a server killed during a batched call: unavailable, bounded, then reconnect",
+          "[redis]") {
+  relokv_test::redis_server server;
+  auto s = connect(server, std::chrono::milliseconds(2000));
+  std::vector<relokv::store_key> keys;
+  std::vector<std::vector<std::byte>> vals;
+  for (int k = 0; k < 32; ++k) {
+    keys.push_back({static_cast<std::uint64_t>(k) + 1, 9});
+    vals.emplace_back(256 * 1024, static_cast<std::byte>(k));
+  }
+  std::vector<std::span<const std::byte>> views(vals.begin(), vals.end());
+  REQUIRE(s.put(keys, views) == relokv::store_status::kOk);
+  // The server busy for 3 s (DEBUG SLEEP blocks it whole), the batched call sent into it, and
+  // the server killed while the call waits for its replies: the kill lands inside the call.
+  for (const bool is_get : {true, false}) {
+    INFO((is_get ? "get" : "put"));
+    std::thread sleeper([&] { (void)server.run({"DEBUG", "SLEEP", "3"}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::vector<relokv::store_blob> out;
+    relokv::store_status st = relokv::store_status::kOk;
+    const auto unavailable_before = s.counters().unavailable;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread call([&] { st = is_get ? s.get(keys, out) : s.put(keys, views); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    server.kill();
+    call.join();
+    sleeper.join();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(st == relokv::store_status::kUnavailable);
+    CHECK(ms < 2000);  // ended by the kill, well before the 2 s timeout or the 3 s sleep
+    CHECK(s.counters().unavailable == unavailable_before + 1);
+    if (is_get) {  // nothing half-read is handed on: every entry empty
+      REQUIRE(out.size() == keys.size());
+      CHECK(std::all_of(out.begin(), out.end(), [](const auto& b) { return b.empty(); }));
+    }
+    server.start();                                              // empty: no persistence
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past the retry interval
+    if (!is_get) continue;
+    REQUIRE(s.put(keys, views) == relokv::store_status::kOk);  // reconnected
+  }
+  // The store works again: a whole round trip.
+  REQUIRE(s.put(keys, views) == relokv::store_status::kOk);
+  std::vector<relokv::store_blob> out;
+  REQUIRE(s.get(keys, out) == relokv::store_status::kOk);
+  for (std::size_t k = 0; k < keys.size(); ++k)
+    CHECK(std::equal(vals[k].begin(), vals[k].end(), out[k].bytes().begin(), out[k].bytes().end()));
+  CHECK(s.counters().reconnects >= 2);
 }
 
 TEST_CASE("redis: a paused server costs at most the command timeout", "[redis]") {

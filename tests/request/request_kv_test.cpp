@@ -67,11 +67,11 @@ double compute_and_check(Req& req, const std::vector<relokv::token_t>& all,
     std::vector<float> q, out(static_cast<std::size_t>(n) * kHq * kD);
     std::vector<relokv::pos_t> pos;
     for (const auto& s : slots) {
-      const auto t = all[static_cast<std::size_t>(s.pos)];
+      const auto t = all[static_cast<std::size_t>(s.pos())];
       req.write(l, s, toy_vec(t, l, 1, kHk * kD).data(), toy_vec(t, l, 2, kHk * kD).data());
       const auto qt = toy_vec(t, l, 0, kHq * kD);
       q.insert(q.end(), qt.begin(), qt.end());
-      pos.push_back(s.pos);
+      pos.push_back(s.pos());
     }
     req.attend(l, q.data(), pos.data(), n, kHq, scale, out.data());
     std::vector<oracle::key_token> keys;
@@ -114,13 +114,13 @@ TEMPLATE_TEST_CASE("request_kv: prefill and decode over relocated blocks match f
   const auto slots = req.prefill_tokens();
   // The question's blocks are missed, so the last token is computed and written.
   REQUIRE(!slots.empty());
-  CHECK(slots.back().pos == l2.num_tokens() - 1);
-  CHECK(slots.back().write);
+  CHECK(slots.back().pos() == l2.num_tokens() - 1);
+  CHECK(slots.back().writes());
   CHECK(static_cast<std::int32_t>(slots.size()) == req.plan().tokens_to_compute);
   for (const auto& s : slots) {
     const auto& e = *std::find_if(req.blocks().begin(), req.blocks().end(),
-                                  [&](const auto& be) { return be.block == s.block; });
-    CHECK(s.pos == e.pos0 + s.slot);
+                                  [&](const auto& be) { return be.block == s.block(); });
+    CHECK(s.pos() == e.pos0 + s.slot());
   }
   CHECK(compute_and_check(req, l2.tokens, slots) < 1e-5);
 
@@ -130,7 +130,7 @@ TEMPLATE_TEST_CASE("request_kv: prefill and decode over relocated blocks match f
   for (int i = 0; i < 40; ++i) {
     const auto s = req.append_token();
     REQUIRE(s.has_value());
-    CHECK(s->pos == static_cast<relokv::pos_t>(all.size()));
+    CHECK(s->pos() == static_cast<relokv::pos_t>(all.size()));
     all.push_back(9000 + i);
     const relokv::token_slot one[1] = {*s};
     CHECK(compute_and_check(req, all, one) < 1e-5);
@@ -149,7 +149,7 @@ TEST_CASE("request_kv: the last-token rule when the whole prompt is reused", "[r
   REQUIRE(layout.blocks.back().sealed);
   {
     relokv::request_kv req(cache, storage, rope, layout, cache.plan(layout));
-    (void)compute_and_check(req, layout.tokens, req.prefill_tokens());
+    CHECK(compute_and_check(req, layout.tokens, req.prefill_tokens()) < 1e-5);
     req.commit();
   }
   relokv::request_kv req(cache, storage, rope, layout, cache.plan(layout));
@@ -158,9 +158,9 @@ TEST_CASE("request_kv: the last-token rule when the whole prompt is reused", "[r
   // One token to compute, for its hidden state; not written into the shared block.
   REQUIRE(req.prefill_tokens().size() == 1);
   const auto last = req.prefill_tokens()[0];
-  CHECK(last.pos == 31);
-  CHECK_FALSE(last.write);
-  const auto* k = req.layer(0).kv.k(last.block, 0) + last.slot * kD;
+  CHECK(last.pos() == 31);
+  CHECK_FALSE(last.writes());
+  const auto* k = req.layer(0).kv.k(last.block(), 0) + last.slot() * kD;
   const std::vector<float> before(k, k + kD);
   const std::vector<float> junk(kHk * kD, 42.0f);
   req.write(0, last, junk.data(), junk.data());
@@ -169,8 +169,8 @@ TEST_CASE("request_kv: the last-token rule when the whole prompt is reused", "[r
   // Decode never appends into the sealed, shared block: its token starts a new one.
   const auto s = req.append_token();
   REQUIRE(s.has_value());
-  CHECK(s->slot == 0);
-  CHECK(s->block != last.block);
+  CHECK(s->slot() == 0);
+  CHECK(s->block() != last.block());
 }
 
 TEST_CASE("request_kv: an exhausted pool, misuse and a plan of another layout", "[request]") {
@@ -192,7 +192,7 @@ TEST_CASE("request_kv: an exhausted pool, misuse and a plan of another layout", 
     CHECK_THROWS_WITH(relokv::request_kv(cache, storage, rope, layout, std::move(hold)),
                       Catch::Matchers::Contains("plan failed"));
     relokv::request_kv req(cache, storage, rope, layout, std::move(failed));
-    (void)compute_and_check(req, layout.tokens, req.prefill_tokens());
+    CHECK(compute_and_check(req, layout.tokens, req.prefill_tokens()) < 1e-5);
     // Decode fills the open block (12 slots), then takes the last free block, then fails.
     for (int i = 0; i < 12 + 16; ++i) REQUIRE(req.append_token().has_value());
     const auto n = req.num_tokens();
@@ -217,4 +217,48 @@ TEST_CASE("request_kv: an exhausted pool, misuse and a plan of another layout", 
   CHECK_THROWS_WITH(relokv::request_kv(cache, storage, rope128, layout, cache.plan(layout)),
                     Catch::Matchers::Contains("head_dim"));
   CHECK(cache.allocator().num_free() == 4);
+}
+
+TEST_CASE("request_kv: layer indices are checked and only the request's own slots write",
+          "[request]") {
+  const relokv::rope_table rope(rope_cfg(), 512);
+  relokv::host_kv_storage<float> storage(relokv::kv_shape{kLayers, 16, kHk, kBlock, kD});
+  cache_t<relokv::pre_rotated> cache(relokv::lru_block_pool(16), kBlock);
+  const auto shared =
+      relokv::layout_builder(kBlock).prefix(run(100, 16)).question(run(500, 16)).build();
+  {
+    relokv::request_kv req(cache, storage, rope, shared, cache.plan(shared));
+    REQUIRE(compute_and_check(req, shared.tokens, req.prefill_tokens()) < 1e-5);
+    req.commit();
+  }
+  // A reader of the shared blocks: its one slot is the reused last token (writes nothing).
+  relokv::request_kv reader(cache, storage, rope, shared, cache.plan(shared));
+  REQUIRE(reader.prefill_tokens().size() == 1);
+  const relokv::token_slot last = reader.prefill_tokens()[0];
+  REQUIRE_FALSE(last.writes());
+
+  const std::vector<float> k(kHk * kD, 7.0f), q(kHq * kD, 0.5f);
+  std::vector<float> out(kHq * kD);
+  const relokv::pos_t pos = last.pos();
+  for (const std::int32_t bad : {-1, kLayers, 1 << 30}) {
+    CHECK_THROWS_WITH(reader.write(bad, last, k.data(), k.data()),
+                      Catch::Matchers::Contains("out of range"));
+    CHECK_THROWS_WITH(reader.attend(bad, q.data(), &pos, 1, kHq, 0.125f, out.data()),
+                      Catch::Matchers::Contains("out of range"));
+    CHECK_THROWS_AS(reader.layer(bad), relokv::error);
+  }
+
+  // Another request's writable slot does not write into this one's blocks, and neither does a
+  // default-constructed one.
+  const auto other_layout = relokv::layout_builder(kBlock).prefix(run(900, 20)).build();
+  relokv::request_kv other(cache, storage, rope, other_layout, cache.plan(other_layout));
+  const relokv::token_slot foreign = other.prefill_tokens()[0];
+  REQUIRE(foreign.writes());
+  CHECK_THROWS_WITH(reader.write(0, foreign, k.data(), k.data()),
+                    Catch::Matchers::Contains("not made by this live request"));
+  CHECK_THROWS_AS(reader.write(0, relokv::token_slot{}, k.data(), k.data()), relokv::error);
+  // The shared block still holds what the first request wrote.
+  const auto* kept = reader.layer(0).kv.k(last.block(), 0) + last.slot() * kD;
+  CHECK(std::none_of(kept, kept + kD, [](float x) { return x == 7.0f; }));
+  CHECK(compute_and_check(reader, shared.tokens, reader.prefill_tokens()) < 1e-5);
 }

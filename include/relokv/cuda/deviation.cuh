@@ -55,7 +55,10 @@ __global__ void prepare_topk_kernel(const float* score, const std::uint8_t* elig
                                     std::int32_t n, float* keys, std::int32_t* idx) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  keys[i] = eligible[i] ? score[i] : -INFINITY;
+  // A NaN ranks above every number (recomputed, as on the host): one positive NaN whose bits
+  // sort above +inf in the descending radix sort, equal for all NaNs (ties by index).
+  const float s = score[i];
+  keys[i] = !eligible[i] ? -INFINITY : (isnan(s) ? __int_as_float(0x7fffffff) : s);
   idx[i] = i;
 }
 
@@ -96,7 +99,8 @@ template <class T>
 }
 
 /// Sets mask[i] = 1 for the k eligible entries with the highest score (ties: lower index, as
-/// on the host: the radix sort is stable). `workspace` holds select_topk_workspace(n) bytes.
+/// on the host: the radix sort is stable; a NaN ranks first, as on the host). `workspace` holds
+/// select_topk_workspace(n) bytes.
 [[nodiscard]] inline cudaError_t select_topk(const float* score, const std::uint8_t* eligible,
                                              std::int32_t n, std::int32_t k, std::uint8_t* mask,
                                              void* workspace, std::size_t workspace_bytes,

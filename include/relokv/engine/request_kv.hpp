@@ -37,15 +37,40 @@
 
 RELOKV_NAMESPACE_BEGIN
 
-/// Where one token's K and V live in a request.
-struct token_slot {
-  pos_t pos = 0;              ///< logical position in the request (what RoPE sees)
-  block_id block = kNoBlock;  ///< physical block
-  std::int32_t slot = 0;      ///< slot in the block: pos - the block's pos0
+template <class Cache, class T>
+class request_kv;
+
+/// Where one token's K and V live in a request: read-only to the engine. Only a request_kv
+/// makes slots, and it writes through a slot only when the slot is its own and it granted the
+/// right to write: a caller cannot point a slot at a shared block or turn writing on.
+class token_slot {
+ public:
+  /// An empty slot: writes nothing.
+  token_slot() = default;
+
+  /// Logical position in the request (what RoPE sees).
+  [[nodiscard]] pos_t pos() const noexcept { return pos_; }
+  /// Physical block.
+  [[nodiscard]] block_id block() const noexcept { return block_; }
+  /// Slot in the block: pos() - the block's pos0.
+  [[nodiscard]] std::int32_t slot() const noexcept { return slot_; }
   /// False for the one token the last-token rule adds: its hidden state is needed (it gives
   /// the first logits) but its K and V are cached already, in a block that may be shared.
-  bool write = true;
+  [[nodiscard]] bool writes() const noexcept { return write_; }
+
   friend bool operator==(const token_slot&, const token_slot&) = default;
+
+ private:
+  template <class Cache, class T>
+  friend class request_kv;
+  token_slot(pos_t pos, block_id block, std::int32_t slot, bool write, request_id owner) noexcept
+      : pos_(pos), block_(block), slot_(slot), write_(write), owner_(owner) {}
+
+  pos_t pos_ = 0;
+  block_id block_ = kNoBlock;
+  std::int32_t slot_ = 0;
+  bool write_ = false;
+  request_id owner_ = 0;  // the plan id of the request that made the slot
 };
 
 /// One live request of `Cache` over host storage of T. Movable, not copyable; the destructor
@@ -90,13 +115,14 @@ class request_kv {
     for (pos_t p = 0; p < n; ++p) {
       while (b + 1 < plan_.blocks.size() && p >= plan_.blocks[b].pos0 + plan_.blocks[b].len) ++b;
       if (plan_.compute[static_cast<std::size_t>(p)])
-        tokens_.push_back({p, plan_.blocks[b].physical, p - plan_.blocks[b].pos0, true});
+        tokens_.push_back(
+            token_slot{p, plan_.blocks[b].physical, p - plan_.blocks[b].pos0, true, plan_.id});
     }
     // The last-token rule: the prompt's last token gives the first logits, so the engine
     // computes it even when its K/V are reused (then exactly, and without writing them).
-    if (n > 0 && (tokens_.empty() || tokens_.back().pos != n - 1)) {
+    if (n > 0 && (tokens_.empty() || tokens_.back().pos() != n - 1)) {
       const planned_block& last = plan_.blocks.back();
-      tokens_.push_back({n - 1, last.physical, n - 1 - last.pos0, false});
+      tokens_.push_back(token_slot{n - 1, last.physical, n - 1 - last.pos0, false, plan_.id});
     }
     num_tokens_ = n;
   }
@@ -133,7 +159,9 @@ class request_kv {
   [[nodiscard]] std::int32_t num_tokens() const noexcept { return num_tokens_; }
 
   /// One layer of the storage, tagged with the cache's placement.
+  /// @throws error when `l` is not a layer of the storage
   [[nodiscard]] placed_kv_view<placement, T> layer(std::int32_t l) const {
+    check_layer(l, "layer");
     return {storage_->layer(l)};
   }
   /// The block table attention reads, as one sequence: the plan's blocks and decode's.
@@ -144,10 +172,15 @@ class request_kv {
   [[nodiscard]] std::span<const block_entry> blocks() const noexcept { return table_; }
 
   /// Writes a token's K and V (unrotated, [num_kv_heads][head_dim] each) into layer `l`, rotated
-  /// as the placement stores them; does nothing for a slot with write == false.
+  /// as the placement stores them; does nothing for a slot with writes() == false.
+  /// @throws error when `l` is not a layer of the storage or the slot is another request's
   void write(std::int32_t l, const token_slot& t, const float* k, const float* v) {
-    if (!t.write) return;
-    append_kv<placement>(*rope_, storage_->layer(l), t.block, t.slot, t.pos, k, v);
+    check_layer(l, "write");
+    if (t.owner_ != plan_.id || cache_ == nullptr)
+      throw error("request_kv::write: the slot (position " + std::to_string(t.pos_) +
+                  ") was not made by this live request");
+    if (!t.write_) return;
+    append_kv<placement>(*rope_, storage_->layer(l), t.block_, t.slot_, t.pos_, k, v);
   }
 
   /// Attention of n queries of this request (unrotated, at positions q_pos, causal) over its
@@ -155,6 +188,7 @@ class request_kv {
   void attend(std::int32_t l, const float* q, const pos_t* q_pos, std::int32_t n,
               std::int32_t num_q_heads, float scale, float* out, kv_head_range heads = {},
               float* lse = nullptr) const {
+    check_layer(l, "attend");
     attention_params<T> p;
     p.rope = rope_;
     p.kv = storage_->layer(l);
@@ -190,7 +224,7 @@ class request_kv {
       writable_.push_back(true);
     }
     ++num_tokens_;
-    return token_slot{pos, table_.back().block, pos - table_.back().pos0, true};
+    return token_slot{pos, table_.back().block, pos - table_.back().pos0, true, plan_.id};
   }
 
   /// Registers the blocks the prompt wrote so that later requests reuse them (and puts new
@@ -210,6 +244,12 @@ class request_kv {
   }
 
  private:
+  void check_layer(std::int32_t l, const char* what) const {
+    if (l < 0 || l >= storage_->shape().num_layers)
+      throw error(std::string("request_kv::") + what + ": layer " + std::to_string(l) +
+                  " is out of range (the storage has " +
+                  std::to_string(storage_->shape().num_layers) + ")");
+  }
   void live(const char* what) const {
     if (cache_ == nullptr)
       throw error(std::string("request_kv::") + what + ": the request was released");

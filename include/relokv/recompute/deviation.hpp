@@ -53,15 +53,20 @@ void token_deviation(deviation_metric metric, const T* cached_k, const T* cached
 }
 
 /// Sets mask[i] = 1 for the k eligible entries (eligible[i] != 0) with the highest score; ties
-/// go to the lower index. Entries that are not eligible are left as they are.
+/// go to the lower index. A NaN score (a cached or fresh row that is not finite) ranks above
+/// every number, so that the token is recomputed rather than trusted; NaNs among themselves go
+/// by index. Entries that are not eligible are left as they are.
 inline void select_topk(std::span<const float> score, std::span<const std::uint8_t> eligible,
                         std::int64_t k, std::span<std::uint8_t> mask) {
   std::vector<std::int32_t> idx;
   for (std::size_t i = 0; i < score.size(); ++i)
     if (eligible[i]) idx.push_back(static_cast<std::int32_t>(i));
   k = std::clamp<std::int64_t>(k, 0, static_cast<std::int64_t>(idx.size()));
+  // A strict weak order over floats with NaN: nth_element's ordering is undefined otherwise.
   const auto better = [&](std::int32_t a, std::int32_t b) {
     const float sa = score[static_cast<std::size_t>(a)], sb = score[static_cast<std::size_t>(b)];
+    const bool na = std::isnan(sa), nb = std::isnan(sb);
+    if (na || nb) return na && (!nb || a < b);
     return sa > sb || (sa == sb && a < b);
   };
   std::nth_element(idx.begin(), idx.begin() + k, idx.end(), better);

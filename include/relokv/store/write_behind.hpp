@@ -38,6 +38,8 @@ class write_behind {
       : front_(std::move(front)), st_(std::make_unique<shared>(std::move(back), opt)) {
     st_->worker = std::thread([s = st_.get()] { s->run(); });
   }
+  /// A moved-from write_behind is an unavailable store: every call answers kUnavailable (or
+  /// nothing queued), none touches the state that moved away.
   write_behind(write_behind&&) noexcept = default;
   write_behind& operator=(write_behind&&) = delete;
   /// Writes what is queued, then stops the worker.
@@ -52,11 +54,13 @@ class write_behind {
   }
 
   store_status get(std::span<const store_key> keys, std::vector<store_blob>& out) {
+    if (!st_) return store_status::kUnavailable;
     return front_.get(keys, out);
   }
   /// Queues copies of the entries; those that do not fit are dropped (counters().put_rejected).
   store_status put(std::span<const store_key> keys,
                    std::span<const std::span<const std::byte>> values) {
+    if (!st_) return store_status::kUnavailable;
     shared& s = *st_;
     bool all = true;
     {
@@ -76,13 +80,18 @@ class write_behind {
     return all ? store_status::kOk : store_status::kUnavailable;
   }
   store_status contains(std::span<const store_key> keys, std::vector<std::uint8_t>& out) {
+    if (!st_) return store_status::kUnavailable;
     return front_.contains(keys, out);
   }
-  store_status erase(std::span<const store_key> keys) { return front_.erase(keys); }
+  store_status erase(std::span<const store_key> keys) {
+    if (!st_) return store_status::kUnavailable;
+    return front_.erase(keys);
+  }
 
   /// The front store's counts for reads; writes as the worker has done them (keys_written
   /// grows when an entry reaches the store), plus the entries the queue dropped.
   [[nodiscard]] store_counters counters() const {
+    if (!st_) return {};
     store_counters c = front_.counters();
     std::lock_guard<std::mutex> lk(st_->m);
     c.put_calls = st_->queued_calls;
@@ -95,11 +104,13 @@ class write_behind {
   }
   /// Blocks until every queued entry has been handed to the store behind.
   void flush() {
+    if (!st_) return;
     std::unique_lock<std::mutex> lk(st_->m);
     st_->idle.wait(lk, [this] { return st_->q.empty() && !st_->writing; });
   }
   /// Entries waiting, and their bytes.
   [[nodiscard]] std::pair<std::size_t, std::size_t> queued() const {
+    if (!st_) return {0, 0};
     std::lock_guard<std::mutex> lk(st_->m);
     return {st_->q.size(), st_->bytes};
   }

@@ -45,3 +45,26 @@ relokv_configure() {
 }
 
 relokv_jobs() { nproc 2>/dev/null || echo 2; }
+
+# relokv_skip_summary <build dir> <ctest output>: the tests ctest reported skipped, each with
+# the reason it printed (its SKIPPED or "skipped" line in Testing/Temporary/LastTest.log).
+relokv_skip_summary() {
+  python3 - "$1/Testing/Temporary/LastTest.log" "$2" <<'PY'
+import re, sys
+try:
+    log = open(sys.argv[1], errors="replace").read()
+except OSError:
+    log = ""
+names = re.findall(r"^\s*\d+ - (\S+) \(Skipped\)$", open(sys.argv[2], errors="replace").read(), re.M)
+if not names:
+    print("relokv: no test skipped")
+    sys.exit(0)
+print(f"relokv: {len(names)} tests skipped:")
+for name in names:
+    m = re.search(r"^\d+/\d+ Test: " + re.escape(name) + r"\n.*?Output:\n-+\n(.*?)<end of output>",
+                  log, re.S | re.M)
+    lines = [l.strip() for l in (m.group(1) if m else "").splitlines()
+             if "SKIPPED" in l or "skipped" in l]
+    print(f"  {name}: {lines[0] if lines else '(no reason printed)'}")
+PY
+}

@@ -20,6 +20,7 @@
 #include "llama.hpp"
 #include "model_path.hpp"
 #include "support/catch.hpp"
+#include "support/skip.hpp"
 #include "tokenizer.hpp"
 
 namespace {
@@ -213,17 +214,15 @@ int main(int argc, char** argv) {
   }
   g_model = relokv_engine::default_model_path(g_name);
   if (g_model.empty()) {
-    std::printf(
-        "SKIPPED: no %s model (run scripts/get-model %s): the real-model tests did not run\n",
-        g_name.c_str(), g_name.c_str());
-    return 77;
+    const std::string why = "no " + g_name + " model (run scripts/get-model " + g_name +
+                            "): the real-model tests did not run";
+    return relokv_test::skip(why.c_str());
   }
   std::printf("model: %s\n", g_model.c_str());
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]).find("[numpy]") != std::string::npos &&
-        std::system("python3 -c 'import numpy' 2>/dev/null") != 0) {
-      std::printf("SKIPPED: python3 with numpy is not available for the reference forward pass\n");
-      return 77;
-    }
+        std::system("python3 -c 'import numpy' 2>/dev/null") != 0)
+      return relokv_test::skip(
+          "python3 with numpy is not available: the numpy reference forward pass did not run");
   return Catch::Session().run(argc, argv);
 }

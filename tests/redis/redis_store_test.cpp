@@ -14,6 +14,7 @@
 
 #include "support/catch.hpp"
 #include "support/redis_server.hpp"
+#include "support/skip.hpp"
 #include "support/store_fixture.hpp"
 
 using namespace relokv_test::store_fixture;
@@ -344,9 +345,8 @@ TEST_CASE("redis: a paused server costs at most the command timeout", "[redis]")
 }
 
 int main(int argc, char** argv) {
-  if (relokv_test::find_redis_server().empty()) {
-    std::puts("redis-server not installed: skipped (scripts/test installs it)");
-    return 77;
-  }
+  if (relokv_test::find_redis_server().empty())
+    return relokv_test::skip(
+        "redis-server is not installed (scripts/test installs it): the Redis tests did not run");
   return Catch::Session().run(argc, argv);
 }

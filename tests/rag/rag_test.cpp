@@ -118,6 +118,34 @@ TEST_CASE("rag: JSONL workloads pool passages and report bad lines", "[rag]") {
   const auto g = relokv_rag::generate(5, 12, 4, 1.0, 3, 512);
   CHECK(g.requests.size() == 5);
   for (const auto& r : g.requests) CHECK(r.passages.size() == 4);
+  // No passages per question, or none in the corpus, is an error, not a division by zero.
+  CHECK_THROWS_AS(relokv_rag::generate(5, 12, 0, 1.0, 3, 512), std::invalid_argument);
+  CHECK_THROWS_AS(relokv_rag::generate(5, 0, 4, 1.0, 3, 512), std::invalid_argument);
+  CHECK_THROWS_AS(relokv_rag::generate(5, 12, 4, -1.0, 3, 512), std::invalid_argument);
+}
+
+TEST_CASE("rag: a run needs at least one answer token", "[rag]") {
+  const auto m =
+      std::make_shared<const relokv_engine::llama_model>(relokv_engine::llama_model::synthetic());
+  const relokv_rag::text_codec codec{nullptr, m->cfg.vocab};
+  const auto w = relokv_rag::generate(1, 3, 2, 1.0, 3, m->cfg.vocab);
+  const auto vars = relokv_rag::default_variants();
+  for (const std::int32_t bad : {0, -5}) {
+    relokv_rag::run_options o;
+    o.max_answer = bad;
+    CHECK_THROWS_WITH(relokv_rag::run(m, w, codec, vars, o),
+                      Catch::Contains("max_answer must be at least 1"));
+    relokv_rag::store_mode_options so;
+    so.url = "memory:";
+    so.max_answer = bad;
+    CHECK_THROWS_WITH(relokv_rag::run_reader(m, w, codec, vars, so),
+                      Catch::Contains("max_answer must be at least 1"));
+  }
+  relokv_rag::run_options one;
+  one.max_answer = 1;
+  const auto res = relokv_rag::run(m, w, codec, {vars[0], vars[2]}, one);
+  REQUIRE(res.size() == 2);
+  CHECK(res[1].agreement.size() == 1);
 }
 
 TEST_CASE("profile: saved, loaded, checked against the model; bad files named", "[rag]") {

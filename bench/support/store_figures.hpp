@@ -9,8 +9,11 @@
 //    batch is in, as the store's are) of the same keys;
 //  - store_file_get_gb_s, store_file_over_read: file_store::get (mmap) plus the same checks,
 //    over read() of the same files into a buffer (page cache warm in both);
-//  - store_block_kv_bytes, store_block_format_bytes (header, identity, padding, checksum of a
-//    span's 4th block after a 40-token system prompt), store_redis_index_bytes (what Redis
+//  - store_block_kv_bytes (a SmolLM2 block's K and V), store_block_format_bytes_{1k,8k,32k}
+//    (what a stored block carries besides them: header, identity, padding, checksum), for the
+//    block at position 1,024, 8,192 and 32,767 of one long prompt as the cache commits it
+//    (its identity holds the tokens before it, so it grows with the position),
+//    store_redis_index_bytes (what Redis
 //    holds per entry beyond its value: MEMORY USAGE of an entry with a 1-byte value under a
 //    key of the same length, minus 1) and store_redis_value_slack_bytes (the allocator's
 //    rounding of a block-sized value, which is not index but is memory).
@@ -24,7 +27,13 @@
 #include <utility>
 #include <vector>
 
+#include <relokv/cache/relocatable_cache.hpp>
+#include <relokv/hash/xxh3.hpp>
+#include <relokv/layout/builder.hpp>
 #include <relokv/memory/host_kv_storage.hpp>
+#include <relokv/memory/lru_block_pool.hpp>
+#include <relokv/recompute/none.hpp>
+#include <relokv/rope/block_relative.hpp>
 #include <relokv/store/block_format.hpp>
 #include <relokv/store/file_store.hpp>
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
@@ -43,7 +52,6 @@ struct store_sample {
   std::uint64_t fingerprint = 0x5eed;
   std::vector<relokv::store_key> keys;
   std::vector<std::vector<std::byte>> values;
-  std::size_t format_bytes = 0;
   store_sample() {
     std::vector<std::uint32_t> chain;
     for (int i = 0; i < 4; ++i) chain.insert(chain.end(), {i == 0 ? 0x101u : 1u, 16u});
@@ -65,7 +73,6 @@ struct store_sample {
             for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::byte>(i * 13 + b);
           },
           out);
-      format_bytes = out.size() - layout.payload_bytes(16);
       keys.push_back(h.key);
       values.push_back(std::move(out));
     }
@@ -90,13 +97,70 @@ struct store_sample {
   }
 };
 
+/// A store that keeps what it is given, in order (the format figures read the blobs back).
+struct recording_store {
+  std::shared_ptr<std::vector<std::vector<std::byte>>> puts =
+      std::make_shared<std::vector<std::vector<std::byte>>>();
+  relokv::store_status get(std::span<const relokv::store_key> k,
+                           std::vector<relokv::store_blob>& o) const {
+    o.assign(k.size(), {});
+    return relokv::store_status::kOk;
+  }
+  relokv::store_status put(std::span<const relokv::store_key>,
+                           std::span<const std::span<const std::byte>> v) const {
+    for (const auto& x : v) puts->emplace_back(x.begin(), x.end());
+    return relokv::store_status::kOk;
+  }
+  relokv::store_status contains(std::span<const relokv::store_key> k,
+                                std::vector<std::uint8_t>& o) const {
+    o.assign(k.size(), 0);
+    return relokv::store_status::kOk;
+  }
+  relokv::store_status erase(std::span<const relokv::store_key>) const {
+    return relokv::store_status::kOk;
+  }
+  [[nodiscard]] relokv::store_counters counters() const { return {}; }
+};
+
+/// Bytes of a stored block that are not K/V, for the blocks holding positions `at` of one
+/// 32,768-token prompt committed by a cache with a store (blocks of 16; the K/V layout does
+/// not change these bytes, so a one-layer, one-head layout stands in for the model's).
+inline std::vector<std::size_t> format_bytes_at(const std::vector<relokv::pos_t>& at) {
+  constexpr int kTokens = 32768, kBlock = 16;
+  relokv::host_kv_storage<float> kv(relokv::kv_shape{1, kTokens / kBlock, 1, kBlock, 8});
+  recording_store rec;
+  relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, relokv::block_relative,
+                            relokv::recompute::none, recording_store>
+      cache(relokv::lru_block_pool(kTokens / kBlock), kBlock, relokv::xxh3_128{},
+            relokv::recompute::none{}, rec, relokv::store_options{0x5eed, kv.block_layout()});
+  std::vector<relokv::token_t> prompt(kTokens);
+  for (int i = 0; i < kTokens; ++i) prompt[static_cast<std::size_t>(i)] = (i * 7919) % 49152;
+  const auto layout = relokv::layout_builder(kBlock).prefix(prompt).build();
+  auto plan = cache.plan(layout);
+  if (!plan.ok()) return std::vector<std::size_t>(at.size(), 0);
+  cache.commit(plan.id, kv);
+  cache.release(plan.id);
+  std::vector<std::size_t> out(at.size(), 0);
+  for (const auto& blob : *rec.puts) {
+    const auto d = relokv::decode_block(blob, 0x5eed, kv.block_layout());
+    if (d.check != relokv::block_check::kOk) continue;
+    for (std::size_t i = 0; i < at.size(); ++i)
+      if (at[i] >= d.header.pos0 && at[i] < d.header.pos0 + d.header.len)
+        out[i] = blob.size() - d.payload.size();
+  }
+  return out;
+}
+
 inline std::vector<std::pair<std::string, double>> store_figures(int reps) {
   std::vector<std::pair<std::string, double>> out;
   const store_sample s;
   const double gb = double(s.total_bytes()) / 1e9;
   reps = std::max(reps, 3);
   out.emplace_back("store_block_kv_bytes", double(s.layout.payload_bytes(16)));
-  out.emplace_back("store_block_format_bytes", double(s.format_bytes));
+  const auto fb = format_bytes_at({1024, 8192, 32767});
+  out.emplace_back("store_block_format_bytes_1k", double(fb[0]));
+  out.emplace_back("store_block_format_bytes_8k", double(fb[1]));
+  out.emplace_back("store_block_format_bytes_32k", double(fb[2]));
 
   // Files, page cache warm.
   {

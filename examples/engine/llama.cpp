@@ -760,22 +760,67 @@ template class llama_engine<relokv::pre_rotated, float>;
 template class llama_engine<relokv::at_attention, float>;
 template class llama_engine<relokv::block_relative, float>;
 
+template <class T>
+struct contiguous_prefill<T>::state {
+  std::shared_ptr<const llama_model> model;
+  std::int32_t max_tokens;
+  relokv::rope_table rope;
+  relokv::host_kv_storage<T> kv;
+  kv_map map;
+  std::vector<std::int32_t> positions;
+  std::vector<float> hidden;
+  state(std::shared_ptr<const llama_model> m, std::int32_t n)
+      : model(std::move(m)),
+        max_tokens(n),
+        rope(model->cfg.rope, n),
+        kv(relokv::kv_shape{model->cfg.n_layers, 1, model->cfg.n_kv_heads, n,
+                            model->cfg.head_dim}) {}
+};
+
+template <class T>
+contiguous_prefill<T>::contiguous_prefill(std::shared_ptr<const llama_model> m,
+                                          std::int32_t max_tokens) {
+  if (!m) throw std::invalid_argument("contiguous_prefill: no model");
+  if (max_tokens < 1)
+    throw std::invalid_argument("contiguous_prefill: max_tokens must be at least 1");
+  s_ = std::make_unique<state>(std::move(m), max_tokens);
+}
+template <class T>
+contiguous_prefill<T>::~contiguous_prefill() = default;
+template <class T>
+contiguous_prefill<T>::contiguous_prefill(contiguous_prefill&&) noexcept = default;
+template <class T>
+contiguous_prefill<T>& contiguous_prefill<T>::operator=(contiguous_prefill&&) noexcept = default;
+
+template <class T>
+std::vector<float> contiguous_prefill<T>::operator()(const std::vector<relokv::token_t>& tokens) {
+  if (!s_) throw std::logic_error("contiguous_prefill: used after move");
+  state& s = *s_;
+  check_tokens(*s.model, tokens, "contiguous_prefill");
+  const auto n = static_cast<std::int32_t>(tokens.size());
+  if (n < 1 || n > s.max_tokens)
+    throw std::invalid_argument("contiguous_prefill: " + std::to_string(n) + " tokens, not 1 to " +
+                                std::to_string(s.max_tokens));
+  // One block, as long as this prompt, in the buffer allocated for the longest.
+  s.map.table = {{0, 0, n}};
+  s.map.index();
+  s.positions.resize(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i) s.positions[static_cast<std::size_t>(i)] = i;
+  run_layers<relokv::pre_rotated, T>(*s.model, s.rope, s.kv, s.map, s.positions, tokens, -1,
+                                     nullptr, nullptr, nullptr, s.hidden);
+  return head(*s.model, s.hidden, /*decode=*/false);
+}
+
+template class contiguous_prefill<relokv::bf16>;
+template class contiguous_prefill<float>;
+
 std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv::token_t>& tokens) {
   check_tokens(m, tokens, "plain_prefill");
-  const auto n = static_cast<std::int32_t>(tokens.size());
-  const relokv::rope_table rope(m.cfg.rope, std::max(n, 1));
-  // One contiguous buffer per layer: a single "block" as long as the prompt.
-  relokv::host_kv_storage<float> kv(
-      relokv::kv_shape{m.cfg.n_layers, 1, m.cfg.n_kv_heads, n, m.cfg.head_dim});
-  kv_map map;
-  map.table = {{0, 0, n}};
-  map.index();
-  std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
-  for (std::int32_t i = 0; i < n; ++i) positions[static_cast<std::size_t>(i)] = i;
-  std::vector<float> hidden;
-  run_layers<relokv::pre_rotated, float>(m, rope, kv, map, std::move(positions), tokens, -1,
-                                         nullptr, nullptr, nullptr, hidden);
-  return head(m, hidden, /*decode=*/false);
+  // The model is borrowed for the call: an aliasing pointer that owns nothing.
+  const std::shared_ptr<const llama_model> borrowed(std::shared_ptr<const llama_model>{}, &m);
+  contiguous_prefill<float> run(
+      borrowed, std::max<std::int32_t>(static_cast<std::int32_t>(tokens.size()), 1));
+  return run(tokens);
 }
 
 std::size_t llama_model::weight_bytes() const {

@@ -140,8 +140,33 @@ extern template class llama_engine<relokv::pre_rotated, float>;
 extern template class llama_engine<relokv::at_attention, float>;
 extern template class llama_engine<relokv::block_relative, float>;
 
-/// Prefill with a plain contiguous KV buffer and no cache at all: the baseline that
-/// engine_relokv_overhead divides by. Returns the logits of the last token.
+/// Prefill without relokv: no cache, no plan, no block table of many blocks. The KV of each
+/// layer is one contiguous buffer (a single block as long as the longest prompt, keys rotated
+/// as they are written, as an engine without relocation stores them), and the buffer and the
+/// RoPE table are allocated once, at construction, like an engine's pool. The baseline that
+/// engine_relokv_overhead divides by: same layer loop, same KV type, nothing of relokv's.
+template <class T = relokv::bf16>
+class contiguous_prefill {
+ public:
+  /// @throws std::invalid_argument when max_tokens < 1
+  contiguous_prefill(std::shared_ptr<const llama_model> m, std::int32_t max_tokens);
+  ~contiguous_prefill();
+  contiguous_prefill(contiguous_prefill&&) noexcept;
+  contiguous_prefill& operator=(contiguous_prefill&&) noexcept;
+  /// The logits of the last token of `tokens` (1 to max_tokens of them).
+  /// @throws std::out_of_range for a token outside the vocabulary; std::invalid_argument for
+  ///         an empty prompt or one longer than max_tokens
+  std::vector<float> operator()(const std::vector<relokv::token_t>& tokens);
+
+ private:
+  struct state;
+  std::unique_ptr<state> s_;
+};
+extern template class contiguous_prefill<relokv::bf16>;
+extern template class contiguous_prefill<float>;
+
+/// contiguous_prefill<float> of one prompt (allocating for it): the fp32 reference the tests
+/// compare the engine with. Returns the logits of the last token.
 std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv::token_t>& tokens);
 /// @throws std::out_of_range naming `where`, the index and the id of the first token outside
 ///         [0, vocab). The engine's entry points (prefill, decode, plain_prefill) call it.

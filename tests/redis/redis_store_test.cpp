@@ -1,8 +1,14 @@
 // redis_store against a real redis-server (started here on a free loopback port, stopped at
 // the end): reuse across instances, and the faults a deployment meets. Every request must be
 // answered with the right K and V whatever the store does; what happened is counted.
-// Exits 77 (skipped) when redis-server is not installed.
+// Exits 77 (skipped) when redis-server is not installed (a failure under CI=true).
 #define CATCH_CONFIG_RUNNER
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <relokv/store/redis_store.hpp>
 
 #include <algorithm>
@@ -321,6 +327,49 @@ TEST_CASE("redis: a server killed during a batched call: unavailable, bounded, t
   for (std::size_t k = 0; k < keys.size(); ++k)
     CHECK(std::equal(vals[k].begin(), vals[k].end(), out[k].bytes().begin(), out[k].bytes().end()));
   CHECK(s.counters().reconnects >= 2);
+}
+
+TEST_CASE("redis: a server killed during a reply: nothing half-read is handed on", "[redis]") {
+  // A scripted peer on loopback: it takes the batch of GETs, answers the first four with whole
+  // values, starts a fifth and dies (closes the connection), as a server crashing while it
+  // streams a batch's replies would. The call is unavailable and every entry empty.
+  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(ls >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t alen = sizeof a;
+  REQUIRE(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(ls, 1) == 0);
+  REQUIRE(::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &alen) == 0);
+  std::thread peer([ls] {
+    const int c = ::accept(ls, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[65536];
+    pollfd p{c, POLLIN, 0};
+    while (::poll(&p, 1, 200) > 0 && ::read(c, buf, sizeof buf) > 0) {
+    }
+    std::string replies;
+    for (int i = 0; i < 4; ++i) replies += "$5\r\nwhole\r\n";
+    replies += "$100\r\nhalf";
+    (void)::write(c, replies.data(), replies.size());
+    ::close(c);
+  });
+  redis_store_options o;
+  o.host = "127.0.0.1";
+  o.port = ntohs(a.sin_port);
+  o.command_timeout = std::chrono::milliseconds(2000);
+  redis_store s(o);
+  std::vector<relokv::store_key> keys;
+  for (std::uint64_t k = 1; k <= 8; ++k) keys.push_back({k, 5});
+  std::vector<relokv::store_blob> out;
+  const auto st = s.get(keys, out);
+  peer.join();
+  ::close(ls);
+  CHECK(st == relokv::store_status::kUnavailable);
+  REQUIRE(out.size() == keys.size());
+  CHECK(std::all_of(out.begin(), out.end(), [](const auto& b) { return b.empty(); }));
+  CHECK(s.counters().unavailable == 1);
 }
 
 TEST_CASE("redis: a paused server costs at most the command timeout", "[redis]") {

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <relokv/store/any_store.hpp>
+#include <relokv/store/store_url.hpp>
 
 #include "load_model.hpp"
 #include "model_path.hpp"
@@ -117,6 +119,9 @@ int spawn_writer(int argc, char** argv) {
 int store_mode(int argc, char** argv, const options& o,
                std::shared_ptr<const relokv_engine::llama_model> model,
                const relokv_rag::workload& w, const relokv_rag::text_codec& codec) {
+  // A URL the store refuses (a bad one, rediss:// without TLS) is an error here, at start-up,
+  // before any process is spawned; nothing connects yet.
+  (void)relokv::any_store::from_url(o.store);
   relokv_rag::store_mode_options so;
   so.url = o.store;
   so.placement = o.run.placement;
@@ -131,7 +136,7 @@ int store_mode(int argc, char** argv, const options& o,
         "writer (pid %d): %zu passages cached in %.2f s; %lld blocks written to %s (%.1f MiB, "
         "%lld failed)\n",
         static_cast<int>(getpid()), wr.passages, wr.seconds, static_cast<long long>(s.store_writes),
-        o.store.c_str(), double(s.store_bytes_written) / (1 << 20),
+        relokv::redact_url(o.store).c_str(), double(s.store_bytes_written) / (1 << 20),
         static_cast<long long>(s.store_write_failures));
     if (o.role == "writer") return 0;
   }
@@ -144,7 +149,7 @@ int store_mode(int argc, char** argv, const options& o,
                        o.variants.empty() ? std::string("naive,epic") : o.variants);
   const auto rr = relokv_rag::run_reader(model, w, codec, variants, so);
   std::printf("\nreader (pid %d)", static_cast<int>(getpid()));
-  relokv_rag::print_reader(rr, o.store);
+  relokv_rag::print_reader(rr, relokv::redact_url(o.store));
   return 0;
 }
 

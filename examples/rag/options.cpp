@@ -85,7 +85,9 @@ void add_options(CLI::App& app, options& o) {
   app.add_option("--svg", o.svg_out, "plot: TTFT against agreement, tokens computed per request");
   app.add_flag("--quiet", o.quiet, "no progress bar");
   app.add_option("--store", o.store,
-                 "share spans through a store: redis://HOST[:PORT], file:DIR or memory:. A "
+                 "share spans through a store: redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]"
+                 "[?prefix=P] (USER@HOST: the password from $RELOKV_REDIS_PASSWORD), "
+                 "unix:///SOCKET, file:DIR[?prefix=TENANT] or memory:. A "
                  "writer instance caches every question's passages into it, then a reader "
                  "instance with an empty pool answers the questions reusing them (variants "
                  "default to full,naive,epic)");

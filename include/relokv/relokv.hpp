@@ -42,4 +42,5 @@
 #include "relokv/store/block_format.hpp"
 #include "relokv/store/file_store.hpp"
 #include "relokv/store/memory_store.hpp"
+#include "relokv/store/store_url.hpp"
 #include "relokv/types.hpp"

@@ -15,6 +15,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -64,8 +66,109 @@ TEST_CASE("redis URL: parsed or refused with the reason", "[redis]") {
   CHECK(o.db == 2);
   CHECK(redis_store_options::from_url("localhost").port == 6379);
   for (const char* bad :
-       {"redis://", "redis://h:0", "redis://h:99999", "redis://h:x", "redis://h:1/x", "redis://:5"})
+       {"redis://", "redis://h:0", "redis://h:99999", "redis://h:x", "redis://h:1/x", "redis://:5",
+        "redis://[::1", "redis://::1:6379", "redis://[zz]:1", "redis://h?colour=red",
+        "unix://relative/path", "http://h:1", "redis://u:%zz@h"})
     CHECK_THROWS_AS(redis_store_options::from_url(bad), relokv::error);
+  // Credentials, a database, a tenant's prefix; percent-encoded characters in the password.
+  const auto a = redis_store_options::from_url(
+      "redis://alice:p%40ss%2Fw@cache.internal:7001/3"
+      "?prefix=relokv:alice:");
+  CHECK(a.user == "alice");
+  CHECK(a.password == "p@ss/w");
+  CHECK(a.host == "cache.internal");
+  CHECK(a.port == 7001);
+  CHECK(a.db == 3);
+  CHECK(a.key_prefix == "relokv:alice:");
+  CHECK(a.redacted() == "redis://alice:***@cache.internal:7001/3");
+  const auto d = redis_store_options::from_url("redis://:only-pass@h");  // the default user
+  CHECK(d.user.empty());
+  CHECK(d.password == "only-pass");
+  const auto v6 = redis_store_options::from_url("redis://[::1]:6380/1");
+  CHECK(v6.host == "::1");
+  CHECK(v6.port == 6380);
+  CHECK(v6.redacted() == "redis://[::1]:6380/1");
+  const auto u = redis_store_options::from_url("unix:///run/redis/redis.sock?db=2&prefix=t:");
+  CHECK(u.unix_path == "/run/redis/redis.sock");
+  CHECK(u.db == 2);
+  CHECK(u.key_prefix == "t:");
+  // TLS is refused at start-up, not left as a store that is never available.
+  CHECK_THROWS_WITH(redis_store_options::from_url("rediss://h:6380"), Catch::Contains("TLS"));
+  // USER@HOST takes the password from the environment; without it, an error.
+  ::unsetenv("RELOKV_REDIS_PASSWORD");
+  CHECK_THROWS_WITH(redis_store_options::from_url("redis://bob@h"),
+                    Catch::Contains("RELOKV_REDIS_PASSWORD"));
+  ::setenv("RELOKV_REDIS_PASSWORD", "from-env", 1);
+  CHECK(redis_store_options::from_url("redis://bob@h").password == "from-env");
+  ::unsetenv("RELOKV_REDIS_PASSWORD");
+  // No message carries the password, whatever is wrong with the URL.
+  for (const char* bad :
+       {"redis://alice:hunter2@h:0", "redis://alice:hunter2@h/x", "redis://alice:hunter2@[::1",
+        "rediss://alice:hunter2@h", "redis://alice:hun/ter2@h:0", "gopher://alice:hunter2@h"}) {
+    try {
+      (void)redis_store_options::from_url(bad);
+      FAIL("no error for " << bad);
+    } catch (const relokv::error& e) {
+      CHECK(std::string(e.what()).find("hunter2") == std::string::npos);
+      CHECK(std::string(e.what()).find("ter2") == std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("redis: ACL users per tenant, a Unix socket, a wrong password", "[redis]") {
+  const auto sock = std::filesystem::temp_directory_path() /
+                    ("relokv_redis_" + std::to_string(::getpid()) + ".sock");
+  relokv_test::redis_server server({"--unixsocket", sock.string(), "--unixsocketperm", "700"});
+  // Each tenant's user may touch only its own prefix.
+  REQUIRE(server.run({"ACL", "SETUSER", "alice", "on", ">pw-alice", "~relokv:alice:*", "+@all"}));
+  REQUIRE(server.run({"ACL", "SETUSER", "bob", "on", ">pw-bob", "~relokv:bob:*", "+@all"}));
+  const auto store_for = [&](const std::string& user, const std::string& prefix) {
+    auto o = redis_store_options::from_url("redis://" + user + ":pw-" + user + "@127.0.0.1:" +
+                                           std::to_string(server.port()) + "?prefix=" + prefix);
+    o.retry_interval = std::chrono::milliseconds(20);
+    return redis_store(o);
+  };
+  const relokv::store_key keys[] = {{1, 1}, {2, 2}};
+  const std::byte bytes[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  const std::span<const std::byte> vals[] = {bytes, bytes};
+  auto alice = store_for("alice", "relokv:alice:");
+  REQUIRE(alice.put(keys, vals) == relokv::store_status::kOk);
+  std::vector<relokv::store_blob> out;
+  REQUIRE(alice.get(keys, out) == relokv::store_status::kOk);
+  CHECK(out[1].size() == 4);
+  // Bob pointed at Alice's prefix: the server refuses every key; each is a miss and counted,
+  // and the call still answers.
+  auto nosy = store_for("bob", "relokv:alice:");
+  REQUIRE(nosy.get(keys, out) == relokv::store_status::kOk);
+  CHECK(std::all_of(out.begin(), out.end(), [](const auto& b) { return b.empty(); }));
+  CHECK(nosy.counters().denied == 2);
+  CHECK(nosy.put(keys, vals) == relokv::store_status::kUnavailable);
+  CHECK(nosy.counters().denied == 4);
+  CHECK(nosy.counters().put_rejected == 2);
+  REQUIRE(alice.get(keys, out) == relokv::store_status::kOk);  // untouched
+  CHECK(out[0].size() == 4);
+  // Bob on his own prefix works, and his entries are not Alice's.
+  auto bob = store_for("bob", "relokv:bob:");
+  REQUIRE(bob.get(keys, out) == relokv::store_status::kOk);
+  CHECK(out[0].empty());
+  CHECK(bob.counters().denied == 0);
+  // A wrong password: unavailable (the request computes), counted, never thrown.
+  auto o = redis_store_options::from_url("redis://alice:wrong@127.0.0.1:" +
+                                         std::to_string(server.port()));
+  redis_store wrong(o);
+  CHECK(wrong.get(keys, out) == relokv::store_status::kUnavailable);
+  CHECK(wrong.counters().auth_failures == 1);
+  // The Unix socket, as the default user.
+  redis_store local(redis_store_options::from_url("unix://" + sock.string()));
+  REQUIRE(local.put(keys, vals) == relokv::store_status::kOk);
+  REQUIRE(local.get(keys, out) == relokv::store_status::kOk);
+  CHECK(out[0].size() == 4);
+  // Whole engines over per-tenant users: each answers every request from its own spans.
+  instance<redis_store> wa(store_for("alice", "relokv:alice:")),
+      ra(store_for("alice", "relokv:alice:")), rb(store_for("bob", "relokv:bob:"));
+  (void)wa.serve(rag({&kA, &kB}));
+  CHECK(ra.serve(rag({&kB, &kA})).store_hits == 6);
+  CHECK(rb.serve(rag({&kB, &kA})).store_hits == 0);  // Bob cannot see Alice's spans
 }
 
 TEST_CASE("redis_store: binary entries round trip in one batch", "[redis]") {

@@ -12,6 +12,7 @@
 #include <relokv/store/file_store.hpp>
 #include <relokv/store/memory_store.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -479,6 +480,63 @@ TEST_CASE("any_store: one type for a store chosen at run time", "[store]") {
   CHECK(r.cache.store().counters().keys_found == 4);
   CHECK(relokv::any_store::from_url("memory:").operator bool());
   CHECK_THROWS_AS(relokv::any_store::from_url("ftp://x"), relokv::error);
+}
+
+TEST_CASE("file_store: private directories and files, one directory per tenant prefix",
+          "[store][file]") {
+  const auto root =
+      std::filesystem::temp_directory_path() / ("relokv_file_perm_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  const mode_t old = ::umask(0);  // the modes hold whatever the umask lets through
+  relokv::file_store_options a_opt, b_opt;
+  a_opt.prefix = "tenant-a";
+  b_opt.prefix = "tenant-b";
+  relokv::file_store a(root / "store", a_opt), b(root / "store", b_opt);
+  ::umask(old);
+  const auto mode = [](const std::filesystem::path& p) {
+    struct stat st {};
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    return st.st_mode & 07777;
+  };
+  CHECK(mode(root) == 0700);
+  CHECK(mode(root / "store") == 0700);
+  CHECK(mode(root / "store" / "tenant-a") == 0700);
+  CHECK(a.directory() == root / "store" / "tenant-a");
+  const relokv::store_key k[] = {{7, 7}};
+  const std::byte bytes[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
+  const std::span<const std::byte> v[] = {bytes};
+  REQUIRE(a.put(k, v) == relokv::store_status::kOk);
+  CHECK(mode(a.path_of(k[0])) == 0600);
+  // Tenants apart: B's directory holds nothing of A's.
+  std::vector<relokv::store_blob> out;
+  REQUIRE(b.get(k, out) == relokv::store_status::kOk);
+  CHECK(out[0].empty());
+  REQUIRE(a.get(k, out) == relokv::store_status::kOk);
+  CHECK(out[0].size() == 3);
+  for (const char* bad : {"..", ".", "a/b", "x y", "../up"}) {
+    relokv::file_store_options o;
+    o.prefix = bad;
+    CHECK_THROWS_AS(relokv::file_store(root / "store", o), relokv::error);
+  }
+  // From a URL, as relokv_rag --store takes it.
+  const auto s = relokv::any_store::from_url("file:" + (root / "u").string() + "?prefix=t1");
+  CHECK(std::filesystem::is_directory(root / "u" / "t1"));
+  CHECK(mode(root / "u" / "t1") == 0700);
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("store URLs: passwords never reach a message or a report", "[store]") {
+  CHECK(relokv::redact_url("redis://alice:s3cret@h:1/0") == "redis://alice:***@h:1/0");
+  CHECK(relokv::redact_url("redis://:s3cret@h") == "redis://:***@h");
+  CHECK(relokv::redact_url("redis://a:p/w?x@y@h:1") == "redis://a:***@h:1");  // '/', '?', '@'
+  CHECK(relokv::redact_url("redis://alice@h:1") == "redis://alice@h:1");      // no password
+  CHECK(relokv::redact_url("file:/tmp/x") == "file:/tmp/x");
+  try {
+    (void)relokv::any_store::from_url("ftp://bob:hunter2@x");
+    FAIL("no error");
+  } catch (const relokv::error& e) {
+    CHECK(std::string(e.what()).find("hunter2") == std::string::npos);
+  }
 }
 
 TEST_CASE("store tier: blocks a static strategy recomputes whole are not fetched",

@@ -63,8 +63,10 @@ struct store_counters {
   std::int64_t get_calls = 0, keys_requested = 0, keys_found = 0;
   std::int64_t put_calls = 0, keys_written = 0, put_rejected = 0;  ///< rejected: e.g. OOM
   std::int64_t bytes_read = 0, bytes_written = 0;
-  std::int64_t unavailable = 0;  ///< calls answered kUnavailable
-  std::int64_t reconnects = 0;   ///< connections re-established after a failure
+  std::int64_t unavailable = 0;    ///< calls answered kUnavailable
+  std::int64_t reconnects = 0;     ///< connections re-established after a failure
+  std::int64_t auth_failures = 0;  ///< logins the server refused (wrong user or password)
+  std::int64_t denied = 0;  ///< keys the server refused to this user (Redis ACL NOPERM): misses
 };
 
 /// A store of serialized blocks by key.

@@ -13,6 +13,7 @@
 #include "relokv/concepts/kv_store.hpp"
 #include "relokv/store/file_store.hpp"
 #include "relokv/store/memory_store.hpp"
+#include "relokv/store/store_url.hpp"
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
 #include "relokv/store/redis_store.hpp"
 #endif
@@ -28,26 +29,36 @@ class any_store {
       S store, std::string description = {})
       : p_(std::make_unique<holder<S>>(std::move(store))), what_(std::move(description)) {}
 
-  /// `memory:`, `file:DIR` or `redis://HOST[:PORT][/DB]` (Redis needs RELOKV_WITH_REDIS, which
-  /// linking relokv::redis defines).
+  /// `memory:`, `file:DIR[?prefix=TENANT]`, or a Redis URL (`redis://[USER[:PASSWORD]@]HOST
+  /// [:PORT][/DB][?prefix=P]`, `unix:///PATH[?db=N]`; see redis_store_options::from_url). Redis
+  /// needs RELOKV_WITH_REDIS, which linking relokv::redis defines. description() is the URL
+  /// with any password redacted.
   /// @throws error for an unknown scheme, a bad URL or a directory that cannot be made
   [[nodiscard]] static any_store from_url(const std::string& url) {
+    const std::string shown = redact_url(url);
     if (url == "memory:") return any_store(memory_store{}, url);
     if (url.rfind("file:", 0) == 0) {
-      const std::string dir = url.substr(5);
+      std::string dir = url.substr(5);
+      file_store_options o;
+      if (const auto q = dir.rfind("?prefix="); q != std::string::npos) {
+        o.prefix = dir.substr(q + 8);
+        dir.resize(q);
+      }
       if (dir.empty()) throw error("store URL '" + url + "': file: needs a directory");
-      return any_store(file_store(dir), url);
+      return any_store(file_store(dir, o), url);
     }
-    if (url.rfind("redis://", 0) == 0) {
+    if (url.rfind("redis://", 0) == 0 || url.rfind("rediss://", 0) == 0 ||
+        url.rfind("unix://", 0) == 0) {
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
-      return any_store(redis_store(redis_store_options::from_url(url)), url);
+      return any_store(redis_store(redis_store_options::from_url(url)), shown);
 #else
-      throw error("store URL '" + url +
+      throw error("store URL '" + shown +
                   "': this program was built without Redis (link "
                   "relokv::redis, or define RELOKV_WITH_REDIS=1 and link hiredis)");
 #endif
     }
-    throw error("store URL '" + url + "': expected memory:, file:DIR or redis://HOST[:PORT]");
+    throw error("store URL '" + shown +
+                "': expected memory:, file:DIR or redis://HOST[:PORT] (or unix:///PATH)");
   }
 
   explicit operator bool() const noexcept { return p_ != nullptr; }

@@ -28,22 +28,32 @@ struct file_store_options {
   /// fsync each entry before the rename (survives power loss, costs a disk flush per block).
   /// Without it a crash of the machine may leave an entry short; its checksum rejects it.
   bool durable = false;
+  /// A tenant's own subdirectory (letters, digits, '.', '_', '-'; not "." or ".."): entries go
+  /// to DIR/PREFIX/, so that an operator can give each tenant a directory of its own.
+  std::string prefix;
 };
 
-/// Entries are `DIR/<32 hex digits of the key>.rkv`. Writers in several processes may share
+/// Entries are `DIR[/PREFIX]/<32 hex digits of the key>.rkv`. The directories the store creates
+/// are 0700 and its files 0600: only the user that runs the engine reads them (a directory
+/// shared on purpose keeps the modes its operator gave it). Writers in several processes may share
 /// the directory: each writes its own temporary file (`.tmp.<pid>.<n>.<key>`) and renames it,
 /// so readers see the old entry or the new one, whole. Entries must never be modified in place
 /// (a file truncated under a reader's mapping would fault it); replace them by rename.
 class file_store {
  public:
   /// @throws error when `dir` cannot be created or is not a directory
+  /// @throws error when `dir` cannot be created or is not a directory, or for a bad prefix
   explicit file_store(std::filesystem::path dir, file_store_options opt = {})
-      : dir_(std::move(dir)), opt_(opt), counters_(std::make_shared<store_counters>()) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    if (!std::filesystem::is_directory(dir_, ec))
-      throw error("file_store: '" + dir_.string() + "' is not a directory and cannot be created" +
-                  (ec ? " (" + ec.message() + ")" : std::string()));
+      : dir_(std::move(dir)), opt_(std::move(opt)), counters_(std::make_shared<store_counters>()) {
+    if (!opt_.prefix.empty()) {
+      if (opt_.prefix == "." || opt_.prefix == ".." ||
+          opt_.prefix.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789._-") != std::string::npos)
+        throw error("file_store: prefix '" + opt_.prefix +
+                    "' is not a directory name of letters, digits, '.', '_' and '-'");
+      dir_ /= opt_.prefix;
+    }
+    make_private_dirs(dir_);
   }
 
   store_status get(std::span<const store_key> keys, std::vector<store_blob>& out) {
@@ -133,7 +143,7 @@ class file_store {
     const std::string tmp = (dir_ / (".tmp." + std::to_string(::getpid()) + "." +
                                      std::to_string(seq.fetch_add(1)) + "." + k.hex()))
                                 .string();
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return false;
     const std::byte* p = v.data();
     std::size_t left = v.size();
@@ -152,6 +162,24 @@ class file_store {
     if (ok) ok = ::rename(tmp.c_str(), path_of(k).c_str()) == 0;
     if (!ok) ::unlink(tmp.c_str());
     return ok;
+  }
+
+  /// Creates the missing directories of `d`, each 0700 (whatever the umask); leaves the ones
+  /// that exist as they are.
+  static void make_private_dirs(const std::filesystem::path& d) {
+    std::filesystem::path at;
+    for (const auto& part : d) {
+      at /= part;
+      if (::mkdir(at.c_str(), 0700) == 0) {
+        (void)::chmod(at.c_str(), 0700);
+      } else if (errno != EEXIST) {
+        throw error("file_store: cannot create '" + at.string() + "' (" + std::strerror(errno) +
+                    ")");
+      }
+    }
+    std::error_code ec;
+    if (!std::filesystem::is_directory(d, ec))
+      throw error("file_store: '" + d.string() + "' is not a directory");
   }
 
   std::filesystem::path dir_;

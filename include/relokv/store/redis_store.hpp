@@ -9,10 +9,12 @@
 /// answer kUnavailable (the request computes instead), and the next call after the retry interval
 /// reconnects. A server that refuses a write (maxmemory with noeviction) counts put_rejected.
 #include <sys/time.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -22,47 +24,171 @@
 #include <hiredis/hiredis.h>
 
 #include "relokv/concepts/kv_store.hpp"
+#include "relokv/store/store_url.hpp"
 
 RELOKV_NAMESPACE_BEGIN
 
 struct redis_store_options {
-  std::string host = "127.0.0.1";
+  std::string host = "127.0.0.1";  ///< a name, an IPv4 or an IPv6 address (without brackets)
   int port = 6379;
+  std::string unix_path;  ///< when set, the server's Unix socket (host and port unused)
   int db = 0;
-  std::string key_prefix = "relokv:";  ///< entries are <prefix><32 hex digits>
+  /// Redis 6+ ACL: `AUTH user password` on every connection (`AUTH password` for the default
+  /// user when `user` is empty). Never printed: redacted() and every message leave it out.
+  std::string user, password;
+  /// Entries are <prefix><32 hex digits>. One prefix per tenant lets an operator give each
+  /// tenant an ACL user limited to its own keys (`~relokv:tenant-a:*`).
+  std::string key_prefix = "relokv:";
   std::chrono::milliseconds connect_timeout{200};
   std::chrono::milliseconds command_timeout{1000};  ///< bounds how long a plan waits
   std::chrono::milliseconds retry_interval{250};    ///< between reconnection attempts
 
-  /// Parses `redis://HOST[:PORT][/DB]` (or `HOST[:PORT]`).
-  /// @throws error naming what is wrong
+  /// Parses a store URL:
+  ///  - `redis://[USER[:PASSWORD]@]HOST[:PORT][/DB][?prefix=P]`, HOST a name, an IPv4 address
+  ///    or `[IPv6]`; USER and PASSWORD may be percent-encoded (`%40` for `@`); `USER@HOST`
+  ///    takes the password from the environment variable RELOKV_REDIS_PASSWORD;
+  ///  - `unix:///PATH/TO/SOCKET[?db=N][&prefix=P]`;
+  ///  - `HOST[:PORT]` alone.
+  /// `rediss://` (TLS) is refused: this hiredis has no TLS. Passwords belong in the URL only
+  /// where nothing else can carry them; they never appear in the error messages.
+  /// @throws error naming what is wrong (with the URL redacted)
   [[nodiscard]] static redis_store_options from_url(const std::string& url) {
     redis_store_options o;
-    std::string s = url;
-    if (s.rfind("redis://", 0) == 0) s = s.substr(8);
-    const auto bad = [&url](const char* why) {
-      return error("redis_store: bad URL '" + url + "': " + why +
-                   " (expected redis://HOST[:PORT][/DB])");
+    const auto bad = [&url](const std::string& why) {
+      return error("redis_store: bad URL '" + redact_url(url) + "': " + why +
+                   " (expected redis://[USER[:PASSWORD]@]HOST[:PORT][/DB][?prefix=P] or "
+                   "unix:///PATH[?db=N][&prefix=P])");
     };
-    if (const auto slash = s.find('/'); slash != std::string::npos) {
-      const std::string db = s.substr(slash + 1);
-      s.resize(slash);
-      if (db.empty() || db.size() > 4 || db.find_first_not_of("0123456789") != std::string::npos)
+    std::string s = url, query;
+    bool is_unix = false;
+    if (s.rfind("rediss://", 0) == 0)
+      throw error("redis_store: '" + redact_url(url) +
+                  "': TLS (rediss://) needs a hiredis built with SSL support, which this build "
+                  "does not use");
+    if (s.rfind("redis://", 0) == 0) {
+      s = s.substr(8);
+    } else if (s.rfind("unix://", 0) == 0) {
+      s = s.substr(7);
+      is_unix = true;
+    } else if (s.find("://") != std::string::npos) {
+      throw bad("unsupported scheme '" + s.substr(0, s.find("://")) + "'");
+    }
+    // User information first, up to the last '@' (a password may hold '/', '?' or '@').
+    if (const auto at = s.rfind('@'); at != std::string::npos && !is_unix) {
+      const std::string info = s.substr(0, at);
+      s = s.substr(at + 1);
+      const auto colon = info.find(':');
+      o.user = decode(info.substr(0, colon), bad);
+      if (colon != std::string::npos) o.password = decode(info.substr(colon + 1), bad);
+      // USER@HOST: the password from the environment, so that it need not be on a command
+      // line (where ps shows it).
+      if (o.password.empty())
+        if (const char* env = std::getenv("RELOKV_REDIS_PASSWORD"); env != nullptr)
+          o.password = env;
+      if (o.password.empty())
+        throw bad("user information without a password (in the URL or RELOKV_REDIS_PASSWORD)");
+    }
+    if (const auto q = s.find('?'); q != std::string::npos) {
+      query = s.substr(q + 1);
+      s.resize(q);
+    }
+    const auto parse_db = [&](const std::string& digits) {
+      if (digits.empty() || digits.size() > 4 ||
+          digits.find_first_not_of("0123456789") != std::string::npos)
         throw bad("database is not a number");
-      o.db = std::stoi(db);
+      o.db = std::stoi(digits);
+    };
+    // The query: prefix=P (and db=N for unix sockets), separated by '&'.
+    for (std::size_t i = 0; !query.empty() && i <= query.size();) {
+      const auto amp = std::min(query.find('&', i), query.size());
+      const std::string kv = query.substr(i, amp - i);
+      const auto eq = kv.find('=');
+      const std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : kv.substr(eq + 1);
+      if (k == "prefix" && !v.empty())
+        o.key_prefix = decode(v, bad);
+      else if (k == "db" && is_unix)
+        parse_db(v);
+      else
+        throw bad("unknown or empty query parameter '" + k + "'");
+      i = amp + 1;
+    }
+    if (is_unix) {
+      if (s.empty() || s[0] != '/') throw bad("a Unix socket needs an absolute path");
+      o.unix_path = s;
+      return o;
+    }
+    if (const auto slash = s.find('/'); slash != std::string::npos) {
+      parse_db(s.substr(slash + 1));
+      s.resize(slash);
+    }
+    if (!s.empty() && s[0] == '[') {  // [IPv6]:port
+      const auto close = s.find(']');
+      if (close == std::string::npos) throw bad("unclosed '[' in an IPv6 address");
+      const std::string rest = s.substr(close + 1);
+      o.host = s.substr(1, close - 1);
+      if (o.host.empty() ||
+          o.host.find_first_not_of("0123456789abcdefABCDEF:.") != std::string::npos)
+        throw bad("not an IPv6 address between the brackets");
+      if (!rest.empty()) {
+        if (rest[0] != ':') throw bad("text after the IPv6 address");
+        o.port = parse_port(rest.substr(1), bad);
+      }
+      return o;
     }
     if (const auto colon = s.rfind(':'); colon != std::string::npos) {
-      const std::string port = s.substr(colon + 1);
+      if (s.find(':') != colon) throw bad("an IPv6 address must be written in brackets");
+      o.port = parse_port(s.substr(colon + 1), bad);
       s.resize(colon);
-      if (port.empty() || port.size() > 5 ||
-          port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) == 0 ||
-          std::stoi(port) > 65535)
-        throw bad("port is not in [1, 65535]");
-      o.port = std::stoi(port);
     }
     if (s.empty()) throw bad("no host");
+    if (s.find_first_of(" @[]") != std::string::npos) throw bad("not a host name");
     o.host = s;
     return o;
+  }
+
+  /// The options as a URL without the password, for reports.
+  [[nodiscard]] std::string redacted() const {
+    std::string u = unix_path.empty() ? "redis://" : "unix://";
+    if (unix_path.empty()) {
+      if (!user.empty() || !password.empty()) u += user + (password.empty() ? "@" : ":***@");
+      u += host.find(':') != std::string::npos ? "[" + host + "]" : host;
+      u += ":" + std::to_string(port) + "/" + std::to_string(db);
+    } else {
+      u += unix_path + "?db=" + std::to_string(db);
+    }
+    return u;
+  }
+
+ private:
+  template <class Bad>
+  static int parse_port(const std::string& digits, const Bad& bad) {
+    if (digits.empty() || digits.size() > 5 ||
+        digits.find_first_not_of("0123456789") != std::string::npos || std::stoi(digits) == 0 ||
+        std::stoi(digits) > 65535)
+      throw bad("port is not in [1, 65535]");
+    return std::stoi(digits);
+  }
+  /// Percent-decoding (RFC 3986) of a URL component.
+  template <class Bad>
+  static std::string decode(const std::string& in, const Bad& bad) {
+    std::string out;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (in[i] != '%') {
+        out += in[i];
+        continue;
+      }
+      const auto hex = [](char c) {
+        return c >= '0' && c <= '9'   ? c - '0'
+               : c >= 'a' && c <= 'f' ? c - 'a' + 10
+               : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                      : -1;
+      };
+      if (i + 2 >= in.size() || hex(in[i + 1]) < 0 || hex(in[i + 2]) < 0)
+        throw bad("a '%' not followed by two hex digits");
+      out += static_cast<char>(hex(in[i + 1]) * 16 + hex(in[i + 2]));
+      i += 2;
+    }
+    return out;
   }
 };
 
@@ -70,8 +196,9 @@ class redis_store {
  public:
   /// Connects lazily: a server that is not up yet is an unavailable store, not an error.
   explicit redis_store(redis_store_options opt = {}) : opt_(std::move(opt)) {
-    if (opt_.port <= 0 || opt_.port > 65535 || opt_.host.empty())
+    if (opt_.unix_path.empty() && (opt_.port <= 0 || opt_.port > 65535 || opt_.host.empty()))
       throw error("redis_store: host must be set and port in [1, 65535]");
+    if (opt_.key_prefix.empty()) throw error("redis_store: the key prefix must not be empty");
   }
   redis_store(redis_store&&) noexcept = default;
   redis_store& operator=(redis_store&&) noexcept = default;
@@ -93,6 +220,8 @@ class redis_store {
           out[i] = store_blob(owner, {reinterpret_cast<const std::byte*>(reply->str), reply->len});
           ++c_.keys_found;
           c_.bytes_read += static_cast<std::int64_t>(reply->len);
+        } else if (denied(reply)) {
+          ++c_.denied;  // another tenant's key: a miss, the call answers for the rest
         } else if (reply->type != REDIS_REPLY_NIL) {
           ok = false;  // an error reply (e.g. WRONGTYPE): read the rest, then fail the call
         }
@@ -112,6 +241,7 @@ class redis_store {
       return pipeline("SET", keys.first(n), values.first(n), [&](std::size_t i, redisReply* r) {
         if (r->type == REDIS_REPLY_ERROR) {
           ++c_.put_rejected;  // e.g. OOM under maxmemory with noeviction
+          if (denied(r)) ++c_.denied;
           all = false;
         } else {
           ++c_.keys_written;
@@ -161,12 +291,34 @@ class redis_store {
     if (now < next_attempt_) return false;
     next_attempt_ = now + opt_.retry_interval;
     redisContext* c =
-        redisConnectWithTimeout(opt_.host.c_str(), opt_.port, tv(opt_.connect_timeout));
+        opt_.unix_path.empty()
+            ? redisConnectWithTimeout(opt_.host.c_str(), opt_.port, tv(opt_.connect_timeout))
+            : redisConnectUnixWithTimeout(opt_.unix_path.c_str(), tv(opt_.connect_timeout));
     if (c == nullptr) return false;
     ctx_.reset(c);
     if (c->err != 0 || redisSetTimeout(c, tv(opt_.command_timeout)) != REDIS_OK) {
       ctx_.reset();
       return false;
+    }
+    if (!opt_.password.empty()) {
+      // AUTH [user] password: a refused login is counted (auth_failures) and the store is
+      // unavailable; the password goes nowhere else.
+      const char* argv[3] = {"AUTH", opt_.user.data(), opt_.password.data()};
+      std::size_t len[3] = {4, opt_.user.size(), opt_.password.size()};
+      int argc = 3;
+      if (opt_.user.empty()) {  // the default user: AUTH password
+        argv[1] = argv[2];
+        len[1] = len[2];
+        argc = 2;
+      }
+      auto* r = static_cast<redisReply*>(redisCommandArgv(c, argc, argv, len));
+      const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
+      if (r != nullptr) freeReplyObject(r);
+      if (!ok) {
+        ++c_.auth_failures;
+        ctx_.reset();
+        return false;
+      }
     }
     if (opt_.db != 0) {
       auto* r = static_cast<redisReply*>(redisCommand(c, "SELECT %d", opt_.db));
@@ -203,6 +355,10 @@ class redis_store {
                  (ctx_->err == REDIS_ERR_IO && (errno == EPIPE || errno == ECONNRESET)));
     ctx_.reset();
     return stale ? io::kStale : io::kFailed;
+  }
+  /// An error reply of the ACL (the user may not touch this key).
+  static bool denied(const redisReply* r) noexcept {
+    return r->type == REDIS_REPLY_ERROR && r->len >= 6 && std::memcmp(r->str, "NOPERM", 6) == 0;
   }
   /// Runs `f` on a live connection; a connection found stale is replaced once, at once.
   template <class F>

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -432,47 +433,172 @@ TEST_CASE("redis: a server killed during a batched call: unavailable, bounded, t
   CHECK(s.counters().reconnects >= 2);
 }
 
-TEST_CASE("redis: a server killed during a reply: nothing half-read is handed on", "[redis]") {
-  // A scripted peer on loopback: it takes the batch of GETs, answers the first four with whole
-  // values, starts a fifth and dies (closes the connection), as a server crashing while it
-  // streams a batch's replies would. The call is unavailable and every entry empty.
-  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(ls >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t alen = sizeof a;
-  REQUIRE(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(ls, 1) == 0);
-  REQUIRE(::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &alen) == 0);
-  std::thread peer([ls] {
-    const int c = ::accept(ls, nullptr, nullptr);
-    if (c < 0) return;
+namespace {
+
+/// A scripted Redis peer on a loopback port (written here, started and stopped by the test):
+/// it accepts connections one at a time and runs `script` on each socket.
+class scripted_peer {
+ public:
+  explicit scripted_peer(std::function<void(int)> script) : script_(std::move(script)) {
+    ls_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(ls_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof a;
+    REQUIRE(::bind(ls_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(ls_, 4) == 0);
+    REQUIRE(::getsockname(ls_, reinterpret_cast<sockaddr*>(&a), &alen) == 0);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        pollfd p{ls_, POLLIN, 0};
+        if (::poll(&p, 1, 50) <= 0) continue;
+        const int c = ::accept(ls_, nullptr, nullptr);
+        if (c < 0) continue;
+        script_(c);
+        ::close(c);
+      }
+    });
+  }
+  ~scripted_peer() {
+    stop_ = true;
+    thread_.join();
+    ::close(ls_);
+  }
+  scripted_peer(const scripted_peer&) = delete;
+  scripted_peer& operator=(const scripted_peer&) = delete;
+  [[nodiscard]] redis_store_options options(std::chrono::milliseconds deadline) const {
+    redis_store_options o;
+    o.host = "127.0.0.1";
+    o.port = port_;
+    o.command_timeout = deadline;
+    return o;
+  }
+
+  /// Reads what the client sent until it has been quiet for 100 ms.
+  static void drain(int c) {
     char buf[65536];
     pollfd p{c, POLLIN, 0};
-    while (::poll(&p, 1, 200) > 0 && ::read(c, buf, sizeof buf) > 0) {
+    while (::poll(&p, 1, 100) > 0 && ::read(c, buf, sizeof buf) > 0) {
     }
+  }
+  /// Sends all of `s` (false once the client is gone; never SIGPIPE).
+  static bool send_all(int c, const std::string& s) {
+    std::size_t off = 0;
+    while (off < s.size()) {
+      const ssize_t w = ::send(c, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+      if (w <= 0) return false;
+      off += static_cast<std::size_t>(w);
+    }
+    return true;
+  }
+
+ private:
+  std::function<void(int)> script_;
+  int ls_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<relokv::store_key> some_keys(int n) {
+  std::vector<relokv::store_key> keys;
+  for (int k = 1; k <= n; ++k) keys.push_back({static_cast<std::uint64_t>(k), 5});
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("redis: a server killed during a reply: nothing half-read is handed on", "[redis]") {
+  // The peer takes the batch of GETs, answers the first four with whole values, starts a
+  // fifth and dies (closes the connection), as a server crashing while it streams a batch's
+  // replies would. The call is unavailable and every entry empty.
+  scripted_peer peer([](int c) {
+    scripted_peer::drain(c);
     std::string replies;
     for (int i = 0; i < 4; ++i) replies += "$5\r\nwhole\r\n";
     replies += "$100\r\nhalf";
-    (void)::write(c, replies.data(), replies.size());
-    ::close(c);
+    (void)scripted_peer::send_all(c, replies);
   });
-  redis_store_options o;
-  o.host = "127.0.0.1";
-  o.port = ntohs(a.sin_port);
-  o.command_timeout = std::chrono::milliseconds(2000);
-  redis_store s(o);
-  std::vector<relokv::store_key> keys;
-  for (std::uint64_t k = 1; k <= 8; ++k) keys.push_back({k, 5});
+  redis_store s(peer.options(std::chrono::milliseconds(2000)));
+  const auto keys = some_keys(8);
   std::vector<relokv::store_blob> out;
   const auto st = s.get(keys, out);
-  peer.join();
-  ::close(ls);
   CHECK(st == relokv::store_status::kUnavailable);
   REQUIRE(out.size() == keys.size());
   CHECK(std::all_of(out.begin(), out.end(), [](const auto& b) { return b.empty(); }));
   CHECK(s.counters().unavailable == 1);
+}
+
+TEST_CASE("redis: a hostile or silent server cannot stall a call or fill memory", "[redis]") {
+  using namespace std::chrono_literals;
+  const auto keys = some_keys(4);
+  std::vector<relokv::store_blob> out;
+  SECTION("one byte every 900 ms: the call ends at its deadline") {
+    // A timeout per system call would wait forever: every byte comes before it runs out.
+    scripted_peer peer([&](int c) {
+      scripted_peer::drain(c);
+      const std::string reply = "$1000\r\n" + std::string(1000, 'x');
+      for (char ch : reply) {
+        if (!scripted_peer::send_all(c, std::string(1, ch))) return;
+        std::this_thread::sleep_for(900ms);
+      }
+    });
+    redis_store s(peer.options(1000ms));
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(s.get(keys, out) == relokv::store_status::kUnavailable);
+    const double ms = ms_since(t0);
+    CHECK(ms < 1800);  // the 1 s deadline, a margin for a loaded machine
+    CHECK(s.counters().timeouts == 1);
+    CHECK(std::all_of(out.begin(), out.end(), [](const auto& b) { return b.empty(); }));
+  }
+  SECTION("never an answer: the call ends at its deadline") {
+    scripted_peer peer([](int c) {
+      scripted_peer::drain(c);
+      std::this_thread::sleep_for(2500ms);
+    });
+    redis_store s(peer.options(500ms));
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(s.get(keys, out) == relokv::store_status::kUnavailable);
+    CHECK(ms_since(t0) < 1300);
+    CHECK(s.counters().timeouts == 1);
+  }
+  SECTION("a 2^40-byte bulk string: refused after the largest block's bytes") {
+    std::atomic<std::size_t> sent{0};
+    scripted_peer peer([&](int c) {
+      scripted_peer::drain(c);
+      if (!scripted_peer::send_all(c, "$1099511627776\r\n")) return;
+      const std::string chunk(64 << 10, '\0');
+      while (sent < (std::size_t{256} << 20) && scripted_peer::send_all(c, chunk))
+        sent += chunk.size();
+    });
+    auto o = peer.options(5000ms);
+    o.max_value_bytes = std::size_t{1} << 20;
+    redis_store s(o);
+    CHECK(s.get(keys, out) == relokv::store_status::kUnavailable);
+    CHECK(s.counters().oversized == 1);
+    // The client stopped reading past ~1 MiB and hung up: the peer could not push more than
+    // that and the sockets' buffers.
+    std::this_thread::sleep_for(100ms);
+    CHECK(sent < (std::size_t{32} << 20));
+  }
+  SECTION("a SET answered with the wrong type is a failed write") {
+    scripted_peer peer([](int c) {
+      scripted_peer::drain(c);
+      (void)scripted_peer::send_all(c, ":1\r\n:1\r\n:1\r\n:1\r\n");
+      scripted_peer::drain(c);
+    });
+    redis_store s(peer.options(1000ms));
+    const std::byte b[2] = {};
+    const std::vector<std::span<const std::byte>> vals(keys.size(), std::span<const std::byte>(b));
+    CHECK(s.put(keys, vals) == relokv::store_status::kUnavailable);
+    CHECK(s.counters().put_rejected == 4);
+    CHECK(s.counters().keys_written == 0);
+  }
 }
 
 TEST_CASE("redis: a paused server costs at most the command timeout", "[redis]") {

@@ -15,9 +15,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -124,6 +128,17 @@ TEST_CASE("block format: round trip and every rejection", "[store][format]") {
     const std::uint64_t sum = XXH3_64bits(b.data(), b.size() - 8);
     std::memcpy(b.data() + b.size() - 8, &sum, 8);
     CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kVersion);
+  }
+  SECTION("a payload of no size this layout has is rejected before it is hashed") {
+    // A blob of another layout's size with a wrong checksum: the size check comes first, so
+    // it reads kLayout (a checksum computed first would read kChecksum), and the reader never
+    // hashes more than one block of its own layout.
+    auto l = h.layout;
+    l.num_layers = 1;  // a smaller payload per slot
+    auto b = bytes;
+    b[b.size() - 1] ^= std::byte{1};  // checksum broken
+    CHECK(relokv::decode_block(b, kFp, l).check == block_check::kLayout);
+    CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kChecksum);
   }
   SECTION("sizes that lie are malformed, not read past") {
     auto b = bytes;
@@ -523,6 +538,82 @@ TEST_CASE("file_store: private directories and files, one directory per tenant p
   CHECK(std::filesystem::is_directory(root / "u" / "t1"));
   CHECK(mode(root / "u" / "t1") == 0700);
   std::filesystem::remove_all(root);
+}
+
+TEST_CASE("file_store: a FIFO, a symlink, a huge or truncated file is a miss, not a stall",
+          "[store][file]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("relokv_file_hostile_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  relokv::file_store_options o;
+  o.max_entry_bytes = 1 << 20;
+  relokv::file_store fs(dir, o);
+  const relokv::store_key fifo{1, 1}, link{2, 2}, huge{3, 3}, good{4, 4};
+  REQUIRE(::mkfifo(fs.path_of(fifo).c_str(), 0600) == 0);  // no writer: open would block
+  {
+    std::ofstream secret(dir / "secret");
+    secret << std::string(100, 's');
+  }
+  std::filesystem::create_symlink(dir / "secret", fs.path_of(link));
+  {
+    std::ofstream big(fs.path_of(huge));
+    big.seekp((std::streamoff{1} << 30) - 1);  // a sparse 1 GiB file
+    big.put('x');
+  }
+  const std::byte bytes[5] = {};
+  const std::span<const std::byte> v[] = {bytes};
+  REQUIRE(fs.put(std::span(&good, 1), v) == relokv::store_status::kOk);
+  const relokv::store_key keys[] = {fifo, link, huge, good};
+  std::vector<relokv::store_blob> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(fs.get(keys, out) == relokv::store_status::kOk);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));  // no FIFO wait
+  CHECK(out[0].empty());
+  CHECK(out[1].empty());  // not followed
+  CHECK(out[2].empty());  // not read: larger than any block
+  CHECK(out[3].size() == 5);
+  CHECK(fs.counters().oversized == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("file_store: an entry truncated while it is read never faults the reader",
+          "[store][file]") {
+  // Another process truncates entries in place (which writers must not do) while this one
+  // reads them over and over. The reader survives (a mapping takes SIGBUS on the pages past
+  // the new end) and hands on nothing longer than what was written; what a racing truncate
+  // leaves inside the bytes (the kernel may fill them with zeros) is the block checksum's to
+  // reject, as for any torn entry.
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("relokv_file_trunc_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  relokv::file_store fs(dir);
+  const relokv::store_key k{5, 5};
+  const std::vector<std::byte> value(4 << 20, std::byte{7});
+  const std::span<const std::byte> v[] = {value};
+  std::atomic<bool> stop{false};
+  std::thread truncator([&] {
+    while (!stop) {
+      (void)::truncate(fs.path_of(k).c_str(), 4096);
+      std::this_thread::yield();
+    }
+  });
+  int whole = 0, missed = 0;
+  std::vector<relokv::store_blob> out;
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(fs.put(std::span(&k, 1), v) == relokv::store_status::kOk);
+    REQUIRE(fs.get(std::span(&k, 1), out) == relokv::store_status::kOk);
+    if (out[0].empty()) {
+      ++missed;
+    } else {
+      CHECK(out[0].size() <= value.size());
+      whole += out[0].size() == value.size();
+    }
+  }
+  stop = true;
+  truncator.join();
+  INFO(whole << " whole reads, " << missed << " misses");
+  CHECK(whole + missed <= 200);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("store URLs: passwords never reach a message or a report", "[store]") {

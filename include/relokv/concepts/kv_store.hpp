@@ -66,7 +66,9 @@ struct store_counters {
   std::int64_t unavailable = 0;    ///< calls answered kUnavailable
   std::int64_t reconnects = 0;     ///< connections re-established after a failure
   std::int64_t auth_failures = 0;  ///< logins the server refused (wrong user or password)
-  std::int64_t denied = 0;  ///< keys the server refused to this user (Redis ACL NOPERM): misses
+  std::int64_t denied = 0;     ///< keys the server refused to this user (Redis ACL NOPERM): misses
+  std::int64_t timeouts = 0;   ///< calls that reached their deadline (a slow or silent server)
+  std::int64_t oversized = 0;  ///< replies or entries larger than any block: refused unread
 };
 
 /// A store of serialized blocks by key.

@@ -259,6 +259,14 @@ struct decoded_block {
       off != detail::payload_offset(ident) || off > n || payload > n - off ||
       off + payload + kBlockChecksumBytes != n)
     return d;
+  // Sizes before hashing: an entry whose payload is no size this layout's blocks have is
+  // rejected unread, so a store cannot make the reader hash more than one block's bytes.
+  if (const std::uint32_t claimed = get_le<std::uint32_t>(p + 52);
+      claimed == 0 || claimed > static_cast<std::uint32_t>(layout.block_size) ||
+      payload != layout.payload_bytes(static_cast<std::int32_t>(claimed))) {
+    d.check = block_check::kLayout;
+    return d;
+  }
   if (XXH3_64bits(p, n - kBlockChecksumBytes) != get_le<std::uint64_t>(p + n - 8)) {
     d.check = block_check::kChecksum;
     return d;

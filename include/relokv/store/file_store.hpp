@@ -1,10 +1,11 @@
 #pragma once
 /// @file
 /// A store in a directory: one file per entry, written under a temporary name and renamed (a
-/// crash never leaves a torn entry under a key), read through mmap (a get copies nothing).
+/// crash never leaves a torn entry under a key), read into a buffer (only regular files within
+/// a size bound, never through a link, never blocking on a FIFO; a file truncated or replaced
+/// while it is read is a miss, not a fault).
 /// POSIX only. A shared directory (NFS, a parallel file system) shares blocks between hosts.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,6 +29,8 @@ struct file_store_options {
   /// fsync each entry before the rename (survives power loss, costs a disk flush per block).
   /// Without it a crash of the machine may leave an entry short; its checksum rejects it.
   bool durable = false;
+  /// The largest entry read: a file larger than any block is a miss, counted (oversized).
+  std::size_t max_entry_bytes = std::size_t{256} << 20;
   /// A tenant's own subdirectory (letters, digits, '.', '_', '-'; not "." or ".."): entries go
   /// to DIR/PREFIX/, so that an operator can give each tenant a directory of its own.
   std::string prefix;
@@ -38,10 +41,9 @@ struct file_store_options {
 /// shared on purpose keeps the modes its operator gave it). Writers in several processes may share
 /// the directory: each writes its own temporary file (`.tmp.<pid>.<n>.<key>`) and renames it,
 /// so readers see the old entry or the new one, whole. Entries must never be modified in place
-/// (a file truncated under a reader's mapping would fault it); replace them by rename.
+/// (a reader would see a short file, a miss); replace them by rename.
 class file_store {
  public:
-  /// @throws error when `dir` cannot be created or is not a directory
   /// @throws error when `dir` cannot be created or is not a directory, or for a bad prefix
   explicit file_store(std::filesystem::path dir, file_store_options opt = {})
       : dir_(std::move(dir)), opt_(std::move(opt)), counters_(std::make_shared<store_counters>()) {
@@ -63,34 +65,42 @@ class file_store {
     out.assign(keys.size(), store_blob{});
     bool failed = false;
     for (std::size_t i = 0; i < keys.size(); ++i) {
+      // Only a regular file of at most max_entry_bytes, opened without following a link and
+      // without blocking (a FIFO renamed over an entry must not hold the plan), read into a
+      // buffer: a file truncated under the reader is a short read, never a fault.
       const std::string path = path_of(keys[i]);
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
       if (fd < 0) {
         failed = failed || errno != ENOENT;
         continue;
       }
       struct stat st {};
-      if (::fstat(fd, &st) != 0) {
+      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         ::close(fd);
         failed = true;
         continue;
       }
       const auto n = static_cast<std::size_t>(st.st_size);
-      if (n == 0) {  // an empty entry: returned as it is, the reader rejects it
+      if (n > opt_.max_entry_bytes) {
         ::close(fd);
-        out[i] = store_blob::copy_of({});
-        ++c.keys_found;
+        ++c.oversized;
         continue;
       }
-      void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
+      auto buf = std::make_shared<std::vector<std::byte>>(n);
+      std::size_t got = 0;
+      while (got < n) {
+        const ssize_t r = ::pread(fd, buf->data() + got, n - got, static_cast<off_t>(got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += static_cast<std::size_t>(r);
+      }
       ::close(fd);
-      if (p == MAP_FAILED) {
+      if (got != n) {  // truncated while read: a miss, never part of an entry
         failed = true;
         continue;
       }
-      auto m =
-          std::shared_ptr<const void>(p, [n](const void* q) { ::munmap(const_cast<void*>(q), n); });
-      out[i] = store_blob(std::move(m), {static_cast<const std::byte*>(p), n});
+      const std::span<const std::byte> view(buf->data(), n);
+      out[i] = store_blob(std::move(buf), view);
       ++c.keys_found;
       c.bytes_read += static_cast<std::int64_t>(n);
     }

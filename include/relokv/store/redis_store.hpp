@@ -8,6 +8,8 @@
 /// bounded by the command timeout; a server that is down, slow or gone mid-reply makes the call
 /// answer kUnavailable (the request computes instead), and the next call after the retry interval
 /// reconnects. A server that refuses a write (maxmemory with noeviction) counts put_rejected.
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/time.h>
 #include <algorithm>
 #include <cerrno>
@@ -40,8 +42,14 @@ struct redis_store_options {
   /// tenant an ACL user limited to its own keys (`~relokv:tenant-a:*`).
   std::string key_prefix = "relokv:";
   std::chrono::milliseconds connect_timeout{200};
-  std::chrono::milliseconds command_timeout{1000};  ///< bounds how long a plan waits
-  std::chrono::milliseconds retry_interval{250};    ///< between reconnection attempts
+  /// The deadline of each store call as a whole: connecting, logging in, sending the batch and
+  /// every reply of it. A server that drips bytes, or never answers, costs at most this (plus
+  /// the connect timeout when the call connects).
+  std::chrono::milliseconds command_timeout{1000};
+  std::chrono::milliseconds retry_interval{250};  ///< between reconnection attempts
+  /// The largest value a reply may carry (a block of the largest layout served, with its
+  /// header): a reply that announces or sends more fails the call before its bytes are held.
+  std::size_t max_value_bytes = std::size_t{256} << 20;
 
   /// Parses a store URL:
   ///  - `redis://[USER[:PASSWORD]@]HOST[:PORT][/DB][?prefix=P]`, HOST a name, an IPv4 address
@@ -239,8 +247,8 @@ class redis_store {
     bool all = true;
     const store_status st = attempt([&]() -> io {
       return pipeline("SET", keys.first(n), values.first(n), [&](std::size_t i, redisReply* r) {
-        if (r->type == REDIS_REPLY_ERROR) {
-          ++c_.put_rejected;  // e.g. OOM under maxmemory with noeviction
+        if (r->type != REDIS_REPLY_STATUS) {
+          ++c_.put_rejected;  // e.g. OOM under maxmemory with noeviction, or not a SET's reply
           if (denied(r)) ++c_.denied;
           all = false;
         } else {
@@ -294,6 +302,8 @@ class redis_store {
         opt_.unix_path.empty()
             ? redisConnectWithTimeout(opt_.host.c_str(), opt_.port, tv(opt_.connect_timeout))
             : redisConnectUnixWithTimeout(opt_.unix_path.c_str(), tv(opt_.connect_timeout));
+    // The login and SELECT count against the call's deadline from here.
+    deadline_ = std::max(deadline_, std::chrono::steady_clock::now() + opt_.command_timeout);
     if (c == nullptr) return false;
     ctx_.reset(c);
     if (c->err != 0 || redisSetTimeout(c, tv(opt_.command_timeout)) != REDIS_OK) {
@@ -311,20 +321,27 @@ class redis_store {
         len[1] = len[2];
         argc = 2;
       }
-      auto* r = static_cast<redisReply*>(redisCommandArgv(c, argc, argv, len));
-      const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
-      if (r != nullptr) freeReplyObject(r);
-      if (!ok) {
-        ++c_.auth_failures;
+      bool ok = false;
+      const io r = roundtrip(argc, argv, len, [&](redisReply* reply) {
+        ok = reply->type == REDIS_REPLY_STATUS;
+        freeReplyObject(reply);
+      });
+      if (r != io::kOk || !ok) {
+        if (r == io::kOk) ++c_.auth_failures;
         ctx_.reset();
         return false;
       }
     }
     if (opt_.db != 0) {
-      auto* r = static_cast<redisReply*>(redisCommand(c, "SELECT %d", opt_.db));
-      const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
-      if (r != nullptr) freeReplyObject(r);
-      if (!ok) {
+      const std::string db = std::to_string(opt_.db);
+      const char* argv[2] = {"SELECT", db.data()};
+      const std::size_t len[2] = {6, db.size()};
+      bool ok = false;
+      const io r = roundtrip(2, argv, len, [&](redisReply* reply) {
+        ok = reply->type == REDIS_REPLY_STATUS;
+        freeReplyObject(reply);
+      });
+      if (r != io::kOk || !ok) {
         ctx_.reset();
         return false;
       }
@@ -363,6 +380,12 @@ class redis_store {
   /// Runs `f` on a live connection; a connection found stale is replaced once, at once.
   template <class F>
   store_status attempt(F&& f) {
+    deadline_ = std::chrono::steady_clock::now() + opt_.command_timeout;
+    in_call_ = true;
+    struct leave {
+      bool& flag;
+      ~leave() { flag = false; }
+    } guard{in_call_};
     for (int tries = 0; tries < 2; ++tries) {
       const bool reused = ctx_ != nullptr && ctx_->err == 0;
       if (!connected()) break;
@@ -389,12 +412,76 @@ class redis_store {
       const std::size_t len[3] = {cmd_len, name.size(), values.empty() ? 0 : values[i].size()};
       if (redisAppendCommandArgv(ctx_.get(), argc, argv, len) != REDIS_OK) return io_error();
     }
-    for (std::size_t i = 0; i < keys.size(); ++i) {
+    return exchange(keys.size(), on_reply);
+  }
+  /// One command, one reply, within the call's deadline.
+  template <class OnReply>
+  io roundtrip(int argc, const char** argv, const std::size_t* len, OnReply&& on_reply) {
+    if (redisAppendCommandArgv(ctx_.get(), argc, argv, len) != REDIS_OK) return io_error();
+    return exchange(1, [&](std::size_t, redisReply* r) { on_reply(r); });
+  }
+  /// Sends what is buffered and reads `n` replies, all before the call's deadline: the socket
+  /// is non-blocking meanwhile and every wait is a poll for the time left, so a server that
+  /// drips bytes or never answers costs the deadline, not a timeout per system call. A reply
+  /// whose bytes pass max_value_bytes fails the call before more of it is read.
+  template <class OnReply>
+  io exchange(std::size_t n, OnReply&& on_reply) {
+    redisContext* c = ctx_.get();
+    const int fl = ::fcntl(c->fd, F_GETFL);
+    if (fl < 0 || ::fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) != 0) return io_error();
+    c->flags &= ~REDIS_BLOCK;  // hiredis then treats EAGAIN as "later", not as an error
+    const io r = exchange_nonblocking(n, on_reply);
+    if (ctx_) {  // io_error() may have dropped it
+      ctx_->flags |= REDIS_BLOCK;
+      (void)::fcntl(ctx_->fd, F_SETFL, fl);
+    }
+    return r;
+  }
+  template <class OnReply>
+  io exchange_nonblocking(std::size_t n, OnReply& on_reply) {
+    redisContext* c = ctx_.get();
+    for (int done = 0; !done;) {
+      if (redisBufferWrite(c, &done) != REDIS_OK) return io_error();
+      if (!done && !wait_for(POLLOUT)) return timed_out();
+    }
+    const std::size_t bound = opt_.max_value_bytes + (std::size_t{64} << 10);
+    for (std::size_t i = 0; i < n; ++i) {
       void* rv = nullptr;
-      if (redisGetReply(ctx_.get(), &rv) != REDIS_OK || rv == nullptr) return io_error();
+      for (;;) {
+        if (redisGetReplyFromReader(c, &rv) != REDIS_OK) return io_error();
+        if (rv != nullptr) break;
+        if (c->reader->len - c->reader->pos > bound) {  // one reply larger than any block
+          ++c_.oversized;
+          return drop();
+        }
+        if (!wait_for(POLLIN)) return timed_out();
+        if (redisBufferRead(c) != REDIS_OK) return io_error();
+      }
       on_reply(i, static_cast<redisReply*>(rv));
     }
     return io::kOk;
+  }
+  /// Waits until the socket is ready for `events` or the deadline passes (false).
+  bool wait_for(short events) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline_ - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{ctx_->fd, events, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30)));
+      if (r > 0) return true;
+      if (r == 0) return false;
+      if (errno != EINTR) return false;
+    }
+  }
+  /// The deadline passed: the connection is dropped (its replies would arrive out of step).
+  io timed_out() {
+    ++c_.timeouts;
+    return drop();
+  }
+  io drop() {
+    ctx_.reset();
+    return io::kFailed;
   }
   /// Sends args_ as one command. An error reply is kFailed (the connection stays).
   io command(redisReply*& reply) {
@@ -404,13 +491,10 @@ class redis_store {
       argv_.push_back(a.data());
       lens_.push_back(a.size());
     }
-    void* r =
-        redisCommandArgv(ctx_.get(), static_cast<int>(argv_.size()), argv_.data(), lens_.data());
-    if (r == nullptr || ctx_->err != 0) {
-      if (r != nullptr) freeReplyObject(r);
-      return io_error();
-    }
-    reply = static_cast<redisReply*>(r);
+    reply = nullptr;
+    const io r = roundtrip(static_cast<int>(argv_.size()), argv_.data(), lens_.data(),
+                           [&](redisReply* got) { reply = got; });
+    if (r != io::kOk) return r;
     if (reply->type == REDIS_REPLY_ERROR) {
       freeReplyObject(reply);
       reply = nullptr;
@@ -421,7 +505,8 @@ class redis_store {
 
   redis_store_options opt_;
   std::unique_ptr<redisContext, ctx_free> ctx_;
-  std::chrono::steady_clock::time_point next_attempt_{};
+  std::chrono::steady_clock::time_point next_attempt_{}, deadline_{};
+  bool in_call_ = false;
   bool ever_connected_ = false;
   store_counters c_;
   std::vector<std::string> args_;

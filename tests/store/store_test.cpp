@@ -540,7 +540,7 @@ TEST_CASE("file_store: private directories and files, one directory per tenant p
   std::filesystem::remove_all(root);
 }
 
-TEST_CASE("file_store: a FIFO, a symlink, a huge or truncated file is a miss, not a stall",
+TEST_CASE("file_store: a FIFO or symlink or huge file under an entry is a miss, not a stall",
           "[store][file]") {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("relokv_file_hostile_" + std::to_string(::getpid()));

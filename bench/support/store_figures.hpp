@@ -7,8 +7,9 @@
 //    checked (structure, fingerprint, layout, XXH3 checksum);
 //  - store_redis_over_raw:  that over plain hiredis GETs (pipelined, replies held until the
 //    batch is in, as the store's are) of the same keys;
-//  - store_file_get_gb_s, store_file_over_read: file_store::get (bounded reads into a buffer) plus the same checks,
-//    over read() of the same files into a buffer (page cache warm in both);
+//  - store_file_get_gb_s, store_file_over_read: file_store::get (bounded reads into its
+//    reused buffers) plus the same checks, over read() of the same files into one buffer
+//    (page cache warm in both);
 //  - store_block_kv_bytes (a SmolLM2 block's K and V), store_block_format_bytes_{1k,8k,32k}
 //    (what a stored block carries besides them: header, identity, padding, checksum), for the
 //    block at position 1,024, 8,192 and 32,767 of one long prompt as the cache commits it

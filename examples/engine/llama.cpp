@@ -815,7 +815,6 @@ template class contiguous_prefill<relokv::bf16>;
 template class contiguous_prefill<float>;
 
 std::vector<float> plain_prefill(const llama_model& m, const std::vector<relokv::token_t>& tokens) {
-  check_tokens(m, tokens, "plain_prefill");
   // The model is borrowed for the call: an aliasing pointer that owns nothing.
   const std::shared_ptr<const llama_model> borrowed(std::shared_ptr<const llama_model>{}, &m);
   contiguous_prefill<float> run(

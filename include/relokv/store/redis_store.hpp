@@ -322,10 +322,7 @@ class redis_store {
         argc = 2;
       }
       bool ok = false;
-      const io r = roundtrip(argc, argv, len, [&](redisReply* reply) {
-        ok = reply->type == REDIS_REPLY_STATUS;
-        freeReplyObject(reply);
-      });
+      const io r = status_command(argc, argv, len, ok);
       if (r != io::kOk || !ok) {
         if (r == io::kOk) ++c_.auth_failures;
         ctx_.reset();
@@ -337,10 +334,7 @@ class redis_store {
       const char* argv[2] = {"SELECT", db.data()};
       const std::size_t len[2] = {6, db.size()};
       bool ok = false;
-      const io r = roundtrip(2, argv, len, [&](redisReply* reply) {
-        ok = reply->type == REDIS_REPLY_STATUS;
-        freeReplyObject(reply);
-      });
+      const io r = status_command(2, argv, len, ok);
       if (r != io::kOk || !ok) {
         ctx_.reset();
         return false;
@@ -381,11 +375,6 @@ class redis_store {
   template <class F>
   store_status attempt(F&& f) {
     deadline_ = std::chrono::steady_clock::now() + opt_.command_timeout;
-    in_call_ = true;
-    struct leave {
-      bool& flag;
-      ~leave() { flag = false; }
-    } guard{in_call_};
     for (int tries = 0; tries < 2; ++tries) {
       const bool reused = ctx_ != nullptr && ctx_->err == 0;
       if (!connected()) break;
@@ -419,6 +408,13 @@ class redis_store {
   io roundtrip(int argc, const char** argv, const std::size_t* len, OnReply&& on_reply) {
     if (redisAppendCommandArgv(ctx_.get(), argc, argv, len) != REDIS_OK) return io_error();
     return exchange(1, [&](std::size_t, redisReply* r) { on_reply(r); });
+  }
+  /// A command answered by a status (+OK): `ok` says whether it was.
+  io status_command(int argc, const char** argv, const std::size_t* len, bool& ok) {
+    return roundtrip(argc, argv, len, [&](redisReply* reply) {
+      ok = reply->type == REDIS_REPLY_STATUS;
+      freeReplyObject(reply);
+    });
   }
   /// Sends what is buffered and reads `n` replies, all before the call's deadline: the socket
   /// is non-blocking meanwhile and every wait is a poll for the time left, so a server that
@@ -506,7 +502,6 @@ class redis_store {
   redis_store_options opt_;
   std::unique_ptr<redisContext, ctx_free> ctx_;
   std::chrono::steady_clock::time_point next_attempt_{}, deadline_{};
-  bool in_call_ = false;
   bool ever_connected_ = false;
   store_counters c_;
   std::vector<std::string> args_;

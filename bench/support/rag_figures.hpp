@@ -17,6 +17,7 @@
 #include "rag.hpp"
 #include "store_mode.hpp"
 #include "support/engine_figures.hpp"
+#include "support/provenance_figures.hpp"
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
 #include "support/redis_server.hpp"
 #endif
@@ -73,6 +74,10 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
       {"rag_best_kl_at_20pct", best_kl},
       {"rag_on_real_model", path.empty() ? 0.0 : 1.0},
       {"rag_on_real_data", real_data ? 1.0 : 0.0}};
+  // The provenance policy's cost in reuse, over more of the same questions (no model runs).
+  const auto wide = real_data ? relokv_rag::load_jsonl(data, 64, 1, codec)
+                              : relokv_rag::generate(64, 30, 10, 1.0, 7, model->cfg.vocab);
+  for (auto& f : provenance_figures(wide)) out.push_back(std::move(f));
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
   // Two instances, one Redis: the writer caches the passages, the reader (empty pool, nothing
   // kept between questions: every span is fetched) answers with EPIC; its TTFT over full's.

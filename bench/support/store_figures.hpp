@@ -12,9 +12,14 @@
 //    (page cache warm in both);
 //  - store_block_kv_bytes (a SmolLM2 block's K and V), store_block_format_bytes_{1k,8k,32k}
 //    (what a stored block carries besides them: header, identity, padding, checksum), for the
-//    block at position 1,024, 8,192 and 32,767 of one long prompt as the cache commits it
-//    (its identity holds the tokens before it, so it grows with the position),
-//    store_redis_index_bytes (what Redis
+//    block at position 1,024, 8,192 and 32,768 of one long prompt as the cache commits it
+//    (format 2: a digest of what precedes the block, so the same at every position), and
+//    store_overhead_fraction_at_32k (the last over the block's K and V);
+//  - store_seal_gb_s: sealed_store's seal then open (AES-256-GCM, libcrypto) of those blocks on
+//    one core: block bytes per second through both (each byte is sealed once and opened once);
+//  - store_redis_sealed_over_raw: a sealed fetch (sealed_store<redis_store>::get, every entry
+//    opened, decoded and checked) over the plain hiredis GETs of the same sealed bytes;
+//  - store_redis_index_bytes (what Redis
 //    holds per entry beyond its value: MEMORY USAGE of an entry with a 1-byte value under a
 //    key of the same length, minus 1) and store_redis_value_slack_bytes (the allocator's
 //    rounding of a block-sized value, which is not index but is memory).
@@ -37,6 +42,7 @@
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/store/block_format.hpp>
 #include <relokv/store/file_store.hpp>
+#include <relokv/store/sealed_store.hpp>
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
 #include <relokv/store/redis_store.hpp>
 
@@ -54,12 +60,12 @@ struct store_sample {
   std::vector<relokv::store_key> keys;
   std::vector<std::vector<std::byte>> values;
   store_sample() {
-    std::vector<std::uint32_t> chain;
-    for (int i = 0; i < 4; ++i) chain.insert(chain.end(), {i == 0 ? 0x101u : 1u, 16u});
-    std::vector<relokv::token_t> ctx(40), toks(64);
+    std::vector<relokv::token_t> ctx(40), toks(16);
     for (int i = 0; i < 40; ++i) ctx[static_cast<std::size_t>(i)] = 100 + i;
+    relokv::identity_chain chain;
     for (int b = 0; b < kBlocks; ++b) {
-      for (int i = 0; i < 64; ++i) toks[static_cast<std::size_t>(i)] = 1000 * b + i;
+      for (int i = 0; i < 16; ++i) toks[static_cast<std::size_t>(i)] = 1000 * b + i;
+      chain.begin_content(ctx);
       relokv::block_header h;
       h.fingerprint = fingerprint;
       h.key = {static_cast<std::uint64_t>(b) * 0x9E3779B97F4A7C15ull + 1, 77};
@@ -69,7 +75,7 @@ struct store_sample {
       h.pos0 = 40 + 64 * b;
       std::vector<std::byte> out;
       relokv::encode_block(
-          h, {chain, ctx, toks},
+          h, {chain.digest(), 1, toks},
           [b](std::span<std::byte> p) {
             for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::byte>(i * 13 + b);
           },
@@ -127,7 +133,7 @@ struct recording_store {
 /// 32,768-token prompt committed by a cache with a store (blocks of 16; the K/V layout does
 /// not change these bytes, so a one-layer, one-head layout stands in for the model's).
 inline std::vector<std::size_t> format_bytes_at(const std::vector<relokv::pos_t>& at) {
-  constexpr int kTokens = 32768, kBlock = 16;
+  constexpr int kTokens = 32768 + 16, kBlock = 16;
   relokv::host_kv_storage<float> kv(relokv::kv_shape{1, kTokens / kBlock, 1, kBlock, 8});
   recording_store rec;
   relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, relokv::block_relative,
@@ -158,10 +164,30 @@ inline std::vector<std::pair<std::string, double>> store_figures(int reps) {
   const double gb = double(s.total_bytes()) / 1e9;
   reps = std::max(reps, 3);
   out.emplace_back("store_block_kv_bytes", double(s.layout.payload_bytes(16)));
-  const auto fb = format_bytes_at({1024, 8192, 32767});
+  const auto fb = format_bytes_at({1024, 8192, 32768});
   out.emplace_back("store_block_format_bytes_1k", double(fb[0]));
   out.emplace_back("store_block_format_bytes_8k", double(fb[1]));
   out.emplace_back("store_block_format_bytes_32k", double(fb[2]));
+  out.emplace_back("store_overhead_fraction_at_32k",
+                   double(fb[2]) / double(s.layout.payload_bytes(16)));
+
+  // Sealing: seal then open every block on this core.
+  const relokv::seal_key seal = relokv::seal_key::from_hex(
+      "8f0e1d2c3b4a59687766554433221100ffeeddccbbaa99887766554433221100", "bench");
+  {
+    relokv::sealed_store<recording_store> sealer(recording_store{}, seal);
+    std::vector<std::byte> sealed, opened;
+    bool ok = true;
+    const auto seal_open = [&] {
+      for (const auto& v : s.values) {
+        ok = ok && sealer.seal(v, sealed) && sealer.open(sealed, opened);
+      }
+    };
+    seal_open();
+    const double t = median_ns(seal_open, reps, 1);
+    out.emplace_back("store_seal_gb_s", gb / (t * 1e-9));
+    if (!ok) out.emplace_back("store_seal_check_failed", 1);
+  }
 
   // Files, page cache warm.
   {
@@ -249,6 +275,18 @@ inline std::vector<std::pair<std::string, double>> store_figures(int reps) {
     out.emplace_back("store_redis_index_bytes", usage(tiny) - 1);
     out.emplace_back("store_redis_value_slack_bytes",
                      usage(names[0]) - usage(tiny) + 1 - double(s.values[0].size()));
+    // The same entries sealed: the sealed fetch over plain GETs of the sealed bytes.
+    relokv::sealed_store<relokv::redis_store> sealed(relokv::redis_store(opt), seal);
+    (void)sealed.put(s.keys, views);
+    const auto sealed_get = [&] {
+      (void)sealed.get(s.keys, blobs);
+      ok = ok && s.check(blobs);
+      blobs.clear();
+    };
+    sealed_get();
+    raw_get();
+    out.emplace_back("store_redis_sealed_over_raw",
+                     1.0 / median_ratio(sealed_get, raw_get, reps, 1));
     redisFree(c);
     if (!ok) out.emplace_back("store_redis_check_failed", 1);
   }

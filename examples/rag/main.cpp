@@ -121,9 +121,11 @@ int store_mode(int argc, char** argv, const options& o,
                const relokv_rag::workload& w, const relokv_rag::text_codec& codec) {
   // A URL the store refuses (a bad one, rediss:// without TLS) is an error here, at start-up,
   // before any process is spawned; nothing connects yet.
-  (void)relokv::any_store::from_url(o.store);
   relokv_rag::store_mode_options so;
   so.url = o.store;
+  so.seal = {o.store_key_file, o.store_key_env};
+  // The key too: a missing, unsafe or malformed key is an error now, never shown.
+  (void)relokv::any_store::from_url(o.store, so.seal);
   so.placement = o.run.placement;
   so.max_answer = o.run.max_answer;
   const bool one_process = o.store == "memory:";
@@ -149,7 +151,8 @@ int store_mode(int argc, char** argv, const options& o,
                        o.variants.empty() ? std::string("naive,epic") : o.variants);
   const auto rr = relokv_rag::run_reader(model, w, codec, variants, so);
   std::printf("\nreader (pid %d)", static_cast<int>(getpid()));
-  relokv_rag::print_reader(rr, relokv::redact_url(o.store));
+  relokv_rag::print_reader(rr,
+                           relokv::redact_url(o.store) + (so.seal.enabled() ? " (sealed)" : ""));
   return 0;
 }
 

@@ -91,6 +91,13 @@ void add_options(CLI::App& app, options& o) {
                  "writer instance caches every question's passages into it, then a reader "
                  "instance with an empty pool answers the questions reusing them (variants "
                  "default to full,naive,epic)");
+  app.add_option("--store-key-file", o.store_key_file,
+                 "with --store: seal every stored block (AES-256-GCM) with the key in this file "
+                 "(32 bytes or 64 hex digits, mode 0600); a block that does not open is a miss")
+      ->check(CLI::ExistingFile);
+  app.add_option("--store-key-env", o.store_key_env,
+                 "with --store: as --store-key-file, the key (64 hex digits) in this environment "
+                 "variable");
   app.add_option("--role", o.role,
                  "with --store: writer, reader, or both (the writer as a second process, then "
                  "the reader here; one process for memory:)")

@@ -19,6 +19,7 @@ struct options {
   bool quiet = false, synthetic = false, generator = false;
   std::string variants;
   std::string store, role = "both";
+  std::string store_key_file, store_key_env;  ///< seal the store's blocks (sealed_store)
   std::int32_t first_k = 16;
   float topk = 0.15f;
   relokv_rag::run_options run;

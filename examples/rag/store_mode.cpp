@@ -25,7 +25,7 @@ template <class P>
 writer_report writer_with(std::shared_ptr<const relokv_engine::llama_model> model,
                           const workload& w, const store_mode_options& opt) {
   relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16,
-                                     relokv::any_store::from_url(opt.url));
+                                     relokv::any_store::from_url(opt.url, opt.seal));
   writer_report out;
   const auto t0 = clock_type::now();
   std::vector<bool> done(w.corpus.size(), false);
@@ -50,7 +50,7 @@ reader_report reader_with(std::shared_ptr<const relokv_engine::llama_model> mode
                           const std::vector<variant>& variants, const store_mode_options& opt) {
   relokv_engine::llama_engine<P> full(model, opt.num_blocks);
   relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16,
-                                     relokv::any_store::from_url(opt.url));
+                                     relokv::any_store::from_url(opt.url, opt.seal));
   const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
   reader_report rep;
   rep.rows.resize(variants.size());
@@ -147,16 +147,17 @@ void print_reader(const reader_report& r, const std::string& url) {
   const auto& s = r.stats;
   std::printf(
       "store: %lld lookups, %lld hits, %lld misses, %lld rejected (checksum %lld, fingerprint "
-      "%lld, identity %lld, malformed %lld), %lld unavailable calls, %lld reconnects; %.1f MiB "
-      "fetched\n",
+      "%lld, identity %lld, malformed %lld, provenance %lld), %lld not opened, %lld unavailable "
+      "calls, %lld reconnects; %.1f MiB fetched\n",
       static_cast<long long>(s.store_lookups), static_cast<long long>(s.store_hits),
       static_cast<long long>(s.store_misses), static_cast<long long>(s.store_rejected_total()),
       static_cast<long long>(s.store_rejected[static_cast<int>(relokv::block_check::kChecksum)]),
       static_cast<long long>(s.store_rejected[static_cast<int>(relokv::block_check::kFingerprint)]),
       static_cast<long long>(s.store_rejected[static_cast<int>(relokv::block_check::kIdentity)]),
       static_cast<long long>(s.store_rejected[static_cast<int>(relokv::block_check::kMalformed)]),
-      static_cast<long long>(s.store_unavailable), static_cast<long long>(r.counters.reconnects),
-      double(s.store_bytes_read) / (1 << 20));
+      static_cast<long long>(s.store_rejected[static_cast<int>(relokv::block_check::kProvenance)]),
+      static_cast<long long>(r.counters.open_failures), static_cast<long long>(s.store_unavailable),
+      static_cast<long long>(r.counters.reconnects), double(s.store_bytes_read) / (1 << 20));
 }
 
 }  // namespace relokv_rag

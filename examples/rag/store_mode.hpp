@@ -8,13 +8,15 @@
 #include <vector>
 
 #include <relokv/cache/relocatable_cache.hpp>
+#include <relokv/store/sealed_store.hpp>
 
 #include "rag.hpp"
 
 namespace relokv_rag {
 
 struct store_mode_options {
-  std::string url;  ///< memory:, file:DIR or redis://HOST[:PORT]
+  std::string url;            ///< memory:, file:DIR or redis://HOST[:PORT]
+  relokv::seal_options seal;  ///< a key file or variable: blocks are sealed (sealed_store)
   std::string placement = "block_relative";
   std::int32_t num_blocks = 1024;
   std::int32_t max_answer = 16;

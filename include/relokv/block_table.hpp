@@ -16,6 +16,32 @@ enum class block_status : std::uint8_t {
   kRelocatedHit,  ///< content key hit: same span in the same context, now at another position
 };
 
+/// How a cached block's K/V were computed (its provenance), kept in the pool and the store.
+struct block_origin {
+  /// Computed right after its own context (a span after its prefix, a dependent segment after
+  /// its window) and after blocks that were canonical too: no other request text shaped it.
+  bool canonical = false;
+  std::uint64_t principal = 0;  ///< who computed it: the principal of the request
+  friend bool operator==(const block_origin&, const block_origin&) = default;
+};
+
+/// Which relocated hits a cache serves, by the provenance of their K/V. A span's K/V computed
+/// after some other text carry that text into every prompt that reuses them at another
+/// position (HijackKV, arXiv 2607.19957); exact-context hits are never affected.
+enum class provenance_policy : std::uint8_t {
+  /// A relocated hit only from a canonical compilation or from a block computed by the
+  /// request's own principal (the default).
+  kCanonicalOrSamePrincipal,
+  kPermissive,  ///< every relocated hit that verifies, whoever computed it and after what
+};
+
+/// Whether `policy` serves a relocated hit of `origin` to a request of `principal`.
+[[nodiscard]] constexpr bool serves(provenance_policy policy, const block_origin& origin,
+                                    std::uint64_t principal) noexcept {
+  return policy == provenance_policy::kPermissive || origin.canonical ||
+         origin.principal == principal;
+}
+
 /// One entry of a request's block table: what attention reads.
 struct block_entry {
   block_id block = kNoBlock;

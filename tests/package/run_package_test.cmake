@@ -27,7 +27,8 @@ elseif(MODE STREQUAL "add_subdirectory")
   run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/build ${common} -DCONSUME=add_subdirectory
       -DRELOKV_SOURCE_DIR=${SRC})
 elseif(MODE STREQUAL "vendored")
-  # A vendor tree holds a copy of include/ alone, compiled with a plain compiler command.
+  # A vendor tree holds a copy of include/ alone, compiled with a plain compiler command
+  # (and linked with libcrypto, which the stored blocks need: README, Dependencies).
   file(COPY ${SRC}/include/ DESTINATION ${WORK}/vendor/include)
   string(REPLACE "." ";" v "${VERSION}")
   list(GET v 0 vmaj)
@@ -35,7 +36,7 @@ elseif(MODE STREQUAL "vendored")
   list(GET v 2 vpat)
   run(${CXX} -std=c++20 -Wall -Wextra -Werror -I${WORK}/vendor/include
       -DEXPECTED_MAJOR=${vmaj} -DEXPECTED_MINOR=${vmin} -DEXPECTED_PATCH=${vpat}
-      ${consumer}/main.cpp -o ${WORK}/consumer)
+      ${consumer}/main.cpp -o ${WORK}/consumer -lcrypto)
   run(${WORK}/consumer)
   return()
 else()

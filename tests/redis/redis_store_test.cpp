@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <relokv/store/any_store.hpp>
 #include <relokv/store/redis_store.hpp>
+#include <relokv/store/sealed_store.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -170,6 +172,75 @@ TEST_CASE("redis: ACL users per tenant, a Unix socket, a wrong password", "[redi
   (void)wa.serve(rag({&kA, &kB}));
   CHECK(ra.serve(rag({&kB, &kA})).store_hits == 6);
   CHECK(rb.serve(rag({&kB, &kA})).store_hits == 0);  // Bob cannot see Alice's spans
+}
+
+TEST_CASE("redis: a co-tenant forges a victim's entries: served without keys, never with",
+          "[redis][seal]") {
+  // The co-tenant holds another key (or none) on the same server and can write the victim's
+  // keys (no ACL here): it reads every entry, replaces the K/V, recomputes the checksum (and,
+  // for a sealed entry, strips the seal it cannot recompute) and writes it back.
+  relokv_test::redis_server server;
+  const auto victim_key = relokv::seal_key::from_hex(
+      "1111111111111111111111111111111111111111111111111111111111111111", "victim");
+  const bool sealed = GENERATE(false, true);
+  const auto store = [&] {
+    return sealed
+               ? relokv::any_store(relokv::sealed_store<redis_store>(connect(server), victim_key))
+               : relokv::any_store(connect(server));
+  };
+  const auto request = rag({&kA, &kB});
+  instance<relokv::any_store> writer(store());
+  (void)writer.serve(request);
+  const auto names = all_keys(server);
+  REQUIRE(names.size() == 6);
+  for (const auto& n : names) {
+    const std::string v = get_raw(server, n);
+    std::vector<std::byte> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size());
+    b = sealed ? strip_and_forge(std::move(b)) : forge(std::move(b));
+    REQUIRE(server.run({"SET", n, std::string(reinterpret_cast<const char*>(b.data()), b.size())}));
+  }
+  instance<relokv::any_store> reader(store());
+  auto p = reader.cache.plan(request);
+  REQUIRE(p.ok());
+  compute(reader.kv, request, p);
+  if (sealed) {
+    CHECK(p.store_hits == 0);  // 0 forged blocks served
+    CHECK(reader.cache.store().counters().open_failures == 6);
+    CHECK(holds_request(reader.kv, request, p));
+  } else {
+    CHECK(p.store_hits == 6);  // without keys, every forged block is served as verified
+    CHECK_FALSE(holds_request(reader.kv, request, p));
+  }
+  reader.cache.release(p.id);
+}
+
+TEST_CASE("redis: sealed tenants under ACL users: each reads its own, the run answers all",
+          "[redis][seal]") {
+  relokv_test::redis_server server;
+  REQUIRE(server.run({"ACL", "SETUSER", "alice", "on", ">pw-a", "~relokv:alice:*", "+@all"}));
+  REQUIRE(server.run({"ACL", "SETUSER", "bob", "on", ">pw-b", "~relokv:bob:*", "+@all"}));
+  const auto key = relokv::seal_key::from_hex(
+      "2222222222222222222222222222222222222222222222222222222222222222", "ops");
+  const auto store_for = [&](const std::string& user, const std::string& pw,
+                             const std::string& prefix) {
+    auto o = redis_store_options::from_url("redis://" + user + ":" + pw + "@127.0.0.1:" +
+                                           std::to_string(server.port()) + "?prefix=" + prefix);
+    return relokv::sealed_store<redis_store>(redis_store(o), key);
+  };
+  const relokv::extra_keys alice{0, 0, 0xa11ce}, bob{0, 0, 0xb0b};
+  instance<relokv::sealed_store<redis_store>> wa(store_for("alice", "pw-a", "relokv:alice:"));
+  (void)wa.serve(rag({&kA, &kB}), true, alice);
+  // Bob's user pointed at Alice's prefix: refused key by key (a miss each), and his request is
+  // answered with the right K/V (serve checks every slot).
+  instance<relokv::sealed_store<redis_store>> nosy(store_for("bob", "pw-b", "relokv:alice:"));
+  const auto p = nosy.serve(rag({&kB, &kA}), true, bob);
+  CHECK(p.store_hits == 0);
+  CHECK(nosy.cache.store().counters().denied >= 6);
+  // Alice reads hers, sealed, at new positions.
+  instance<relokv::sealed_store<redis_store>> ra(store_for("alice", "pw-a", "relokv:alice:"));
+  CHECK(ra.serve(rag({&kB, &kA}), true, alice).store_hits == 6);
+  CHECK(ra.cache.store().counters().open_failures == 0);
 }
 
 TEST_CASE("redis_store: binary entries round trip in one batch", "[redis]") {

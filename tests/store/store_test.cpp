@@ -37,9 +37,22 @@ using relokv::token_t;
 namespace {
 using namespace relokv_test::store_fixture;
 
-/// An encoded block with a recognizable payload, for the format tests.
-std::vector<std::byte> sample_block(relokv::block_header& h, std::vector<std::uint32_t>& chain,
-                                    std::vector<token_t>& ctx, std::vector<token_t>& toks) {
+/// The identity digest of a span block after `earlier` (tag, tokens) blocks of its span, bound
+/// to context `ctx`.
+relokv::sha256_digest span_digest(
+    std::span<const token_t> ctx,
+    const std::vector<std::pair<std::uint32_t, std::vector<token_t>>>& earlier) {
+  relokv::identity_chain c;
+  c.begin_content(ctx);
+  for (const auto& [tag, t] : earlier) c.absorb(tag, t);
+  return c.digest();
+}
+
+/// An encoded block with a recognizable payload, for the format tests: the second block (12
+/// tokens) of a span bound to a 5-token context.
+std::vector<std::byte> sample_block(relokv::block_header& h, relokv::block_identity& id,
+                                    std::vector<token_t>& ctx, std::vector<token_t>& first,
+                                    std::vector<token_t>& toks) {
   h.fingerprint = kFp;
   h.key = {7, 9};
   h.layout = relokv::host_kv_storage<float>(kShape).block_layout();
@@ -48,12 +61,14 @@ std::vector<std::byte> sample_block(relokv::block_header& h, std::vector<std::ui
   h.len = 12;
   h.pos0 = 48;
   h.extras = {1, 2, 3};
-  chain = {0x101, 16, 1, 12};
+  h.origin = {true, 77};
   ctx = seq(10, 5);
-  toks = seq(100, 28);
+  first = seq(100, 16);
+  toks = seq(116, 12);
+  id = {span_digest(ctx, {{0x101, first}}), 1, toks};
   std::vector<std::byte> out;
   relokv::encode_block(
-      h, {chain, ctx, toks},
+      h, id,
       [](std::span<std::byte> p) {
         for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::byte>(i * 31 + 7);
       },
@@ -61,20 +76,25 @@ std::vector<std::byte> sample_block(relokv::block_header& h, std::vector<std::ui
   return out;
 }
 
+void rechecksum(std::vector<std::byte>& b) {
+  const std::uint64_t sum = XXH3_64bits(b.data(), b.size() - 8);
+  std::memcpy(b.data() + b.size() - 8, &sum, 8);
+}
+
 }  // namespace
 
 TEST_CASE("block format: round trip and every rejection", "[store][format]") {
   relokv::block_header h;
-  std::vector<std::uint32_t> chain;
-  std::vector<token_t> ctx, toks;
-  const auto bytes = sample_block(h, chain, ctx, toks);
-  REQUIRE(bytes.size() == relokv::encoded_block_bytes(h, {chain, ctx, toks}));
-  const relokv::block_identity id{chain, ctx, toks};
+  relokv::block_identity id;
+  std::vector<token_t> ctx, first, toks;
+  const auto bytes = sample_block(h, id, ctx, first, toks);
+  REQUIRE(bytes.size() == relokv::encoded_block_bytes(h, id));
 
   const auto d = relokv::decode_block(bytes, kFp, h.layout);
   REQUIRE(d.check == block_check::kOk);
   CHECK(d.header.len == 12);
   CHECK(d.header.pos0 == 48);
+  CHECK(d.header.origin == relokv::block_origin{true, 77});
   CHECK(d.payload.size() == h.layout.payload_bytes(12));
   CHECK(static_cast<std::size_t>(d.payload.data() - bytes.data()) % 64 == 0);
   CHECK(d.payload[5] == static_cast<std::byte>(5 * 31 + 7));
@@ -82,19 +102,34 @@ TEST_CASE("block format: round trip and every rejection", "[store][format]") {
 
   SECTION("identity: any field that differs is another block") {
     auto other_tok = toks;
-    other_tok[27] += 1;
+    other_tok[11] += 1;
     auto other_ctx = ctx;
     other_ctx[0] += 1;
-    auto other_chain = chain;
-    other_chain[2] = 3;  // another segment kind
+    auto other_first = first;
+    other_first[3] += 1;
+    const relokv::block_identity by_tok{id.before, id.tag, other_tok};
+    const relokv::block_identity by_ctx{span_digest(other_ctx, {{0x101, first}}), id.tag, toks};
+    const relokv::block_identity by_chain{span_digest(ctx, {{0x101, other_first}}), id.tag, toks};
+    const relokv::block_identity by_tag{span_digest(ctx, {{0x301, first}}), id.tag, toks};
+    const relokv::block_identity by_own_tag{id.before, 3, toks};
+    const relokv::block_identity shorter{id.before, id.tag, std::span(toks).first(11)};
     CHECK_FALSE(relokv::same_identity(d, {7, 10}, h.kind, h.extras, id));
     CHECK_FALSE(relokv::same_identity(d, h.key, relokv::store_entry_kind::kContext, h.extras, id));
     CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, {1, 2, 4}, id));
-    CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, h.extras, {chain, ctx, other_tok}));
-    CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, h.extras, {chain, other_ctx, toks}));
-    CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, h.extras, {other_chain, ctx, toks}));
-    CHECK_FALSE(
-        relokv::same_identity(d, h.key, h.kind, h.extras, {chain, ctx, std::span(toks).first(27)}));
+    for (const auto* other : {&by_tok, &by_ctx, &by_chain, &by_tag, &by_own_tag, &shorter})
+      CHECK_FALSE(relokv::same_identity(d, h.key, h.kind, h.extras, *other));
+  }
+  SECTION("identity: bounded, whatever precedes the block") {
+    // Version 1 stored every token before a block: its bytes grew with position.
+    const auto long_ctx = seq(0, 30000);
+    const relokv::block_identity far{span_digest(long_ctx, {{0x101, first}}), 1, toks};
+    CHECK(relokv::encoded_block_bytes(h, far) == bytes.size());
+    CHECK(far.before != id.before);
+    // A context chain and a content chain over the same tokens never share a digest.
+    relokv::identity_chain c;
+    c.begin_context();
+    c.absorb(0x101, first);
+    CHECK(c.digest() != id.before);
   }
   SECTION("another model, RoPE configuration or layout") {
     CHECK(relokv::decode_block(bytes, kFp + 1, h.layout).check == block_check::kFingerprint);
@@ -124,10 +159,15 @@ TEST_CASE("block format: round trip and every rejection", "[store][format]") {
   }
   SECTION("another version, even with a valid checksum") {
     auto b = bytes;
-    b[4] = std::byte{2};
-    const std::uint64_t sum = XXH3_64bits(b.data(), b.size() - 8);
-    std::memcpy(b.data() + b.size() - 8, &sum, 8);
+    b[4] = std::byte{1};  // version 1: identities of unbounded size
+    rechecksum(b);
     CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kVersion);
+  }
+  SECTION("a sealed block reaches a reader without the key: kSealed, never used") {
+    auto b = bytes;
+    b[relokv::kBlockSealOffset] = std::byte{1};
+    rechecksum(b);
+    CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kSealed);
   }
   SECTION("a payload of no size this layout has is rejected before it is hashed") {
     // A blob of another layout's size with a wrong checksum: the size check comes first, so
@@ -141,11 +181,15 @@ TEST_CASE("block format: round trip and every rejection", "[store][format]") {
     CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kChecksum);
   }
   SECTION("sizes that lie are malformed, not read past") {
+    for (const std::uint32_t lie : {0x7fffffffu, 11u, 13u}) {
+      auto b = bytes;
+      std::memcpy(b.data() + relokv::kBlockHeaderBytes + relokv::kBlockDigestBytes + 4, &lie, 4);
+      rechecksum(b);
+      CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kMalformed);
+    }
     auto b = bytes;
-    const std::uint32_t huge = 0x7fffffff;
-    std::memcpy(b.data() + 68, &huge, 4);  // n_tokens
-    const std::uint64_t sum = XXH3_64bits(b.data(), b.size() - 8);
-    std::memcpy(b.data() + b.size() - 8, &sum, 8);
+    b[61] = std::byte{2};  // an origin that is neither
+    rechecksum(b);
     CHECK(relokv::decode_block(b, kFp, h.layout).check == block_check::kMalformed);
   }
 }

@@ -7,6 +7,8 @@
 #include <relokv/layout/builder.hpp>
 #include <relokv/memory/host_kv_storage.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -86,8 +88,8 @@ struct instance {
               relokv::store_options{fp, kv.block_layout()}) {}
   /// One request, start to end: plan, compute, commit (writing through), release.
   relokv::reuse_plan serve(const relokv::request_layout& l, bool commit = true,
-                           const relokv::extra_keys& x = {}) {
-    auto p = cache.plan(l, x);
+                           const relokv::extra_keys& x = {}, std::uint64_t principal = 0) {
+    auto p = cache.plan(l, x, principal);
     REQUIRE(p.ok());
     compute(kv, l, p);
     CHECK(holds_request(kv, l, p));
@@ -96,6 +98,25 @@ struct instance {
     return p;
   }
 };
+
+/// The forgery anyone who can write to the store can make of an unsealed entry: its header and
+/// identity kept, the K/V replaced (every byte 0x7f), the checksum recomputed.
+inline std::vector<std::byte> forge(std::vector<std::byte> b) {
+  std::uint32_t off = 0, len = 0;
+  std::memcpy(&off, b.data() + 96, 4);
+  std::memcpy(&len, b.data() + 100, 4);
+  std::fill_n(b.begin() + off, len, std::byte{0x7f});
+  const std::uint64_t sum = XXH3_64bits(b.data(), b.size() - 8);
+  std::memcpy(b.data() + b.size() - 8, &sum, 8);
+  return b;
+}
+/// The best a writer without the key can do with a sealed entry: strip the seal, then forge.
+inline std::vector<std::byte> strip_and_forge(std::vector<std::byte> b) {
+  b.resize(b.size() - 16);
+  b[60] = std::byte{0};
+  std::fill_n(b.begin() + 112, 12, std::byte{0});
+  return forge(std::move(b));
+}
 
 inline int count_tier(const relokv::reuse_plan& p, block_tier t) {
   int n = 0;

@@ -16,14 +16,16 @@ struct cache_stats {
   std::int64_t misses = 0;
   std::int64_t evictions = 0;
   std::int64_t out_of_blocks = 0;
+  /// Relocated pool hits the provenance policy did not serve (computed instead).
+  std::int64_t provenance_denied = 0;
   // The store tier (zero without a store).
   std::int64_t store_lookups = 0;      ///< pool misses looked up in the store
   std::int64_t store_hits = 0;         ///< verified fetches that became hits
   std::int64_t store_misses = 0;       ///< no entry under the key
   std::int64_t store_unavailable = 0;  ///< store calls that were not answered
   /// Entries fetched and rejected, indexed by their block_check (malformed, version,
-  /// checksum, fingerprint, layout, identity; [0], kOk, stays 0).
-  std::int64_t store_rejected[7] = {};
+  /// checksum, fingerprint, layout, identity, sealed, provenance; [0], kOk, stays 0).
+  std::int64_t store_rejected[9] = {};
   std::int64_t store_writes = 0;          ///< blocks commit handed the store (queued, write-behind)
   std::int64_t store_write_failures = 0;  ///< blocks a put did not store
   std::int64_t store_bytes_read = 0, store_bytes_written = 0;

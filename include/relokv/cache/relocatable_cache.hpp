@@ -123,9 +123,10 @@ class relocatable_cache {
           std::to_string(block_size) + " (got " + std::to_string(l.block_size) + ")");
   }
 
-  /// Plans a request with the cache's strategy. See plan(layout, strategy, extras).
-  [[nodiscard]] reuse_plan plan(const request_layout& layout, const extra_keys& extras = {}) {
-    return plan(layout, strategy_, extras);
+  /// Plans a request with the cache's strategy. See plan(layout, strategy, extras, principal).
+  [[nodiscard]] reuse_plan plan(const request_layout& layout, const extra_keys& extras = {},
+                                std::uint64_t principal = 0) {
+    return plan(layout, strategy_, extras, principal);
   }
 
   /// Looks up every block (context key first, then content key), lets `strategy` choose the
@@ -134,13 +135,18 @@ class relocatable_cache {
   /// has status kOutOfBlocks and nothing was taken or evicted; such a plan carries the id
   /// kNoRequest, which commit() and release() reject with an error (they can never end
   /// another request), and its counters are zero.
+  ///
+  /// `principal` names who submits the request (a user, an API key), for the provenance
+  /// policy: a relocated hit whose K/V another principal computed after other text is not
+  /// served under the default policy (see provenance_policy). Requests of one principal
+  /// (the default 0, for an engine that serves one user) share everything.
   /// @throws error if layout.block_size differs from the cache's; layout_error (rule
   ///         kMalformedLayout, naming the field) if the layout breaks an invariant of
   ///         check_layout, as only a hand-built one can. Nothing changes in either case.
   [[nodiscard]] reuse_plan plan(const request_layout& layout, const RecomputeStrategy& strategy,
-                                const extra_keys& extras = {}) {
+                                const extra_keys& extras = {}, std::uint64_t principal = 0) {
     reuse_plan p;
-    plan_into(layout, strategy, extras, p);
+    plan_into(layout, strategy, extras, p, principal);
     return p;
   }
 
@@ -148,7 +154,7 @@ class relocatable_cache {
   /// state). Whatever `p` held before is overwritten, its id first: a plan that fails (by
   /// exception or kOutOfBlocks) never keeps an earlier request's id.
   void plan_into(const request_layout& layout, const RecomputeStrategy& strategy,
-                 const extra_keys& extras, reuse_plan& p) {
+                 const extra_keys& extras, reuse_plan& p, std::uint64_t principal = 0) {
     p.id = kNoRequest;
     p.exact_hits = p.relocated_hits = p.misses = p.tokens_to_compute = p.store_hits = 0;
     p.fetches.clear();
@@ -160,6 +166,7 @@ class relocatable_cache {
     derive_block_keys(hash_, layout, extras, keys_);
     request_state& rs = new_state();
     rs.extras = extras;
+    rs.principal = principal;
     rs.tokens.assign(layout.tokens.begin(), layout.tokens.end());
     rs.blocks.assign(layout.blocks.begin(), layout.blocks.end());
     rs.segments.assign(layout.segments.begin(), layout.segments.end());
@@ -168,9 +175,12 @@ class relocatable_cache {
     rs.segment_context = keys_.segment_context;
     rs.ident.assign(static_cast<std::size_t>(nb), kNoBlock);
     rs.exact.assign(static_cast<std::size_t>(nb), 0);
+    rs.canonical.assign(static_cast<std::size_t>(nb), 0);
     if constexpr (kHasStore) {
       rs.src_pos0.assign(static_cast<std::size_t>(nb), 0);
       rs.keep_out.assign(static_cast<std::size_t>(nb), 0);
+      rs.fetched_origin.assign(static_cast<std::size_t>(nb), block_origin{});
+      rs.id_ready = false;
     }
     rs.held.clear();
 
@@ -189,6 +199,7 @@ class relocatable_cache {
 
     // 1. Lookup.
     bool chain_exact = true;
+    std::int64_t denied = 0;
     for (std::int32_t b = 0; b < nb; ++b) {
       const auto bi = static_cast<std::size_t>(b);
       const block_extent& e = layout.blocks[bi];
@@ -205,6 +216,10 @@ class relocatable_cache {
       if (hit == kNoBlock && e.sealed && detail::relocatable(seg)) {
         hit = lookup(content_index_, keys_.content[bi]);
         if (hit != kNoBlock && !verify_chain(rs, b, hit, false)) hit = kNoBlock;
+        if (hit != kNoBlock && !serves(provenance_, meta_of(hit).origin, principal)) {
+          hit = kNoBlock;
+          ++denied;
+        }
         if (hit != kNoBlock) status_[bi] = block_status::kRelocatedHit;
       }
       // Exact lookups continue only along an unbroken chain of exact hits: the chain walk's
@@ -220,7 +235,8 @@ class relocatable_cache {
     }
     if constexpr (kHasStore) {
       if (tier_.opts.read)
-        tier_.fetch(layout, strategy, rs, p, status_, stats_, block_size_, RopePlacement::kind);
+        tier_.fetch(layout, strategy, rs, p, status_, stats_, block_size_, RopePlacement::kind,
+                    provenance_);
     }
 
     // 2. Strategy.
@@ -312,6 +328,7 @@ class relocatable_cache {
     stats_.relocated_hits += p.relocated_hits;
     stats_.misses += p.misses;
     stats_.store_hits += p.store_hits;
+    stats_.provenance_denied += denied;
   }
 
   /// Registers the request's new, sealed blocks under their keys so that later requests reuse
@@ -357,6 +374,7 @@ class relocatable_cache {
       rs.segment_entry[s] =
           detail::relocatable(rs.segments[s]) ? find_context(rs, static_cast<std::int32_t>(s)) : -1;
     const auto nb = rs.blocks.size();
+    mark_canonical(rs);
     for (std::size_t bi = 0; bi < nb; ++bi) {
       const planned_block& pb = rs.plan_blocks[bi];
       const block_extent& e = rs.blocks[bi];
@@ -372,6 +390,7 @@ class relocatable_cache {
       m.tag = block_tag(seg, b == seg.first_block);
       m.stored_pos0 = pb.fresh ? e.pos0 : rs.src_pos0[bi];
       m.extras = rs.extras;
+      m.origin = origin_of(rs, bi);
       std::copy_n(rs.tokens.begin() + e.pos0, e.len, block_tokens(reg));
       bool cached = false;
       // Children link to the indexed copy of their parent when there is one (the canonical
@@ -408,7 +427,19 @@ class relocatable_cache {
             m.content_key = rs.content_key[bi];
             cached = true;
           } else if (verify_chain(rs, b, it->second, false)) {
-            rs.content_link[bi] = it->second;
+            block_meta& held = meta_of(it->second);
+            if (m.origin.canonical && !serves(provenance_, held.origin, rs.principal)) {
+              // A canonical compilation replaces K/V computed after other text that the policy
+              // kept from this request: from now on every principal can reuse the span (the
+              // replaced block keeps its chain links).
+              held.in_content = false;
+              it->second = reg;
+              m.in_content = true;
+              m.content_key = rs.content_key[bi];
+              cached = true;
+            } else {
+              rs.content_link[bi] = it->second;
+            }
           }
         }
       }
@@ -451,6 +482,12 @@ class relocatable_cache {
   }
 
   [[nodiscard]] const cache_stats& stats() const noexcept { return stats_; }
+  /// Which relocated hits the cache serves (default kCanonicalOrSamePrincipal). Applies to
+  /// plans made after the call, pool and store alike; exact-context hits are never affected.
+  void set_provenance_policy(provenance_policy policy) noexcept { provenance_ = policy; }
+  [[nodiscard]] provenance_policy provenance() const noexcept { return provenance_; }
+  /// How a cached block's K/V were computed (valid for cached blocks).
+  [[nodiscard]] block_origin origin_of(block_id b) const noexcept { return meta_of(b).origin; }
   [[nodiscard]] const BlockAllocator& allocator() const noexcept { return alloc_; }
   [[nodiscard]] const HashScheme& hash() const noexcept { return hash_; }
   [[nodiscard]] const RecomputeStrategy& strategy() const noexcept { return strategy_; }
@@ -513,6 +550,39 @@ class relocatable_cache {
     (void)rs;
     (void)bi;
     return pb.source == kNoBlock ? 0 : meta_of(pb.source).stored_pos0;
+  }
+  /// Whether the K/V of each block of a committed request are canonical (block_origin): a
+  /// block the request computed is when its segment starts right after its own context (or
+  /// its key binds everything before it) and the blocks before it in the segment are; a reused
+  /// block keeps its source's origin (a private copy the request recomputed tokens of, only
+  /// at a canonical position).
+  void mark_canonical(request_state& rs) const {
+    for (std::size_t bi = 0; bi < rs.blocks.size(); ++bi) {
+      const planned_block& pb = rs.plan_blocks[bi];
+      const block_extent& e = rs.blocks[bi];
+      const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
+      const auto b = static_cast<std::int32_t>(bi);
+      const bool in_place = !detail::relocatable(seg) ||
+                            (static_cast<std::int32_t>(
+                                 detail::context_tokens(rs, e.segment).size()) == seg.first_token &&
+                             (b == seg.first_block || rs.canonical[bi - 1] != 0));
+      bool c = in_place;
+      if (!pb.fresh) {
+        const bool source = pb.tier == block_tier::kStore ? rs.fetched_origin[bi].canonical
+                            : pb.source == kNoBlock       ? false
+                                                          : meta_of(pb.source).origin.canonical;
+        c = source && (!pb.copy_on_write || in_place);
+      }
+      rs.canonical[bi] = c ? 1 : 0;
+    }
+  }
+  /// The origin a block registered by a committed request records.
+  block_origin origin_of(const request_state& rs, std::size_t bi) const {
+    const planned_block& pb = rs.plan_blocks[bi];
+    if constexpr (kHasStore) {
+      if (!pb.fresh && pb.tier == block_tier::kStore) return rs.fetched_origin[bi];
+    }
+    return {rs.canonical[bi] != 0, rs.principal};
   }
   /// A block for the request: allocated (the plan counted it free), its old keys forgotten.
   block_id take_block(request_state& rs) {
@@ -692,6 +762,7 @@ class relocatable_cache {
   std::vector<block_status> status_;
   std::vector<std::uint8_t> counted_;
   cache_stats stats_;
+  provenance_policy provenance_ = provenance_policy::kCanonicalOrSamePrincipal;
   detail::store_tier<KvStore> tier_;  ///< empty without a store
 };
 

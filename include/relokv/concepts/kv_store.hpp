@@ -69,6 +69,8 @@ struct store_counters {
   std::int64_t denied = 0;     ///< keys the server refused to this user (Redis ACL NOPERM): misses
   std::int64_t timeouts = 0;   ///< calls that reached their deadline (a slow or silent server)
   std::int64_t oversized = 0;  ///< replies or entries larger than any block: refused unread
+  /// Entries a sealed_store could not open (another key, forged, edited or unsealed): misses.
+  std::int64_t open_failures = 0;
 };
 
 /// A store of serialized blocks by key.

@@ -13,6 +13,7 @@
 #include "relokv/concepts/kv_store.hpp"
 #include "relokv/store/file_store.hpp"
 #include "relokv/store/memory_store.hpp"
+#include "relokv/store/sealed_store.hpp"
 #include "relokv/store/store_url.hpp"
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
 #include "relokv/store/redis_store.hpp"
@@ -59,6 +60,17 @@ class any_store {
     }
     throw error("store URL '" + shown +
                 "': expected memory:, file:DIR or redis://HOST[:PORT] (or unix:///PATH)");
+  }
+
+  /// As from_url(url), sealed (sealed_store) with the key `seal` names when it names one.
+  /// description() then ends in " (sealed)".
+  /// @throws error as from_url, and when the key cannot be loaded (seal_options::load)
+  [[nodiscard]] static any_store from_url(const std::string& url, const seal_options& seal) {
+    if (!seal.enabled()) return from_url(url);
+    const seal_key key = seal.load();
+    any_store plain = from_url(url);
+    std::string what = plain.what_ + " (sealed)";
+    return any_store(sealed_store<any_store>(std::move(plain), key), std::move(what));
   }
 
   explicit operator bool() const noexcept { return p_ != nullptr; }

@@ -3,31 +3,40 @@
 /// The stored block: a versioned, self-describing, checksummed serialization of one KV block,
 /// and the store key it is filed under.
 ///
-/// Byte layout, version 1 (all integers little-endian; offsets in bytes):
+/// Byte layout, version 2 (all integers little-endian; offsets in bytes):
 /// @code
-///   0   u32  magic "RKVB"                  64  u32  n_context: context tokens
-///   4   u16  version (1)                   68  u32  n_tokens: chain tokens
-///   6   u16  header bytes (128)            72  u64  extras.model_fingerprint
-///   8   u64  fingerprint (model, RoPE,     80  u64  extras.adapter_id
-///            placement: store_fingerprint) 88  u64  extras.tenant_salt
-///  16  u64  store key lo                   96  u64  payload offset (a multiple of 64)
-///  24  u64  store key hi                  104  u64  payload bytes
-///  32  u32  num_layers                    112  u64  total bytes, checksum included
-///  36  u32  num_kv_heads                  120  u64  reserved (0)
-///  40  u32  head_dim                      128  identity: n_chain x (u32 tag, u32 len),
-///  44  u32  block_size                             n_context x i32, n_tokens x i32;
-///  48  u8   dtype   49 u8 element bytes            zeros up to the payload offset
-///  50  u8   entry kind (0 context, 1 content)     payload: [layer][k|v][kv_head][slot<len][dim]
-///  51  u8   placement kind                 end-8  u64  XXH3-64 of every byte before it
-///  52  u32  len (valid slots)
-///  56  i32  pos0 (position of slot 0 when written; a pre_rotated key is rotated by it)
-///  60  u32  n_chain: blocks from the chain's start to this one
+///   0   u32  magic "RKVB"                  60  u8   seal (0 none, 1 AES-256-GCM: sealed_store)
+///   4   u16  version (2)                   61  u8   origin (0 in context, 1 canonical)
+///   6   u16  header bytes (128)            62  u16  reserved (0)
+///   8   u64  fingerprint (model, RoPE,     64  u64  origin principal (who computed it)
+///            placement: store_fingerprint) 72  u64  extras.model_fingerprint
+///  16  u64  store key lo                   80  u64  extras.adapter_id
+///  24  u64  store key hi                   88  u64  extras.tenant_salt
+///  32  u32  num_layers                     96  u32  payload offset (a multiple of 64)
+///  36  u32  num_kv_heads                  100  u32  payload bytes
+///  40  u32  head_dim                      104  u64  total bytes, checksum included
+///  44  u32  block_size                    112  u8[12] seal nonce (0 unsealed)
+///  48  u8   dtype   49 u8 element bytes   124  u32  reserved (0)
+///  50  u8   entry kind (0 context, 1 content)
+///  51  u8   placement kind                128  identity: u8[32] SHA-256 of what precedes the
+///  52  u32  len (valid slots)                  block, u32 tag, u32 n_tokens (= len),
+///  56  i32  pos0 (position of slot 0 when      n_tokens x i32; zeros up to the payload offset
+///            written; a pre_rotated key is     payload: [layer][k|v][kv_head][slot<len][dim]
+///            rotated by it)               end-8  u64  XXH3-64 of every byte before it
 /// @endcode
-/// The identity is what a pool hit is verified by: for a context entry (exact key) the tag,
-/// length and tokens of every block from the request's start; for a content entry (relocatable
-/// key) those of the span's blocks up to this one and the tokens of the context the span was
-/// computed in (the prefix, or a dependent segment's window). With the extra keys it makes a
-/// fetched block as trustworthy as a pool hit: a colliding key turns into a miss.
+/// The identity is what a pool hit is verified by, bounded: the block's own tag and tokens,
+/// and a SHA-256 digest (libcrypto) of what precedes it. For a context entry (exact key) that
+/// is the tag, length and tokens of every block from the request's start; for a content entry
+/// (relocatable key) those of the span's blocks before this one and the tokens of the context
+/// the span was computed in (the prefix, or a dependent segment's window). With the extra keys
+/// it makes a fetched block as trustworthy as a pool hit (a colliding key is a miss), while a
+/// block's format bytes stay the same at any position (version 1 stored every token before
+/// the block, so a long prompt's store overhead grew quadratically).
+///
+/// The origin says how the K/V were computed: canonical (the span computed right after its
+/// own context, e.g. a passage compiled after the system prompt) or in the context of some
+/// other request text, by `principal`. The provenance policy (cache_stats.hpp) serves a
+/// relocated hit of the latter only to the same principal.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -37,11 +46,13 @@
 #include <string>
 #include <vector>
 
+#include "relokv/block_table.hpp"
 #include "relokv/concepts/kv_store.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/hash/block_keys.hpp"
 #include "relokv/hash/xxh3.hpp"
 #include "relokv/rope/rope_config.hpp"
+#include "relokv/store/sha256.hpp"
 
 RELOKV_NAMESPACE_BEGIN
 
@@ -49,10 +60,17 @@ static_assert(std::endian::native == std::endian::little,
               "relokv's block format is defined little-endian; add byte swaps for this target");
 
 inline constexpr std::uint32_t kBlockMagic = 0x42564B52u;  // "RKVB"
-inline constexpr std::uint16_t kBlockFormatVersion = 1;
+inline constexpr std::uint16_t kBlockFormatVersion = 2;
 inline constexpr std::size_t kBlockHeaderBytes = 128;
 inline constexpr std::size_t kBlockPayloadAlign = 64;
 inline constexpr std::size_t kBlockChecksumBytes = 8;
+inline constexpr std::size_t kBlockDigestBytes = 32;
+/// Header offsets the sealing adapter (sealed_store.hpp) writes.
+inline constexpr std::size_t kBlockSealOffset = 60;
+inline constexpr std::size_t kBlockNonceOffset = 112;
+inline constexpr std::size_t kBlockNonceBytes = 12;
+inline constexpr std::size_t kBlockTenantSaltOffset = 88;
+inline constexpr std::size_t kBlockTotalOffset = 104;
 
 /// Which key a stored block is filed under.
 enum class store_entry_kind : std::uint8_t {
@@ -69,7 +87,10 @@ enum class block_check : std::uint8_t {
   kFingerprint,  ///< another model, RoPE configuration or placement
   kLayout,       ///< another KV layout (layers, heads, head_dim, dtype, block size)
   kIdentity,     ///< another block: key, kind, extra keys, tokens or context differ
+  kSealed,       ///< sealed for a key this reader does not have (it reads without one)
+  kProvenance,   ///< a relocated hit the provenance policy does not serve to this request
 };
+inline constexpr std::size_t kBlockCheckCount = 9;
 
 [[nodiscard]] constexpr const char* to_string(block_check c) noexcept {
   switch (c) {
@@ -87,6 +108,10 @@ enum class block_check : std::uint8_t {
       return "layout";
     case block_check::kIdentity:
       return "identity";
+    case block_check::kSealed:
+      return "sealed";
+    case block_check::kProvenance:
+      return "provenance";
   }
   return "?";
 }
@@ -140,13 +165,46 @@ struct block_header {
   std::int32_t len = 0;
   pos_t pos0 = 0;
   extra_keys extras{};
+  block_origin origin{};
 };
 
-/// A block's identity (see the file comment). chain holds (tag, len) per block of the chain.
+/// A block's identity (see the file comment): the digest of what precedes it (identity_chain)
+/// and its own tag and tokens.
 struct block_identity {
-  std::span<const std::uint32_t> chain;  ///< 2 x n_chain
-  std::span<const token_t> context;
+  sha256_digest before{};
+  std::uint32_t tag = 0;
   std::span<const token_t> tokens;
+};
+
+/// Builds the digests of block identities: one running SHA-256 per chain, absorbing each block
+/// after its own digest was taken, so a request's digests cost one pass over its tokens.
+class identity_chain {
+ public:
+  /// Starts the chain of context entries (every block from the request's start).
+  void begin_context() {
+    h_.reset();
+    h_.update_value(kContextDomain);
+  }
+  /// Starts the chain of a content entry's span, bound to the tokens of its context.
+  void begin_content(std::span<const token_t> context) {
+    h_.reset();
+    h_.update_value(kContentDomain);
+    h_.update_value(static_cast<std::uint64_t>(context.size()));
+    h_.update(context);
+  }
+  /// The digest of everything absorbed so far (the identity's `before` of the next block).
+  [[nodiscard]] sha256_digest digest() { return h_.peek(scratch_); }
+  /// Appends a block: its tag, length and tokens.
+  void absorb(std::uint32_t tag, std::span<const token_t> tokens) {
+    h_.update_value(tag);
+    h_.update_value(static_cast<std::uint32_t>(tokens.size()));
+    h_.update(tokens);
+  }
+
+ private:
+  static constexpr std::uint64_t kContextDomain = 0x7478632e766b6c72ull;  // "rlkv.ctx"
+  static constexpr std::uint64_t kContentDomain = 0x746e632e766b6c72ull;  // "rlkv.cnt"
+  sha256 h_, scratch_;
 };
 
 namespace detail {
@@ -160,27 +218,27 @@ inline T get_le(const std::byte* p) noexcept {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline std::size_t identity_bytes(const block_identity& id) noexcept {
-  return 4 * (id.chain.size() + id.context.size() + id.tokens.size());
+inline std::size_t identity_bytes(std::size_t n_tokens) noexcept {
+  return kBlockDigestBytes + 8 + 4 * n_tokens;
 }
 inline std::size_t payload_offset(std::size_t identity) noexcept {
   const std::size_t end = kBlockHeaderBytes + identity;
   return (end + kBlockPayloadAlign - 1) / kBlockPayloadAlign * kBlockPayloadAlign;
 }
 inline void write_identity(std::byte* p, const block_identity& id) noexcept {
-  if (!id.chain.empty()) std::memcpy(p, id.chain.data(), 4 * id.chain.size());
-  p += 4 * id.chain.size();
-  if (!id.context.empty()) std::memcpy(p, id.context.data(), 4 * id.context.size());
-  p += 4 * id.context.size();
-  if (!id.tokens.empty()) std::memcpy(p, id.tokens.data(), 4 * id.tokens.size());
+  std::memcpy(p, id.before.data(), kBlockDigestBytes);
+  put_le(p + kBlockDigestBytes, id.tag);
+  put_le(p + kBlockDigestBytes + 4, static_cast<std::uint32_t>(id.tokens.size()));
+  if (!id.tokens.empty())
+    std::memcpy(p + kBlockDigestBytes + 8, id.tokens.data(), 4 * id.tokens.size());
 }
 }  // namespace detail
 
 /// Bytes of a serialized block.
 [[nodiscard]] inline std::size_t encoded_block_bytes(const block_header& h,
                                                      const block_identity& id) noexcept {
-  return detail::payload_offset(detail::identity_bytes(id)) + h.layout.payload_bytes(h.len) +
-         kBlockChecksumBytes;
+  return detail::payload_offset(detail::identity_bytes(id.tokens.size())) +
+         h.layout.payload_bytes(h.len) + kBlockChecksumBytes;
 }
 
 /// Serializes a block into `out` (resized): header and identity, then `fill_payload(span)`
@@ -189,7 +247,7 @@ template <class FillPayload>
 void encode_block(const block_header& h, const block_identity& id, FillPayload&& fill_payload,
                   std::vector<std::byte>& out) {
   using detail::put_le;
-  const std::size_t ident = detail::identity_bytes(id);
+  const std::size_t ident = detail::identity_bytes(id.tokens.size());
   const std::size_t off = detail::payload_offset(ident);
   const std::size_t payload = h.layout.payload_bytes(h.len);
   const std::size_t total = off + payload + kBlockChecksumBytes;
@@ -211,15 +269,14 @@ void encode_block(const block_header& h, const block_identity& id, FillPayload&&
   put_le(p + 51, static_cast<std::uint8_t>(h.placement));
   put_le(p + 52, static_cast<std::uint32_t>(h.len));
   put_le(p + 56, static_cast<std::int32_t>(h.pos0));
-  put_le(p + 60, static_cast<std::uint32_t>(id.chain.size() / 2));
-  put_le(p + 64, static_cast<std::uint32_t>(id.context.size()));
-  put_le(p + 68, static_cast<std::uint32_t>(id.tokens.size()));
+  put_le(p + 61, static_cast<std::uint8_t>(h.origin.canonical ? 1 : 0));
+  put_le(p + 64, h.origin.principal);
   put_le(p + 72, h.extras.model_fingerprint);
   put_le(p + 80, h.extras.adapter_id);
   put_le(p + 88, h.extras.tenant_salt);
-  put_le(p + 96, static_cast<std::uint64_t>(off));
-  put_le(p + 104, static_cast<std::uint64_t>(payload));
-  put_le(p + 112, static_cast<std::uint64_t>(total));
+  put_le(p + 96, static_cast<std::uint32_t>(off));
+  put_le(p + 100, static_cast<std::uint32_t>(payload));
+  put_le(p + 104, static_cast<std::uint64_t>(total));
   detail::write_identity(p + kBlockHeaderBytes, id);
   fill_payload(std::span<std::byte>(p + off, payload));
   put_le(p + total - kBlockChecksumBytes, XXH3_64bits(p, total - kBlockChecksumBytes));
@@ -242,19 +299,24 @@ struct decoded_block {
   decoded_block d;
   const std::byte* p = bytes.data();
   const std::size_t n = bytes.size();
-  if (n < kBlockHeaderBytes + kBlockChecksumBytes || get_le<std::uint32_t>(p) != kBlockMagic)
-    return d;
+  constexpr std::size_t kSmallest = kBlockHeaderBytes + kBlockDigestBytes + 8 + kBlockChecksumBytes;
+  if (n < 8 || get_le<std::uint32_t>(p) != kBlockMagic) return d;
   if (get_le<std::uint16_t>(p + 4) != kBlockFormatVersion) {
     d.check = block_check::kVersion;
     return d;
   }
-  const std::uint64_t n_chain = get_le<std::uint32_t>(p + 60);
-  const std::uint64_t n_ctx = get_le<std::uint32_t>(p + 64);
-  const std::uint64_t n_tok = get_le<std::uint32_t>(p + 68);
-  const std::uint64_t off = get_le<std::uint64_t>(p + 96);
-  const std::uint64_t payload = get_le<std::uint64_t>(p + 104);
-  const std::uint64_t total = get_le<std::uint64_t>(p + 112);
-  const std::uint64_t ident = 4 * (2 * n_chain + n_ctx + n_tok);  // < 2^36: cannot overflow
+  if (n < kSmallest) return d;
+  // A sealed entry reaches decode only when the reader has no key (sealed_store opens it and
+  // clears the mark): it is not this reader's to use.
+  if (get_le<std::uint8_t>(p + kBlockSealOffset) != 0) {
+    d.check = block_check::kSealed;
+    return d;
+  }
+  const std::uint64_t n_tok = get_le<std::uint32_t>(p + kBlockHeaderBytes + kBlockDigestBytes + 4);
+  const std::uint64_t off = get_le<std::uint32_t>(p + 96);
+  const std::uint64_t payload = get_le<std::uint32_t>(p + 100);
+  const std::uint64_t total = get_le<std::uint64_t>(p + kBlockTotalOffset);
+  const std::uint64_t ident = detail::identity_bytes(n_tok);  // < 2^35: cannot overflow
   if (get_le<std::uint16_t>(p + 6) != kBlockHeaderBytes || total != n ||
       off != detail::payload_offset(ident) || off > n || payload > n - off ||
       off + payload + kBlockChecksumBytes != n)
@@ -286,6 +348,7 @@ struct decoded_block {
   h.pos0 = get_le<std::int32_t>(p + 56);
   h.extras = {get_le<std::uint64_t>(p + 72), get_le<std::uint64_t>(p + 80),
               get_le<std::uint64_t>(p + 88)};
+  h.origin = {get_le<std::uint8_t>(p + 61) == 1, get_le<std::uint64_t>(p + 64)};
   if (h.fingerprint != fingerprint) {
     d.check = block_check::kFingerprint;
     return d;
@@ -294,8 +357,9 @@ struct decoded_block {
     d.check = block_check::kLayout;
     return d;
   }
-  if (len == 0 || len > static_cast<std::uint32_t>(layout.block_size) ||
-      payload != layout.payload_bytes(static_cast<std::int32_t>(len)) || h.pos0 < 0)
+  if (len == 0 || len > static_cast<std::uint32_t>(layout.block_size) || n_tok != len ||
+      payload != layout.payload_bytes(static_cast<std::int32_t>(len)) || h.pos0 < 0 ||
+      get_le<std::uint8_t>(p + 61) > 1)
     return d;
   h.len = static_cast<std::int32_t>(len);
   d.identity = bytes.subspan(kBlockHeaderBytes, ident);
@@ -305,23 +369,20 @@ struct decoded_block {
 }
 
 /// True when a decoded block is the block `key`, `kind`, `extras` and `id` describe. Compares
-/// every byte of the identity: tags, lengths, tokens, context tokens.
+/// every byte of the identity: the digest of what precedes it, its tag and its tokens.
 [[nodiscard]] inline bool same_identity(const decoded_block& d, const store_key& key,
                                         store_entry_kind kind, const extra_keys& extras,
                                         const block_identity& id) noexcept {
   const block_header& h = d.header;
   if (!(h.key == key) || h.kind != kind || !(h.extras == extras) ||
-      d.identity.size() != detail::identity_bytes(id))
+      d.identity.size() != detail::identity_bytes(id.tokens.size()) ||
+      h.len != static_cast<std::int32_t>(id.tokens.size()))
     return false;
-  if (id.chain.size() < 2 || h.len != static_cast<std::int32_t>(id.chain.back())) return false;
   const std::byte* p = d.identity.data();
-  const auto eq = [&p](const auto& s) {
-    const std::size_t b = 4 * s.size();
-    const bool same = b == 0 || std::memcmp(p, s.data(), b) == 0;
-    p += b;
-    return same;
-  };
-  return eq(id.chain) && eq(id.context) && eq(id.tokens);
+  return std::memcmp(p, id.before.data(), kBlockDigestBytes) == 0 &&
+         detail::get_le<std::uint32_t>(p + kBlockDigestBytes) == id.tag &&
+         (id.tokens.empty() ||
+          std::memcmp(p + kBlockDigestBytes + 8, id.tokens.data(), 4 * id.tokens.size()) == 0);
 }
 
 RELOKV_NAMESPACE_END

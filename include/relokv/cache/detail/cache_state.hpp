@@ -11,6 +11,7 @@
 #include "relokv/cache/reuse_plan.hpp"
 #include "relokv/hash/block_keys.hpp"
 #include "relokv/layout/request_layout.hpp"
+#include "relokv/store/sha256.hpp"
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN
@@ -31,6 +32,7 @@ struct block_meta {
   std::int32_t len = 0;
   pos_t stored_pos0 = 0;
   extra_keys extras{};
+  block_origin origin{};
   bool in_ctx = false;
   bool in_content = false;
 };
@@ -49,6 +51,7 @@ struct request_state {
   bool live = false;
   bool committed = false;
   extra_keys extras{};
+  std::uint64_t principal = 0;
   std::vector<token_t> tokens;
   std::vector<block_extent> blocks;
   std::vector<segment> segments;
@@ -60,6 +63,11 @@ struct request_state {
   std::vector<std::uint8_t> exact;
   std::vector<pos_t> src_pos0;         ///< per hit: the position its keys were written at
   std::vector<std::uint8_t> keep_out;  ///< per block: not written to the store
+  /// Per block: whether its K/V are canonical (block_origin), for the blocks after it.
+  std::vector<std::uint8_t> canonical;
+  std::vector<block_origin> fetched_origin;  ///< per fetched block: its stored origin
+  std::vector<sha256_digest> id_before;      ///< per block: its identity digest (store tier)
+  bool id_ready = false;
   std::vector<block_id> held;
 };
 

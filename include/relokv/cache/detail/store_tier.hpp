@@ -22,6 +22,9 @@
 RELOKV_NAMESPACE_BEGIN
 namespace detail {
 
+static_assert(sizeof(cache_stats::store_rejected) / sizeof(std::int64_t) == kBlockCheckCount,
+              "cache_stats::store_rejected has one counter per block_check");
+
 template <class KvStore>
 class store_tier {
  public:
@@ -48,31 +51,17 @@ class store_tier {
         opts.fingerprint, kind, block_size, rs.extras,
         kind == store_entry_kind::kContent ? rs.content_key[bi] : rs.context_key[bi]);
   }
-  /// What a stored block is verified by (block_format.hpp): every block of its chain (from
-  /// the request's start for a context entry, from the span's start for a content entry)
-  /// with its tag, length and tokens, and the span's context tokens.
+  /// What a stored block is verified by (block_format.hpp): its tag and tokens, and the
+  /// SHA-256 of what precedes it (every block from the request's start for a context entry;
+  /// the span's context tokens and its blocks before this one for a content entry).
   template <class Key>
-  block_identity identity_of(const request_state<Key>& rs, std::size_t bi, store_entry_kind kind) {
+  block_identity identity_of(request_state<Key>& rs, std::size_t bi) {
+    if (!rs.id_ready) digest_identities(rs);
     const block_extent& e = rs.blocks[bi];
-    const std::int32_t seg_index = e.segment;
-    const auto start = kind == store_entry_kind::kContext
-                           ? std::size_t{0}
-                           : static_cast<std::size_t>(
-                                 rs.segments[static_cast<std::size_t>(seg_index)].first_block);
-    id_chain_.clear();
-    id_tokens_.clear();
-    for (std::size_t i = start; i <= bi; ++i) {
-      const block_extent& x = rs.blocks[i];
-      const segment& seg = rs.segments[static_cast<std::size_t>(x.segment)];
-      id_chain_.push_back(block_tag(seg, static_cast<std::int32_t>(i) == seg.first_block));
-      id_chain_.push_back(static_cast<std::uint32_t>(x.len));
-      id_tokens_.insert(id_tokens_.end(), rs.tokens.begin() + x.pos0,
-                        rs.tokens.begin() + x.pos0 + x.len);
-    }
-    const std::span<const token_t> ctx = kind == store_entry_kind::kContent
-                                             ? context_tokens(rs, seg_index)
-                                             : std::span<const token_t>{};
-    return {id_chain_, ctx, id_tokens_};
+    const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
+    return {rs.id_before[bi], block_tag(seg, static_cast<std::int32_t>(bi) == seg.first_block),
+            std::span<const token_t>(rs.tokens).subspan(static_cast<std::size_t>(e.pos0),
+                                                        static_cast<std::size_t>(e.len))};
   }
 
   /// Looks the pool's misses up in the store, in one batched get; a verified entry becomes a
@@ -82,7 +71,7 @@ class store_tier {
   template <class Key, class Strategy>
   void fetch(const request_layout& layout, const Strategy& strategy, request_state<Key>& rs,
              reuse_plan& p, std::vector<block_status>& status_, cache_stats& stats_,
-             std::int32_t block_size, placement_kind placement) {
+             std::int32_t block_size, placement_kind placement, provenance_policy provenance) {
     const auto nb = static_cast<std::size_t>(layout.num_blocks());
     fetch_keys_.clear();
     fetch_blocks_.clear();
@@ -135,8 +124,11 @@ class store_tier {
       if (d.check == block_check::kOk && d.header.placement != placement)
         d.check = block_check::kFingerprint;
       if (d.check == block_check::kOk &&
-          !same_identity(d, fetch_keys_[i], kind, rs.extras, identity_of(rs, b, kind)))
+          !same_identity(d, fetch_keys_[i], kind, rs.extras, identity_of(rs, b)))
         d.check = block_check::kIdentity;
+      if (d.check == block_check::kOk && kind == store_entry_kind::kContent &&
+          !serves(provenance, d.header.origin, rs.principal))
+        d.check = block_check::kProvenance;
       if (d.check != block_check::kOk) {
         ++stats_.store_rejected[static_cast<std::size_t>(d.check)];
         continue;
@@ -148,6 +140,7 @@ class store_tier {
       pb.status = status_[b];
       pb.tier = block_tier::kStore;
       rs.src_pos0[b] = d.header.pos0;
+      rs.fetched_origin[b] = d.header.origin;
       std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{0});
       fetched[b] = block_fetch{kNoBlock, e.len, static_cast<std::int32_t>(b), blob, d.payload};
     }
@@ -174,11 +167,12 @@ class store_tier {
       h.len = e.len;
       h.pos0 = e.pos0;
       h.extras = rs.extras;
+      h.origin = {rs.canonical[bi] != 0, rs.principal};
       if (write_bufs_.size() <= n) write_bufs_.emplace_back();
       const block_id src = pb.physical;
       const std::int32_t len = e.len;
       encode_block(
-          h, identity_of(rs, bi, kind),
+          h, identity_of(rs, bi),
           [&storage, src, len](std::span<std::byte> out) { storage.read_block(src, len, out); },
           write_bufs_[n]);
       write_keys_.push_back(h.key);
@@ -204,13 +198,34 @@ class store_tier {
   }
 
  private:
+  /// Every block's identity digest in one pass over the request: a running chain from the
+  /// start (context entries) and one per relocatable segment, seeded with its context.
+  template <class Key>
+  void digest_identities(request_state<Key>& rs) {
+    rs.id_before.resize(rs.blocks.size());
+    all_.begin_context();
+    for (std::size_t bi = 0; bi < rs.blocks.size(); ++bi) {
+      const block_extent& e = rs.blocks[bi];
+      const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
+      const bool first = static_cast<std::int32_t>(bi) == seg.first_block;
+      const bool content = relocatable(seg);
+      if (content && first) span_.begin_content(context_tokens(rs, e.segment));
+      rs.id_before[bi] = content ? span_.digest() : all_.digest();
+      const std::uint32_t tag = block_tag(seg, first);
+      const auto toks = std::span<const token_t>(rs.tokens).subspan(
+          static_cast<std::size_t>(e.pos0), static_cast<std::size_t>(e.len));
+      all_.absorb(tag, toks);
+      if (content) span_.absorb(tag, toks);
+    }
+    rs.id_ready = true;
+  }
+
+  identity_chain all_, span_;
   std::vector<store_key> fetch_keys_, write_keys_;
   std::vector<std::size_t> fetch_blocks_;
   std::vector<store_blob> blobs_;
   std::vector<block_status> spec_status_;
   std::vector<std::uint8_t> spec_mask_;
-  std::vector<std::uint32_t> id_chain_;
-  std::vector<token_t> id_tokens_;
   std::vector<std::vector<std::byte>> write_bufs_;
   std::vector<std::span<const std::byte>> write_views_;
 };

@@ -1,0 +1,258 @@
+// Sealed blocks (sealed_store): what a co-tenant who can write to the store can and cannot do,
+// with and without keys; seal keys from files and variables; the provenance policy through a
+// store.
+#include <relokv/store/block_format.hpp>
+#include <relokv/store/memory_store.hpp>
+#include <relokv/store/sealed_store.hpp>
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/store_fixture.hpp"
+
+using relokv::block_check;
+using relokv::token_t;
+
+namespace {
+using namespace relokv_test::store_fixture;
+
+relokv::seal_key key_of(unsigned char fill) {
+  std::array<std::byte, 32> b{};
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(fill + i);
+  return relokv::seal_key(b);
+}
+
+using sealed_t = relokv::sealed_store<relokv::memory_store>;
+
+/// Every entry of a store, by key (a memory_store's handles share its map).
+std::vector<std::pair<relokv::store_key, std::vector<std::byte>>> entries(
+    relokv::memory_store& m, std::span<const relokv::store_key> keys) {
+  std::vector<relokv::store_blob> blobs;
+  REQUIRE(m.get(keys, blobs) == relokv::store_status::kOk);
+  std::vector<std::pair<relokv::store_key, std::vector<std::byte>>> out;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (!blobs[i].empty())
+      out.emplace_back(keys[i],
+                       std::vector<std::byte>(blobs[i].bytes().begin(), blobs[i].bytes().end()));
+  return out;
+}
+
+/// The store keys a victim's request (prefix, kA, question) writes: recorded by a store double.
+struct recording_store : relokv::memory_store {
+  std::vector<relokv::store_key>* keys;
+  recording_store(relokv::memory_store m, std::vector<relokv::store_key>* k)
+      : relokv::memory_store(std::move(m)), keys(k) {}
+  relokv::store_status put(std::span<const relokv::store_key> k,
+                           std::span<const std::span<const std::byte>> v) {
+    keys->insert(keys->end(), k.begin(), k.end());
+    return relokv::memory_store::put(k, v);
+  }
+};
+
+bool contains_bytes(std::span<const std::byte> hay, std::span<const token_t> needle) {
+  const auto* n = reinterpret_cast<const std::byte*>(needle.data());
+  return std::search(hay.begin(), hay.end(), n, n + needle.size_bytes()) != hay.end();
+}
+
+}  // namespace
+
+TEST_CASE("sealed blocks: a writer without the key can neither read nor forge", "[store][seal]") {
+  relokv::memory_store shared;  // the server every tenant can write to
+  std::vector<relokv::store_key> written;
+  const auto request = rag({&kA});
+
+  SECTION("without keys: the tokens are in clear, and a forged entry is served") {
+    instance<recording_store> writer(recording_store(shared, &written));
+    (void)writer.serve(request);
+    auto stored = entries(shared, written);
+    REQUIRE(stored.size() >= 3);
+    bool tokens_visible = false;
+    for (auto& [k, b] : stored) tokens_visible |= contains_bytes(b, std::span(kA).first(8));
+    CHECK(tokens_visible);  // the disclosure a key prevents
+    for (auto& [k, b] : stored) {
+      const auto f = forge(b);
+      const std::span<const std::byte> v(f);
+      REQUIRE(shared.put(std::span(&k, 1), std::span(&v, 1)) == relokv::store_status::kOk);
+    }
+    instance<relokv::memory_store> reader(shared);
+    const auto p = reader.cache.plan(request);
+    REQUIRE(p.ok());
+    CHECK(p.store_hits == static_cast<std::int32_t>(stored.size()));  // every forged block served
+    CHECK(reader.cache.stats().store_rejected_total() == 0);
+    reader.cache.release(p.id);
+  }
+  SECTION("with keys: sealed, opened by the key, forgeries are misses") {
+    instance<relokv::sealed_store<recording_store>> writer(
+        relokv::sealed_store<recording_store>(recording_store(shared, &written), key_of(1)));
+    (void)writer.serve(request);
+    auto stored = entries(shared, written);
+    REQUIRE(stored.size() >= 3);
+    for (auto& [k, b] : stored) {
+      CHECK_FALSE(contains_bytes(b, std::span(kA).first(8)));  // tokens encrypted
+      CHECK(b[relokv::kBlockSealOffset] == std::byte{1});
+    }
+    SECTION("the key opens them: hits, K/V exact") {
+      instance<sealed_t> reader(sealed_t(shared, key_of(1)));
+      const auto p = reader.serve(request);
+      CHECK(p.store_hits == static_cast<std::int32_t>(stored.size()));
+      CHECK(reader.cache.store().counters().open_failures == 0);
+    }
+    SECTION("another key opens none") {
+      instance<sealed_t> reader(sealed_t(shared, key_of(2)));
+      const auto p = reader.serve(request);
+      CHECK(p.store_hits == 0);
+      CHECK(reader.cache.store().counters().open_failures ==
+            static_cast<std::int64_t>(stored.size()));
+    }
+    SECTION("a reader without a key uses none (kSealed)") {
+      instance<relokv::memory_store> reader(shared);
+      const auto p = reader.serve(request);
+      CHECK(p.store_hits == 0);
+      CHECK(reader.cache.stats().store_rejected[static_cast<int>(block_check::kSealed)] ==
+            static_cast<std::int64_t>(stored.size()));
+    }
+    SECTION("forgeries by a co-tenant without the key: 0 served") {
+      // (a) the unsealed forgery of the no-key section; (b) the sealed entry with its
+      // ciphertext edited; (c) the header edited (moved to another tenant, or another origin).
+      const int variant = GENERATE(0, 1, 2, 3);
+      for (auto& [k, b] : stored) {
+        std::vector<std::byte> f = b;
+        if (variant == 0) {
+          f = strip_and_forge(f);
+        } else if (variant == 1) {
+          f[f.size() / 2] ^= std::byte{1};
+        } else if (variant == 2) {
+          f[relokv::kBlockTenantSaltOffset] ^= std::byte{1};
+        } else {
+          f[61] ^= std::byte{1};  // canonical <-> in context
+        }
+        const std::span<const std::byte> v(f);
+        REQUIRE(shared.put(std::span(&k, 1), std::span(&v, 1)) == relokv::store_status::kOk);
+      }
+      instance<sealed_t> reader(sealed_t(shared, key_of(1)));
+      const auto p = reader.serve(request);
+      CHECK(p.store_hits == 0);
+      CHECK(reader.cache.store().counters().open_failures ==
+            static_cast<std::int64_t>(stored.size()));
+      CHECK(holds_request(reader.kv, request, p));  // computed, not forged
+    }
+  }
+}
+
+TEST_CASE("sealed blocks: tenant keys, every byte authenticated", "[store][seal]") {
+  const relokv::seal_key k = key_of(7);
+  CHECK(k.tenant_key(1) != k.tenant_key(2));
+  CHECK(k.tenant_key(1) == k.tenant_key(1));
+  CHECK(k.tenant_key(1) != key_of(8).tenant_key(1));
+
+  relokv::block_header h;
+  h.fingerprint = kFp;
+  h.key = {1, 2};
+  h.layout = relokv::host_kv_storage<float>(kShape).block_layout();
+  h.len = 16;
+  h.extras = {0, 0, 42};
+  const auto toks = seq(5, 16);
+  std::vector<std::byte> plain, sealed, opened;
+  relokv::encode_block(
+      h, {{}, 0, toks},
+      [](std::span<std::byte> p) {
+        for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::byte>(i);
+      },
+      plain);
+  sealed_t s(relokv::memory_store{}, k);
+  REQUIRE(s.seal(plain, sealed));
+  CHECK(sealed.size() == plain.size() + relokv::kSealTagBytes);
+  REQUIRE(s.open(sealed, opened));
+  CHECK(opened == plain);
+  std::vector<std::byte> again;
+  REQUIRE(s.seal(plain, again));
+  CHECK(again != sealed);  // a fresh nonce each time
+  for (std::size_t i = 0; i < sealed.size(); i += 5) {
+    auto b = sealed;
+    b[i] ^= std::byte{0x10};
+    CHECK_FALSE(s.open(b, opened));
+    CHECK(opened.empty());
+  }
+  for (std::size_t n = 0; n < sealed.size(); n += 97)
+    CHECK_FALSE(s.open(std::span(sealed).first(n), opened));
+  CHECK_FALSE(s.seal(sealed, again));  // sealing twice: refused
+  CHECK_FALSE(s.open(plain, opened));  // an unsealed entry never opens
+}
+
+TEST_CASE("seal keys: from a file or a variable, never shown", "[store][seal]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("relokv-seal-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string hex = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+  const auto write = [&](const std::string& name, const std::string& text, mode_t mode) {
+    const auto p = (dir / name).string();
+    std::ofstream(p) << text;
+    ::chmod(p.c_str(), mode);
+    return p;
+  };
+  const auto good = write("good", hex + "\n", 0600);
+  const relokv::seal_key a = relokv::seal_key::from_file(good);
+  CHECK(a.tenant_key(1) == relokv::seal_key::from_hex(hex, "t").tenant_key(1));
+  const auto raw = write("raw", std::string(32, 'k'), 0400);
+  CHECK(relokv::seal_key::from_file(raw).tenant_key(1) != a.tenant_key(1));
+  const auto never_shown = [&](const std::string& path, const std::string& why) {
+    try {
+      (void)relokv::seal_key::from_file(path);
+      FAIL("accepted " << path);
+    } catch (const relokv::error& e) {
+      const std::string m = e.what();
+      CHECK(m.find(why) != std::string::npos);
+      CHECK(m.find("aabbcc") == std::string::npos);
+    }
+  };
+  never_shown(write("open", hex, 0644), "group or others");
+  never_shown(write("short", hex.substr(2), 0600), "64 hexadecimal digits");
+  never_shown(write("bad", std::string(63, 'a') + "z", 0600), "64 hexadecimal digits");
+  never_shown((dir / "missing").string(), "cannot be opened");
+  never_shown(dir.string(), "not a regular file");
+  ::setenv("RELOKV_TEST_SEAL_KEY", hex.c_str(), 1);
+  CHECK(relokv::seal_key::from_env("RELOKV_TEST_SEAL_KEY").tenant_key(3) == a.tenant_key(3));
+  ::setenv("RELOKV_TEST_SEAL_KEY", "aabbcc", 1);
+  CHECK_THROWS_WITH(relokv::seal_key::from_env("RELOKV_TEST_SEAL_KEY"),
+                    Catch::Contains("RELOKV_TEST_SEAL_KEY") && !Catch::Contains("aabbcc"));
+  ::unsetenv("RELOKV_TEST_SEAL_KEY");
+  CHECK_THROWS_WITH(relokv::seal_key::from_env("RELOKV_TEST_SEAL_KEY"), Catch::Contains("not set"));
+  relokv::seal_options both{good, "X"};
+  CHECK_THROWS_WITH(both.load(), Catch::Contains("not both"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("provenance through a store: in-context spans of another principal are not served",
+          "[store][provenance]") {
+  relokv::memory_store shared;
+  // Principal 1 computes kB after kA (in context) and kA right after the prefix (canonical).
+  instance<relokv::memory_store> a(shared);
+  (void)a.serve(rag({&kA, &kB}), true, {}, 1);
+  const auto other = rag({&kB, &kA});
+  SECTION("default: principal 2 fetches kA, computes kB") {
+    instance<relokv::memory_store> b(shared);
+    const auto p = b.serve(other, true, {}, 2);
+    CHECK(b.cache.stats().store_rejected[static_cast<int>(block_check::kProvenance)] == 2);
+    CHECK(p.blocks[2].tier == block_tier::kComputed);  // kB
+    CHECK(p.blocks[4].tier == block_tier::kStore);     // kA
+  }
+  SECTION("principal 1 itself fetches both") {
+    instance<relokv::memory_store> b(shared);
+    const auto p = b.serve(other, true, {}, 1);
+    CHECK(b.cache.stats().store_rejected_total() == 0);
+    CHECK(p.blocks[2].tier == block_tier::kStore);
+  }
+  SECTION("permissive: principal 2 fetches both") {
+    instance<relokv::memory_store> b(shared);
+    b.cache.set_provenance_policy(relokv::provenance_policy::kPermissive);
+    const auto p = b.serve(other, true, {}, 2);
+    CHECK(p.blocks[2].tier == block_tier::kStore);
+  }
+}

@@ -36,8 +36,34 @@ class any_store {
   /// with any password redacted.
   /// @throws error for an unknown scheme, a bad URL or a directory that cannot be made
   [[nodiscard]] static any_store from_url(const std::string& url) {
+    return make(url, [](auto store, std::string what) {
+      return any_store(std::move(store), std::move(what));
+    });
+  }
+
+  /// As from_url(url), sealed (sealed_store over the concrete store, so that a Redis store
+  /// opens entries as they arrive) with the key `seal` names, when it names one.
+  /// description() then ends in " (sealed)".
+  /// @throws error as from_url, and when the key cannot be loaded (seal_options::load)
+  [[nodiscard]] static any_store from_url(const std::string& url, const seal_options& seal) {
+    if (!seal.enabled()) return from_url(url);
+    const seal_key key = seal.load();
+    return make(url, [&key](auto store, std::string what) {
+      using S = decltype(store);
+      return any_store(sealed_store<S>(std::move(store), key), std::move(what) + " (sealed)");
+    });
+  }
+
+  explicit operator bool() const noexcept { return p_ != nullptr; }
+  /// What it was made from (the URL), for reports.
+  [[nodiscard]] const std::string& description() const noexcept { return what_; }
+
+ private:
+  /// Opens the store a URL names and hands it, with its description, to wrap.
+  template <class Wrap>
+  static any_store make(const std::string& url, Wrap&& wrap) {
     const std::string shown = redact_url(url);
-    if (url == "memory:") return any_store(memory_store{}, url);
+    if (url == "memory:") return wrap(memory_store{}, url);
     if (url.rfind("file:", 0) == 0) {
       std::string dir = url.substr(5);
       file_store_options o;
@@ -46,12 +72,12 @@ class any_store {
         dir.resize(q);
       }
       if (dir.empty()) throw error("store URL '" + url + "': file: needs a directory");
-      return any_store(file_store(dir, o), url);
+      return wrap(file_store(dir, o), url);
     }
     if (url.rfind("redis://", 0) == 0 || url.rfind("rediss://", 0) == 0 ||
         url.rfind("unix://", 0) == 0) {
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
-      return any_store(redis_store(redis_store_options::from_url(url)), shown);
+      return wrap(redis_store(redis_store_options::from_url(url)), shown);
 #else
       throw error("store URL '" + shown +
                   "': this program was built without Redis (link "
@@ -62,21 +88,7 @@ class any_store {
                 "': expected memory:, file:DIR or redis://HOST[:PORT] (or unix:///PATH)");
   }
 
-  /// As from_url(url), sealed (sealed_store) with the key `seal` names when it names one.
-  /// description() then ends in " (sealed)".
-  /// @throws error as from_url, and when the key cannot be loaded (seal_options::load)
-  [[nodiscard]] static any_store from_url(const std::string& url, const seal_options& seal) {
-    if (!seal.enabled()) return from_url(url);
-    const seal_key key = seal.load();
-    any_store plain = from_url(url);
-    std::string what = plain.what_ + " (sealed)";
-    return any_store(sealed_store<any_store>(std::move(plain), key), std::move(what));
-  }
-
-  explicit operator bool() const noexcept { return p_ != nullptr; }
-  /// What it was made from (the URL), for reports.
-  [[nodiscard]] const std::string& description() const noexcept { return what_; }
-
+ public:
   store_status get(std::span<const store_key> keys, std::vector<store_blob>& out) {
     if (!p_) {
       out.assign(keys.size(), store_blob{});

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "relokv/concepts/kv_store.hpp"
+#include "relokv/detail/buffer_pool.hpp"
 
 RELOKV_NAMESPACE_BEGIN
 
@@ -86,7 +87,7 @@ class file_store {
         ++c.oversized;
         continue;
       }
-      std::shared_ptr<read_buffer> buf = buffer_for(n);
+      std::shared_ptr<detail::buffer_pool::buffer> buf = pool_.take(n);
       std::size_t got = 0;
       while (got < n) {
         const ssize_t r = ::pread(fd, buf->bytes.get() + got, n - got, static_cast<off_t>(got));
@@ -174,43 +175,6 @@ class file_store {
     return ok;
   }
 
-  /// A buffer entries are read into, handed out inside the blobs and reused once every blob
-  /// that held it is gone: a get copies into memory that is already mapped and warm, instead of
-  /// faulting in fresh pages for every block.
-  struct read_buffer {
-    std::unique_ptr<std::byte[]> bytes;
-    std::size_t capacity = 0;
-  };
-  /// A pool of read buffers per store object: a copy of the store starts with its own (copies
-  /// may serve other threads, e.g. write_behind's worker).
-  struct buffer_pool {
-    buffer_pool() = default;
-    buffer_pool(const buffer_pool&) noexcept {}
-    buffer_pool& operator=(const buffer_pool&) noexcept {
-      free.clear();
-      return *this;
-    }
-    std::vector<std::shared_ptr<read_buffer>> free;
-  };
-  std::shared_ptr<read_buffer> buffer_for(std::size_t n) {
-    auto& pool = pool_.free;
-    std::shared_ptr<read_buffer>* spare = nullptr;
-    std::size_t held = 0;
-    for (auto& b : pool) {
-      held += b->capacity;
-      if (b.use_count() == 1 && b->capacity >= n &&
-          (spare == nullptr || b->capacity < (*spare)->capacity))
-        spare = &b;
-    }
-    if (spare != nullptr) return *spare;
-    auto b = std::make_shared<read_buffer>();
-    b->bytes = std::make_unique_for_overwrite<std::byte[]>(n);  // not zeroed: read over at once
-    b->capacity = n;
-    // Keep up to 512 MiB of buffers for reuse; past that, new ones are the caller's alone.
-    if (held + n <= (std::size_t{512} << 20)) pool.push_back(b);
-    return b;
-  }
-
   /// Creates the missing directories of `d`, each 0700 (whatever the umask); leaves the ones
   /// that exist as they are.
   static void make_private_dirs(const std::filesystem::path& d) {
@@ -232,7 +196,7 @@ class file_store {
   std::filesystem::path dir_;
   file_store_options opt_;
   std::shared_ptr<store_counters> counters_;
-  buffer_pool pool_;
+  detail::buffer_pool pool_;
 };
 
 static_assert(kv_store<file_store>, "file_store must model kv_store");

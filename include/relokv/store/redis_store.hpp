@@ -212,6 +212,14 @@ class redis_store {
   redis_store& operator=(redis_store&&) noexcept = default;
 
   store_status get(std::span<const store_key> keys, std::vector<store_blob>& out) {
+    return get(keys, out, [](std::size_t, store_blob b) { return b; });
+  }
+  /// As get(keys, out), handing each entry found to `transform(i, blob)` as soon as its reply
+  /// is in, while the rest of the batch is still arriving (sealed_store opens entries there);
+  /// out[i] is what it returns.
+  template <class Transform>
+  store_status get(std::span<const store_key> keys, std::vector<store_blob>& out,
+                   Transform&& transform) {
     ++c_.get_calls;
     c_.keys_requested += static_cast<std::int64_t>(keys.size());
     out.assign(keys.size(), store_blob{});
@@ -225,7 +233,8 @@ class redis_store {
         std::shared_ptr<const redisReply> owner(
             reply, [](const redisReply* q) { freeReplyObject(const_cast<redisReply*>(q)); });
         if (reply->type == REDIS_REPLY_STRING) {
-          out[i] = store_blob(owner, {reinterpret_cast<const std::byte*>(reply->str), reply->len});
+          out[i] = transform(
+              i, store_blob(owner, {reinterpret_cast<const std::byte*>(reply->str), reply->len}));
           ++c_.keys_found;
           c_.bytes_read += static_cast<std::int64_t>(reply->len);
         } else if (denied(reply)) {

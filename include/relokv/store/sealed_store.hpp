@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "relokv/concepts/kv_store.hpp"
+#include "relokv/detail/buffer_pool.hpp"
 #include "relokv/store/block_format.hpp"
 
 RELOKV_NAMESPACE_BEGIN
@@ -190,23 +191,22 @@ class sealed_store {
   sealed_store(sealed_store&&) noexcept = default;
   sealed_store& operator=(sealed_store&&) noexcept = default;
 
-  /// Gets and opens: an entry that does not open is empty (a miss) and counted.
+  /// Gets and opens: an entry that does not open is empty (a miss) and counted. A store that
+  /// hands entries over as they arrive (redis_store) has each opened then, while the rest of
+  /// the batch is still on its way.
   store_status get(std::span<const store_key> keys, std::vector<store_blob>& out) {
-    const store_status st = inner_.get(keys, raw_);
-    out.assign(keys.size(), store_blob{});
-    if (st != store_status::kOk) return st;
-    for (std::size_t i = 0; i < keys.size() && i < raw_.size(); ++i) {
-      if (raw_[i].empty()) continue;
-      auto buf = std::make_shared<std::vector<std::byte>>();
-      if (open(raw_[i].bytes(), *buf)) {
-        const std::span<const std::byte> view(buf->data(), buf->size());
-        out[i] = store_blob(std::move(buf), view);
-      } else {
-        ++open_failures_;
-      }
+    const auto open_one = [this](std::size_t, const store_blob& raw) { return open_blob(raw); };
+    if constexpr (requires { inner_.get(keys, out, open_one); }) {
+      return inner_.get(keys, out, open_one);
+    } else {
+      const store_status st = inner_.get(keys, raw_);
+      out.assign(keys.size(), store_blob{});
+      if (st != store_status::kOk) return st;
+      for (std::size_t i = 0; i < keys.size() && i < raw_.size(); ++i)
+        if (!raw_[i].empty()) out[i] = open_blob(raw_[i]);
+      raw_.clear();
+      return st;
     }
-    raw_.clear();
-    return st;
   }
   /// Seals and puts. A value that is no block of this format is not written (put_rejected).
   store_status put(std::span<const store_key> keys,
@@ -283,17 +283,46 @@ class sealed_store {
   /// of the tenant its header names (another key, or any byte changed).
   bool open(std::span<const std::byte> in, std::vector<std::byte>& out) {
     out.clear();
+    if (!sealed_size(in)) return false;
+    out.resize(in.size() - kSealTagBytes);
+    if (open_into(in, out.data())) return true;
+    out.clear();  // what did not authenticate is never handed on
+    return false;
+  }
+
+ private:
+  /// One fetched entry opened into a pooled buffer, or empty (counted) when it does not open.
+  store_blob open_blob(const store_blob& raw) {
+    const std::span<const std::byte> in = raw.bytes();
+    if (!sealed_size(in)) {
+      ++open_failures_;
+      return {};
+    }
+    auto buf = pool_.take(in.size() - kSealTagBytes);
+    if (!open_into(in, buf->bytes.get())) {
+      ++open_failures_;
+      return {};
+    }
+    const std::span<const std::byte> view(buf->bytes.get(), in.size() - kSealTagBytes);
+    return store_blob(std::move(buf), view);
+  }
+  /// Whether `in` has the shape of a sealed entry of this format: magic, version, seal mark,
+  /// and the size its header states plus the tag.
+  static bool sealed_size(std::span<const std::byte> in) noexcept {
     const std::size_t n = in.size();
     const std::byte* p = in.data();
-    if (n < kBlockHeaderBytes + kSealTagBytes || n > static_cast<std::size_t>(INT_MAX) ||
-        detail::get_le<std::uint32_t>(p) != kBlockMagic ||
-        detail::get_le<std::uint16_t>(p + 4) != kBlockFormatVersion ||
-        detail::get_le<std::uint8_t>(p + kBlockSealOffset) != 1 ||
-        detail::get_le<std::uint64_t>(p + kBlockTotalOffset) != n - kSealTagBytes)
-      return false;
+    return n >= kBlockHeaderBytes + kSealTagBytes && n <= static_cast<std::size_t>(INT_MAX) &&
+           detail::get_le<std::uint32_t>(p) == kBlockMagic &&
+           detail::get_le<std::uint16_t>(p + 4) == kBlockFormatVersion &&
+           detail::get_le<std::uint8_t>(p + kBlockSealOffset) == 1 &&
+           detail::get_le<std::uint64_t>(p + kBlockTotalOffset) == n - kSealTagBytes;
+  }
+  /// Opens a sealed entry of sealed_size() into o[0, size - tag); false when its tag does not
+  /// verify (o then holds unauthenticated bytes that the caller drops).
+  bool open_into(std::span<const std::byte> in, std::byte* o) {
+    const std::size_t n = in.size();
+    const std::byte* p = in.data();
     const std::size_t plain = n - kSealTagBytes;
-    out.resize(plain);
-    std::byte* o = out.data();
     const auto* key = tenant_key(detail::get_le<std::uint64_t>(p + kBlockTenantSaltOffset));
     EVP_CIPHER_CTX* x = c_->cipher_ctx;
     int len = 0;
@@ -309,10 +338,7 @@ class sealed_store {
                           static_cast<int>(plain - kBlockHeaderBytes)) == 1 &&
         EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_SET_TAG, static_cast<int>(kSealTagBytes), tag) == 1 &&
         EVP_DecryptFinal_ex(x, reinterpret_cast<unsigned char*>(o + plain), &len) == 1;
-    if (!ok) {
-      out.clear();  // what did not authenticate is never handed on
-      return false;
-    }
+    if (!ok) return false;
     // The block as it was encoded: unsealed mark, no nonce (its checksum covers both).
     std::memcpy(o, p, kBlockHeaderBytes);
     o[kBlockSealOffset] = std::byte{0};
@@ -320,7 +346,6 @@ class sealed_store {
     return true;
   }
 
- private:
   /// libcrypto's cipher and context, fetched once per store.
   struct ctx {
     EVP_CIPHER* cipher = EVP_CIPHER_fetch(nullptr, "AES-256-GCM", nullptr);
@@ -371,6 +396,7 @@ class sealed_store {
   std::unique_ptr<ctx> c_;
   wiped_map keys_by_tenant_;
   std::vector<store_blob> raw_;
+  detail::buffer_pool pool_;
   std::vector<std::vector<std::byte>> bufs_;
   std::vector<store_key> keys_;
   std::vector<std::span<const std::byte>> views_;

@@ -196,10 +196,13 @@ struct kv_map {
   }
 };
 
-/// Attention of n queries (prefill, or decode's one) on the two lanes. Many queries are
+/// Prefills of fewer queries than this run on one lane.
+constexpr int kMinSplitQueries = 8;
+
+/// Attention of n queries (prefill, or decode's one) on the two lanes. A prefill's queries are
 /// independent, so the set is cut where the causal work (each query's visible positions) is
-/// halved. A few queries (decode, short prefills) split the keys instead: each lane attends
-/// over half of the blocks, and the two states are merged by their log-sum-exp.
+/// halved. Decode's one query splits the keys instead: each lane attends over half of the
+/// blocks, and the two states are merged by their log-sum-exp.
 template <class P, class T>
 void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv,
                relokv::block_table_view view, const float* q, const std::int32_t* pos, int n,
@@ -224,11 +227,14 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
     relokv::paged_attention<P>(p);
   };
   const std::int32_t blocks = view.indptr[1] - view.indptr[0];
-  if (!lanes::get().two() || (n < 64 && blocks < 2)) {
+  if (!lanes::get().two() || (n < 64 && blocks < 2) || (n > 1 && n < kMinSplitQueries)) {
     call(view, 0, n, out, nullptr);
     return;
   }
-  if (n < 64) {
+  // Decode's one query splits the keys. A prefill never does: each of its rows must come out
+  // the same whatever other rows are computed with it (an exact hit is then exact), and a
+  // key split merges two partial softmax states, which rounds differently from one pass.
+  if (n == 1) {
     const std::int32_t half = blocks / 2;
     const relokv::block_entry* e = view.entries + view.indptr[0];
     const std::int32_t ind_a[2] = {0, half}, ind_b[2] = {0, blocks - half};

@@ -3,6 +3,7 @@
 // the model the binary says so and exits with 77, which ctest reports as skipped; the
 // synthetic-model tests (relokv_engine_test) always run.
 #define CATCH_CONFIG_RUNNER
+#include <relokv/attention/host_attention.hpp>
 #include <relokv/layout/builder.hpp>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "gguf.hpp"
 #include "llama.hpp"
 #include "model_path.hpp"
+#include "qgemm.hpp"
 #include "support/catch.hpp"
 #include "support/skip.hpp"
 #include "tokenizer.hpp"
@@ -202,6 +204,77 @@ TEST_CASE("real model: full recompute after reuse equals no reuse; placements ag
   e16.end(false);
   CHECK(full16 == fresh16.prefill(l2, relokv::recompute::none{}));
   CHECK(max_rel(full16, want) < kBf16Tolerance);
+}
+
+TEST_CASE("real model: exact hits change nothing, bit for bit, whatever the batch shapes",
+          "[model]") {
+  // An answer served from exact (prefix) hits must equal a plain prefill of the same layout:
+  // logits and tokens, bit for bit, at the first token and every decode step after it. The
+  // cached blocks are computed by other requests, in batches of other sizes (one block of the
+  // system prompt behind a passage, or the prompt's first k blocks behind other text), on each
+  // product path this host can take (AMX tiles or int16 tiles for prefill; int8 or dequantized
+  // products for decode).
+  const auto& m = model();
+  const auto sys = m.tok.encode(
+      "<|im_start|>system\nYou answer questions from the documents you are given, briefly and "
+      "exactly.<|im_end|>\n");
+  const auto body = m.tok.encode(
+      "<|im_start|>user\nDocument: The Eiffel Tower is a wrought-iron lattice tower on the Champ "
+      "de Mars in Paris, France. It is named after the engineer Gustave Eiffel, whose company "
+      "designed and built the tower from 1887 to 1889. Document: Berlin is the capital of "
+      "Germany; the Brandenburg Gate stands in its centre. Question: who designed the company "
+      "behind the Eiffel Tower, and in which city does it stand?<|im_end|>\n<|im_start|>"
+      "assistant\n");
+  std::vector<relokv::token_t> prompt = sys;
+  prompt.insert(prompt.end(), body.begin(), body.end());
+  REQUIRE(prompt.size() > 96);
+  const auto flat = relokv::layout_builder(16).prefix(prompt).build();
+  const auto other = m.tok.encode("An unrelated passage about rivers, bridges and their builders.");
+  using engine_t = relokv_engine::llama_engine<relokv::block_relative>;
+  const auto answer = [&](engine_t& eng, std::int32_t* exact_hits) {
+    relokv_engine::prefill_stats st;
+    std::vector<std::vector<float>> steps{eng.prefill(flat, relokv::recompute::none{}, &st)};
+    for (int i = 0; i < 8; ++i) steps.push_back(eng.decode(relokv_engine::argmax(steps.back())));
+    eng.end(false);
+    if (exact_hits != nullptr) *exact_hits = st.exact_hits;
+    return steps;
+  };
+  for (const bool attention_amx : {true, false})
+    for (const bool amx : {true, false})
+      for (const bool integer : {true, false}) {
+        relokv::detail::amx::switched_on().store(attention_amx);
+        relokv_engine::use_amx_tiles(amx);
+        relokv_engine::use_integer_kernels(integer);
+        engine_t fresh(m.model, 256);
+        const auto want = answer(fresh, nullptr);
+        // What caches the prompt's first blocks: its system prompt behind a passage (a span), or
+        // its first k blocks as a flat prefix followed by other text.
+        std::vector<relokv::request_layout> warmers = {
+            relokv::layout_builder(16).prefix(sys).span(other).build()};
+        for (std::size_t k : {std::size_t{1}, std::size_t{3}, prompt.size() / 16 - 1}) {
+          std::vector<relokv::token_t> t(prompt.begin(), prompt.begin() + 16 * k);
+          t.insert(t.end(), other.begin(), other.end());
+          warmers.push_back(relokv::layout_builder(16).prefix(t).build());
+        }
+        for (std::size_t wi = 0; wi < warmers.size(); ++wi) {
+          engine_t eng(m.model, 256);
+          (void)eng.prefill(warmers[wi], relokv::recompute::none{});
+          eng.end(true);
+          std::int32_t hits = 0;
+          const auto got = answer(eng, &hits);
+          INFO("attention amx " << attention_amx << ", amx " << amx << ", integer kernels "
+                                << integer << ", warmer " << wi << ": " << hits << " exact hits");
+          CHECK(hits >= 1);
+          REQUIRE(got.size() == want.size());
+          for (std::size_t s = 0; s < want.size(); ++s) {
+            INFO("step " << s);
+            CHECK(got[s] == want[s]);
+          }
+        }
+      }
+  relokv::detail::amx::switched_on().store(true);
+  relokv_engine::use_amx_tiles(true);
+  relokv_engine::use_integer_kernels(true);
 }
 
 int main(int argc, char** argv) {

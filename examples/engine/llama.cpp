@@ -196,19 +196,21 @@ struct kv_map {
   }
 };
 
-/// Prefills of fewer queries than this run on one lane.
-constexpr int kMinSplitQueries = 8;
+/// Calls of fewer queries than this split the keys between the lanes: decode's one query only.
+constexpr int kKeySplitBelow = 2;
 
 /// Attention of n queries (prefill, or decode's one) on the two lanes. A prefill's queries are
-/// independent, so the set is cut where the causal work (each query's visible positions) is
-/// halved. Decode's one query splits the keys instead: each lane attends over half of the
-/// blocks, and the two states are merged by their log-sum-exp.
+/// independent, so many are cut where the causal work (each query's visible positions) is
+/// halved, and a few split the KV heads. Decode's one query splits the keys instead: each lane
+/// attends over half of the blocks, and the two states are merged by their log-sum-exp. No
+/// prefill row's result depends on the rows computed with it, so an exact hit is exact.
 template <class P, class T>
 void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv,
                relokv::block_table_view view, const float* q, const std::int32_t* pos, int n,
                int num_q_heads, float scale, float* out) {
   const std::size_t row = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
-  const auto call = [&](relokv::block_table_view v, int begin, int end, float* o, float* lse) {
+  const auto call = [&](relokv::block_table_view v, int begin, int end, float* o, float* lse,
+                        relokv::kv_head_range heads = {}) {
     if (end <= begin) return;
     const std::int32_t qind[2] = {0, end - begin};
     relokv::attention_params<T> p;
@@ -224,17 +226,20 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
     p.scale = scale;
     p.out = o + static_cast<std::size_t>(begin) * row;
     p.lse = lse;
+    p.heads = heads;
     relokv::paged_attention<P>(p);
   };
   const std::int32_t blocks = view.indptr[1] - view.indptr[0];
-  if (!lanes::get().two() || (n < 64 && blocks < 2) || (n > 1 && n < kMinSplitQueries)) {
+  if (!lanes::get().two() || (n < 64 && blocks < 2)) {
     call(view, 0, n, out, nullptr);
     return;
   }
+  // A short prefill splits the KV heads: calls over disjoint head ranges equal one call bit
+  // for bit (kv_head_range.hpp).
   // Decode's one query splits the keys. A prefill never does: each of its rows must come out
   // the same whatever other rows are computed with it (an exact hit is then exact), and a
   // key split merges two partial softmax states, which rounds differently from one pass.
-  if (n == 1) {
+  if (n < kKeySplitBelow) {
     const std::int32_t half = blocks / 2;
     const relokv::block_entry* e = view.entries + view.indptr[0];
     const std::int32_t ind_a[2] = {0, half}, ind_b[2] = {0, blocks - half};
@@ -253,6 +258,14 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
         call({e + half, ind_b, 1}, 0, n, ob->data(), lb);
     });
     relokv::merge_attention_states(rows, kv.head_dim, out, la, ob->data(), lb);
+    return;
+  }
+  if (n > 1 && n < 64 && kv.num_kv_heads >= 2) {
+    const std::int32_t mid = kv.num_kv_heads / 2;
+    lanes::get().run([&](int lane) {
+      lane == 0 ? call(view, 0, n, out, nullptr, {0, mid})
+                : call(view, 0, n, out, nullptr, {mid, kv.num_kv_heads});
+    });
     return;
   }
   double total = 0;

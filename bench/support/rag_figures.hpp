@@ -47,6 +47,7 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
       relokv_rag::default_variants()[1]};  // prefix caching: exact hits only
   relokv_rag::run_options opt;
   opt.max_answer = 8;
+  opt.noise_floor = true;  // one more row, last: full prefill with fp32 KV
   const auto res = relokv_rag::run(model, w, codec, variants, opt);
   const auto mean = [](const std::vector<double>& v) {
     double s = 0;
@@ -73,6 +74,8 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
       {"rag_cacheblend_kl_over_naive", mean(res[3].kl) / std::max(mean(res[2].kl), 1e-12)},
       {"rag_exact_reuse_agreement", mean(res[5].agreement)},
       {"rag_exact_reuse_kl", mean(res[5].kl)},
+      {"rag_noise_floor_kl", mean(res.back().kl)},
+      {"rag_noise_floor_agreement", mean(res.back().agreement)},
       {"rag_best_agreement_at_20pct", best_agree},
       {"rag_best_kl_at_20pct", best_kl},
       {"rag_on_real_model", path.empty() ? 0.0 : 1.0},

@@ -254,6 +254,9 @@ int main(int argc, char** argv) {
     if (!o.store.empty()) return store_mode(argc, argv, o, model, w, codec);
 
     const auto variants = variants_of(o, sweeping, *model);
+    // The fp32-KV noise floor row beside the table (sweeps and calibration compare strategies
+    // only, row by row with their variants).
+    o.run.noise_floor = !sweeping;
     const auto res = relokv_rag::run(model, w, codec, variants, o.run);
     const auto rows = relokv_rag::rows_of(res);
     relokv_rag::print_summary(rows, /*synthetic=*/!loaded.tokenizer);

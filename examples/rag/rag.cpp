@@ -7,9 +7,11 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include <relokv/layout/builder.hpp>
 
@@ -175,6 +177,52 @@ double kl_divergence(const std::vector<float>& ref, const std::vector<float>& go
 
 namespace {
 
+/// One request of the noise-floor row: full prefill on the fp32-KV engine, its greedy answer
+/// against the reference's, and its logits along the reference's answer (teacher-forced).
+template <class E>
+void add_floor(E& eng, const relokv::request_layout& flat,
+               const std::vector<std::vector<float>>& ref_steps,
+               const std::vector<relokv::token_t>& ref_answer, relokv::token_t stop,
+               const run_options& opt, const qa_request& r, const text_codec& codec,
+               variant_result& out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto logits = eng.prefill(flat, relokv::recompute::full{});
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<relokv::token_t> answer;
+  for (relokv::token_t t = relokv_engine::argmax(logits);;) {
+    answer.push_back(t);
+    if (t == stop || static_cast<std::int32_t>(answer.size()) == opt.max_answer) break;
+    t = relokv_engine::argmax(eng.decode(t));
+  }
+  eng.end(false);
+  out.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<std::vector<float>> steps{logits};
+  (void)eng.prefill(flat, relokv::recompute::full{});
+  for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i)
+    steps.push_back(eng.decode(ref_answer[i]));
+  eng.end(false);
+  out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  out.computed.push_back(double(flat.tokens.size()));
+  out.work.push_back(1.0);
+  out.kl.push_back(kl_divergence(ref_steps[0], steps[0]));
+  double akl = 0;
+  for (std::size_t i = 0; i < ref_steps.size() && i < steps.size(); ++i)
+    akl += kl_divergence(ref_steps[i], steps[i]);
+  out.answer_kl.push_back(akl / double(std::max<std::size_t>(ref_steps.size(), 1)));
+  auto strip = [&](std::vector<relokv::token_t> a) {
+    if (!a.empty() && a.back() == stop) a.pop_back();
+    return a;
+  };
+  const auto mine = strip(answer), ref = strip(ref_answer);
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < std::min(mine.size(), ref.size()); ++i) same += mine[i] == ref[i];
+  out.agreement.push_back(double(same) /
+                          double(std::max<std::size_t>({mine.size(), ref.size(), 1})));
+  const std::string text = codec.decode(mine);
+  out.f1.push_back(answer_f1(text, r.answer));
+  out.em.push_back(exact_match(text, r.answer));
+}
+
 template <class P, class T>
 std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_model> model,
                                      const workload& w, const text_codec& codec,
@@ -200,6 +248,25 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
     res[v].name = variants[v].name;
     res[v].note = variants[v].note;
     res[v].key = variants[v].key;
+  }
+  // The noise floor: full prefill of the same prompt with fp32 KV, against the bf16 reference
+  // (what the KV's own rounding moves, with no reuse at all). Its own small pool: one prompt.
+  const bool floor = opt.noise_floor && std::is_same_v<T, relokv::bf16>;
+  std::unique_ptr<relokv_engine::llama_engine<P, float>> eng32;
+  variant_result floor_row;
+  if (floor) {
+    std::size_t longest = 0;
+    for (const qa_request& r : w.requests) {
+      std::size_t n = w.prefix.size() + r.question_tokens.size();
+      for (std::size_t p : r.passages) n += w.corpus[p].tokens.size();
+      longest = std::max(longest, n);
+    }
+    const auto blocks =
+        static_cast<std::int32_t>((longest + static_cast<std::size_t>(opt.max_answer)) / 16 + 4);
+    eng32 = std::make_unique<relokv_engine::llama_engine<P, float>>(model, blocks);
+    floor_row.name = "noise floor: full, fp32 KV";
+    floor_row.note = "full prefill with fp32 KV against the bf16 reference: no reuse";
+    floor_row.key = "fp32_floor";
   }
   const auto block_bytes = static_cast<std::int64_t>(model->cfg.n_layers) * 2 *
                            model->cfg.n_kv_heads * 16 * model->cfg.head_dim * 4;
@@ -248,6 +315,7 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
       if (v == 0) {
         ref_steps = steps;
         ref_answer = answer;
+        if (floor) add_floor(*eng32, l_flat, ref_steps, ref_answer, stop, opt, r, codec, floor_row);
       } else if (steps.size() < ref_answer.size()) {
         // The answer left full's: feed full's answer from a second, identical prefill.
         (void)eng.prefill(layout, var.strategy);
@@ -287,6 +355,7 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
       if (opt.progress) opt.progress(++done, total);
     }
   }
+  if (floor) res.push_back(std::move(floor_row));
   return res;
 }
 

@@ -89,6 +89,9 @@ struct run_options {
   std::string placement = "block_relative";
   std::string kv_dtype = "bf16";  ///< the KV pool's element type: bf16 or fp32
   std::int32_t num_blocks = 4096;
+  /// With bf16 KV: one more row, full prefill with fp32 KV against the bf16 reference (the
+  /// KV's own rounding: the floor under every variant's distance).
+  bool noise_floor = false;
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
 

@@ -148,6 +148,37 @@ TEST_CASE("rag: a run needs at least one answer token", "[rag]") {
   CHECK(res[1].agreement.size() == 1);
 }
 
+TEST_CASE("rag: exact hits agree with the reference; the fp32 noise floor is a row of its own",
+          "[rag]") {
+  const auto m =
+      std::make_shared<const relokv_engine::llama_model>(relokv_engine::llama_model::synthetic());
+  const relokv_rag::text_codec codec{nullptr, m->cfg.vocab};
+  const auto w = relokv_rag::generate(3, 6, 3, 1.0, 5, m->cfg.vocab);
+  const auto vars = relokv_rag::default_variants();
+  relokv_rag::run_options o;
+  o.max_answer = 4;
+  o.noise_floor = true;
+  const auto res = relokv_rag::run(m, w, codec, {vars[0], vars[1], vars[2]}, o);
+  REQUIRE(res.size() == 4);
+  // Prefix caching (exact hits of the same prompt) answers as the reference does, bit for bit.
+  REQUIRE(res[1].key == "prefix");
+  for (double kl : res[1].kl) CHECK(kl == 0.0);
+  for (double a : res[1].agreement) CHECK(a == 1.0);
+  // The floor: full prefill with fp32 KV, all the work, a distance of its own (the KV's
+  // rounding), measured on every question.
+  const auto& floor = res.back();
+  CHECK(floor.key == "fp32_floor");
+  REQUIRE(floor.kl.size() == w.requests.size());
+  for (double x : floor.work) CHECK(x == 1.0);
+  double total = 0;
+  for (double kl : floor.kl) total += kl;
+  CHECK(total > 0.0);   // bf16 and fp32 KV differ
+  CHECK(total < 1e-2);  // by rounding only
+  // fp32 runs have no floor row (the reference is fp32 already).
+  o.kv_dtype = "fp32";
+  CHECK(relokv_rag::run(m, w, codec, {vars[0], vars[1]}, o).size() == 2);
+}
+
 TEST_CASE("profile: saved, loaded, checked against the model; bad files named", "[rag]") {
   const auto m = relokv_engine::llama_model::synthetic();
   relokv_engine::strategy_profile p;

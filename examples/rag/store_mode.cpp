@@ -21,11 +21,21 @@ relokv::request_layout span_layout(const workload& w, const qa_request& r) {
   return b.question(r.question_tokens).build();
 }
 
+/// The store a URL names. `memory:` is one store for the whole process, so that the writer
+/// and the reader of `--role both` share it (each URL opened anew would be a store of its own,
+/// and the reader would find nothing).
+relokv::any_store open_store(const store_mode_options& opt) {
+  if (opt.url != "memory:") return relokv::any_store::from_url(opt.url, opt.seal);
+  static const relokv::memory_store shared;  // copies share its entries
+  if (!opt.seal.enabled()) return relokv::any_store(shared, opt.url);
+  return relokv::any_store(relokv::sealed_store<relokv::memory_store>(shared, opt.seal.load()),
+                           opt.url + " (sealed)");
+}
+
 template <class P>
 writer_report writer_with(std::shared_ptr<const relokv_engine::llama_model> model,
                           const workload& w, const store_mode_options& opt) {
-  relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16,
-                                     relokv::any_store::from_url(opt.url, opt.seal));
+  relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16, open_store(opt));
   writer_report out;
   const auto t0 = clock_type::now();
   std::vector<bool> done(w.corpus.size(), false);
@@ -49,8 +59,7 @@ reader_report reader_with(std::shared_ptr<const relokv_engine::llama_model> mode
                           const workload& w, const text_codec& codec,
                           const std::vector<variant>& variants, const store_mode_options& opt) {
   relokv_engine::llama_engine<P> full(model, opt.num_blocks);
-  relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16,
-                                     relokv::any_store::from_url(opt.url, opt.seal));
+  relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16, open_store(opt));
   const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
   reader_report rep;
   rep.rows.resize(variants.size());

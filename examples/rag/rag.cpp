@@ -177,6 +177,32 @@ double kl_divergence(const std::vector<float>& ref, const std::vector<float>& go
 
 namespace {
 
+/// Scores one answer against the reference's: first-token KL, the mean KL along the
+/// reference's answer, greedy agreement (token by token, end-of-turn dropped), F1 and EM.
+void score_answer(const std::vector<std::vector<float>>& ref_steps,
+                  const std::vector<std::vector<float>>& steps,
+                  const std::vector<relokv::token_t>& ref_answer,
+                  const std::vector<relokv::token_t>& answer, relokv::token_t stop,
+                  const qa_request& r, const text_codec& codec, variant_result& out) {
+  out.kl.push_back(kl_divergence(ref_steps[0], steps[0]));
+  double akl = 0;
+  for (std::size_t i = 0; i < ref_steps.size() && i < steps.size(); ++i)
+    akl += kl_divergence(ref_steps[i], steps[i]);
+  out.answer_kl.push_back(akl / double(std::max<std::size_t>(ref_steps.size(), 1)));
+  auto strip = [stop](std::vector<relokv::token_t> a) {
+    if (!a.empty() && a.back() == stop) a.pop_back();
+    return a;
+  };
+  const auto mine = strip(answer), ref = strip(ref_answer);
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < std::min(mine.size(), ref.size()); ++i) same += mine[i] == ref[i];
+  out.agreement.push_back(double(same) /
+                          double(std::max<std::size_t>({mine.size(), ref.size(), 1})));
+  const std::string text = codec.decode(mine);
+  out.f1.push_back(answer_f1(text, r.answer));
+  out.em.push_back(exact_match(text, r.answer));
+}
+
 /// One request of the noise-floor row: full prefill on the fp32-KV engine, its greedy answer
 /// against the reference's, and its logits along the reference's answer (teacher-forced).
 template <class E>
@@ -204,23 +230,7 @@ void add_floor(E& eng, const relokv::request_layout& flat,
   out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   out.computed.push_back(double(flat.tokens.size()));
   out.work.push_back(1.0);
-  out.kl.push_back(kl_divergence(ref_steps[0], steps[0]));
-  double akl = 0;
-  for (std::size_t i = 0; i < ref_steps.size() && i < steps.size(); ++i)
-    akl += kl_divergence(ref_steps[i], steps[i]);
-  out.answer_kl.push_back(akl / double(std::max<std::size_t>(ref_steps.size(), 1)));
-  auto strip = [&](std::vector<relokv::token_t> a) {
-    if (!a.empty() && a.back() == stop) a.pop_back();
-    return a;
-  };
-  const auto mine = strip(answer), ref = strip(ref_answer);
-  std::size_t same = 0;
-  for (std::size_t i = 0; i < std::min(mine.size(), ref.size()); ++i) same += mine[i] == ref[i];
-  out.agreement.push_back(double(same) /
-                          double(std::max<std::size_t>({mine.size(), ref.size(), 1})));
-  const std::string text = codec.decode(mine);
-  out.f1.push_back(answer_f1(text, r.answer));
-  out.em.push_back(exact_match(text, r.answer));
+  score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
 }
 
 template <class P, class T>
@@ -335,23 +345,7 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
       out.exact += st.exact_hits;
       out.relocated += st.relocated_hits;
       out.peak_kv_bytes = std::max<std::int64_t>(out.peak_kv_bytes, in_use * block_bytes);
-      out.kl.push_back(kl_divergence(ref_steps[0], steps[0]));
-      double akl = 0;
-      for (std::size_t i = 0; i < ref_steps.size(); ++i)
-        akl += kl_divergence(ref_steps[i], steps[i]);
-      out.answer_kl.push_back(akl / double(ref_steps.size()));
-      auto strip = [&](std::vector<relokv::token_t> a) {
-        if (!a.empty() && a.back() == stop) a.pop_back();
-        return a;
-      };
-      const auto mine = strip(answer), ref = strip(ref_answer);
-      std::size_t same = 0;
-      for (std::size_t i = 0; i < std::min(mine.size(), ref.size()); ++i) same += mine[i] == ref[i];
-      const std::size_t denom = std::max<std::size_t>({mine.size(), ref.size(), 1});
-      out.agreement.push_back(double(same) / double(denom));
-      const std::string text = codec.decode(mine);
-      out.f1.push_back(answer_f1(text, r.answer));
-      out.em.push_back(exact_match(text, r.answer));
+      score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
       if (opt.progress) opt.progress(++done, total);
     }
   }

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include <relokv/attention/attention_mass.hpp>
 #include <relokv/attention/detail/kernel_common.hpp>  // exp_nonpositive (SiLU)
 #include <relokv/attention/detail/simd.hpp>
 #include <relokv/attention/host_attention.hpp>
@@ -281,6 +282,64 @@ struct layer_workspace {
   std::vector<float> x, h, q, k, v, att, o, g, u, fk;
 };
 
+/// A probe pass's request (question_topk): at every layer, the attention the `rows` tokens
+/// give each key is added into `mass` (per logical position).
+struct mass_probe {
+  const std::vector<std::uint8_t>* rows = nullptr;
+  std::vector<float>* mass = nullptr;
+};
+
+/// Adds the attention of the computed rows that `probe` names to its mass, at one layer: the
+/// KV heads split in two fixed halves (one per lane when there are two), summed in one order,
+/// so that the ranking does not depend on the lane count.
+template <class P, class T>
+void probe_mass(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv,
+                const std::vector<relokv::block_entry>& table, const float* q,
+                const std::vector<std::int32_t>& positions, int H, float scale,
+                const mass_probe& probe) {
+  const std::size_t qrow = static_cast<std::size_t>(H) * kv.head_dim;
+  thread_local std::vector<float> qs;
+  thread_local std::vector<std::int32_t> ps;
+  qs.clear();
+  ps.clear();
+  for (std::size_t i = 0; i < positions.size(); ++i)
+    if ((*probe.rows)[static_cast<std::size_t>(positions[i])]) {
+      qs.insert(qs.end(), q + i * qrow, q + (i + 1) * qrow);
+      ps.push_back(positions[i]);
+    }
+  if (ps.empty()) return;
+  std::vector<float>& mass = *probe.mass;
+  std::vector<float> other(mass.size(), 0.0f);
+  const std::int32_t mid = kv.num_kv_heads / 2;
+  // The helper lane gets pointers and a count: a thread_local named inside the lambda would be
+  // the helper's own.
+  const float* qp = qs.data();
+  const std::int32_t* pp = ps.data();
+  const auto rows = static_cast<std::int32_t>(ps.size());
+  const auto run = [&](int half) {
+    relokv::attention_mass_params<T> a;
+    a.rope = &rope;
+    a.kv = kv;
+    a.blocks = table;
+    a.q = qp;
+    a.q_pos = pp;
+    a.num_tokens = rows;
+    a.num_q_heads = H;
+    a.scale = scale;
+    a.heads =
+        half == 0 ? relokv::kv_head_range{0, mid} : relokv::kv_head_range{mid, kv.num_kv_heads};
+    a.mass = half == 0 ? std::span<float>(mass) : std::span<float>(other);
+    relokv::attention_mass<P>(a);
+  };
+  if (lanes::get().two())
+    lanes::get().run(run);
+  else {
+    run(0);
+    run(1);
+  }
+  for (std::size_t t = 0; t < mass.size(); ++t) mass[t] += other[t];
+}
+
 /// Keeps the rows the mask still computes (and the last one, whose hidden state gives the
 /// logits): their residual in x, and their queries in q when given (between the K/V write and
 /// attention). Returns the new row count.
@@ -314,7 +373,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                 const std::vector<std::uint8_t>* reused,
                 const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden,
                 prefill_stats* trace = nullptr, const std::vector<std::uint8_t>* pinned = nullptr,
-                bool decode = false) {
+                bool decode = false, const mass_probe* probe = nullptr) {
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
   auto n = static_cast<int>(positions.size());
@@ -397,6 +456,9 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                            &k[static_cast<std::size_t>(i) * Hk * hd],
                            &v[static_cast<std::size_t>(i) * Hk * hd]);
     }
+    if (probe)
+      probe_mass<P>(rope, relokv::paged_kv_view<const T>(layer_kv), map.table, q.data(), positions,
+                    H, scale, *probe);
     if (refined) {
       // Every candidate's K/V of the check layer are written; the rows dropped there need no
       // attention or MLP (nothing reads their hidden state again).
@@ -728,8 +790,38 @@ std::vector<float> llama_engine<P, T>::prefill(const relokv::request_layout& lay
   std::vector<relokv::block_status> status;
   for (const auto& pb : pl.blocks) status.push_back(pb.status);
   strategy.pin(layout, status, pinned);
-  run_layers<P, T>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
-                   &reused, &strategy, hidden, stats, &pinned);
+  if (strategy.probes()) {
+    // question_topk: the question first, over the spans as cached (the probe), then the
+    // tokens its attention chose with everything computed anyway, as a static mask. The
+    // probe's work counts: its tokens are computed twice.
+    const auto keep = [&](const std::vector<std::uint8_t>& m) {
+      std::vector<std::int32_t> out;
+      for (std::size_t i = 0; i < positions.size(); ++i)
+        if (m[static_cast<std::size_t>(positions[i])] || i + 1 == positions.size())
+          out.push_back(positions[i]);
+      return out;
+    };
+    std::vector<std::uint8_t> base(mask.size()), rows(mask.size(), 0);
+    for (std::size_t t = 0; t < mask.size(); ++t)
+      base[t] = mask[t] && (!reused[t] || pinned[t]) ? 1 : 0;
+    strategy.query_rows(layout, rows);
+    std::vector<float> mass(mask.size(), 0.0f);
+    const mass_probe probe{&rows, &mass};
+    run_layers<P, T>(*model_, rope_, kv_, r->map, keep(base), r->tokens, no_write, nullptr, nullptr,
+                     nullptr, hidden, stats, nullptr, false, &probe);
+    strategy.choose(mass, reused, mask, pinned);
+    positions = keep(mask);
+    if (stats) {
+      stats->computed = static_cast<std::int32_t>(positions.size());
+      stats->check_deviation = mass;
+      stats->check_kept = mask;
+    }
+    run_layers<P, T>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write,
+                     nullptr, nullptr, nullptr, hidden, stats);
+  } else {
+    run_layers<P, T>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
+                     &reused, &strategy, hidden, stats, &pinned);
+  }
   live_ = std::move(r);
   return head(*model_, hidden, /*decode=*/false);
 }

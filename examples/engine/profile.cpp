@@ -14,6 +14,7 @@ std::string strategy_spec::label() const {
   if (kind == "first_k" || kind == "seam_window") return kind + " k=" + std::to_string(k);
   if (kind == "deviation_topk") return kind + " r=" + r;
   if (kind == "kvboost" || kind == "union") return kind + " k=" + std::to_string(k) + " r=" + r;
+  if (kind == "question") return kind + (k > 0 ? " k=" + std::to_string(k) : "") + " r=" + r;
   return kind;
 }
 
@@ -26,9 +27,10 @@ relokv::recompute::any_strategy strategy_spec::make() const {
   if (kind == "kvboost") return rc::kvboost(k, ratio);
   if (kind == "deviation_topk") return rc::deviation_topk(ratio);
   if (kind == "union") return rc::first_k_and_topk(k, ratio);
+  if (kind == "question") return rc::question_topk(ratio, k);
   throw std::invalid_argument("unknown strategy kind '" + kind +
                               "' (none, full, first_k, seam_window, kvboost, deviation_topk, "
-                              "union)");
+                              "union, question)");
 }
 
 void save_profile(const std::string& path, const strategy_profile& p) {

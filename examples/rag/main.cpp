@@ -197,7 +197,8 @@ void write_outputs(const options& o, const std::vector<relokv_rag::variant>& var
   std::vector<relokv_rag::sweep_point> pts;
   for (std::size_t i = 1; i < rows.size(); ++i) {  // row 0 is the reference
     const auto& s = variants[i].spec;
-    const double budget = s.kind == "deviation_topk" ? 100.0 * s.ratio : double(s.k);
+    const double budget =
+        s.kind == "deviation_topk" || s.kind == "question" ? 100.0 * s.ratio : double(s.k);
     pts.push_back({s.kind, s.label(), budget, rows[i]});
   }
   relokv_rag::write_sweep_csv(o.sweep_out + ".csv", pts, model_name);

@@ -60,7 +60,8 @@ struct variant {
   std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
   relokv_engine::strategy_spec spec;  // the strategy by kind and budget
 };
-/// The eight variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k).
+/// The nine variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k;
+/// question: the question's attention picks the tokens, question_topk).
 /// first_k sets EPIC's k and KVBoost's window; topk is CacheBlend's recompute ratio. @throws
 /// relokv::error for values the strategies reject.
 std::vector<variant> default_variants(std::int32_t first_k = 16, float topk = 0.15f);

@@ -3,6 +3,7 @@
 
 #include <relokv/layout/builder.hpp>
 #include <relokv/recompute/deviation.hpp>
+#include <relokv/recompute/question_topk.hpp>
 #include <relokv/rope/at_attention.hpp>
 #include <relokv/rope/block_relative.hpp>
 #include <relokv/rope/pre_rotated.hpp>
@@ -148,7 +149,7 @@ TEST_CASE("engine: the recompute strategies bring relocated spans closer to full
   const std::vector<std::vector<token_t>> docs = {
       relokv_test::iota_tokens(40, 37), relokv_test::iota_tokens(90, 29),
       relokv_test::iota_tokens(130, 45), relokv_test::iota_tokens(180, 33)};
-  double kl_none = 0, kl_topk = 0, kl_union = 0, kl_first = 0;
+  double kl_none = 0, kl_topk = 0, kl_union = 0, kl_first = 0, kl_question = 0;
   int orders = 0;
   llama_engine<relokv::block_relative, float> eng(deep, 256);
   // Each document cached on its own after the system prompt, then asked in four orders.
@@ -181,26 +182,32 @@ TEST_CASE("engine: the recompute strategies bring relocated spans closer to full
     eng.end(false);
     const auto first = eng.prefill(l, first_k(8), &st);
     eng.end(false);
+    const auto question = eng.prefill(l, relokv::recompute::question_topk(0.3f), &st);
+    eng.end(false);
     const double n = first_token_kl(want, none);
     INFO("order " << orders << ": naive " << n << ", top-k " << first_token_kl(want, topk)
                   << ", union " << first_token_kl(want, both) << ", first_k "
-                  << first_token_kl(want, first));
+                  << first_token_kl(want, first) << ", question "
+                  << first_token_kl(want, question));
     CHECK(n > 1e-4);  // relocation visibly changes the answer's distribution
     kl_none += n;
     kl_topk += first_token_kl(want, topk);
     kl_union += first_token_kl(want, both);
     kl_first += first_token_kl(want, first);
+    kl_question += first_token_kl(want, question);
     ++orders;
   }
   INFO("mean first-token KL: naive " << kl_none / orders << ", top-k " << kl_topk / orders
                                      << ", union " << kl_union / orders << ", first_k "
-                                     << kl_first / orders);
+                                     << kl_first / orders << ", question " << kl_question / orders);
   // CacheBlend's top-k (and the union) is for closing the gap to full recompute: well below
   // naive reuse on average. (first_k is reported, not asserted: what it repairs is the
   // attention sink a trained model makes of a span's first tokens, which random weights lack;
   // here it reads about naive's KL.)
   CHECK(kl_topk < 0.7 * kl_none);
   CHECK(kl_union < 0.7 * kl_none);
+  // question_topk is reported, not asserted: random weights give the question no reason to
+  // attend where relocation did harm (here about naive's KL); see the real-model tests.
 }
 
 TEST_CASE("engine: token ids outside the vocabulary are rejected at the entry points", "[engine]") {
@@ -268,6 +275,82 @@ TEST_CASE("engine: a document cached on its own is reused whole, its last block 
   CHECK(st.relocated_hits == 3);
   CHECK(st.computed == static_cast<int>(kB.size() + kQ.size()));
   eng.end(false);
+}
+
+TEST_CASE("engine: question-driven recompute: r = 0 is naive PIC, r = 1 is full, bit for bit",
+          "[engine][question]") {
+  relokv_engine::llama_config cfg;
+  cfg.n_layers = 6;
+  const auto deep = std::make_shared<const llama_model>(llama_model::synthetic(cfg, 3));
+  using relokv::recompute::question_topk;
+  const std::vector<std::vector<token_t>> docs = {relokv_test::iota_tokens(40, 37),
+                                                  relokv_test::iota_tokens(90, 29),
+                                                  relokv_test::iota_tokens(130, 45)};
+  llama_engine<relokv::block_relative, float> eng(deep, 96);
+  // Stale K/V in every free block first (requests computed and dropped): a block the probe
+  // may choose from must be a copy of its cached source, never a block rebuilt from nothing.
+  for (token_t first : {3, 17, 50}) {
+    (void)eng.prefill(
+        relokv::layout_builder(16).prefix(relokv_test::iota_tokens(first, 190)).build(),
+        relokv::recompute::none{});
+    eng.end(false);
+  }
+  for (const auto& d : docs) {
+    (void)eng.prefill(relokv::layout_builder(16).prefix(kSys).span(d).build(),
+                      relokv::recompute::none{});
+    eng.end(true);
+  }
+  const auto l = relokv::layout_builder(16)
+                     .prefix(kSys)
+                     .span(docs[2])
+                     .span(docs[0])
+                     .span(docs[1])
+                     .question(kQ)
+                     .build();
+  relokv_engine::prefill_stats naive_st, st;
+  const auto naive = eng.prefill(l, relokv::recompute::none{}, &naive_st);
+  // (The probe then the second pass, each over the question: the same rows as naive's one.)
+  eng.end(false);
+  REQUIRE(naive_st.relocated_hits > 0);
+  const auto q0 = eng.prefill(l, question_topk(0.0f), &st);
+  eng.end(false);
+  CHECK(max_diff(q0, naive) == 0.0);
+  // The probe's work counts: the same tokens, twice.
+  CHECK(st.token_layers == 2 * naive_st.token_layers);
+
+  // r = 1 computes every relocated token at every layer: CacheBlend keeping all of them.
+  const auto all = eng.prefill(l, relokv::recompute::deviation_topk(1.0f), &naive_st);
+  eng.end(false);
+  const auto q1 = eng.prefill(l, question_topk(1.0f), &st);
+  eng.end(false);
+  CHECK(max_diff(q1, all) == 0.0);
+
+  // r = 0.2: the mass is the question's attention (each of its rows gives 1 per head and
+  // layer), and the chosen tokens are the candidates (the spans' tokens) it ranks highest.
+  (void)eng.prefill(l, question_topk(0.2f), &st);
+  eng.end(false);
+  REQUIRE(st.check_deviation.size() == l.tokens.size());
+  double total = 0;
+  for (float m : st.check_deviation) total += m;
+  CHECK(total == Approx(double(kQ.size()) * cfg.n_heads * cfg.n_layers).epsilon(1e-4));
+  float min_kept = INFINITY, max_dropped = 0.0f;
+  std::size_t kept = 0, candidates = 0;
+  // Segment 1 (docs[2], right after the system prompt as when it was cached) is exact; the
+  // candidates are docs[0] and docs[1], relocated.
+  for (std::size_t s = 2; s + 1 < l.segments.size(); ++s)
+    for (std::int32_t i = 0; i < l.segments[s].num_tokens; ++i) {
+      const auto t = static_cast<std::size_t>(l.segments[s].first_token + i);
+      ++candidates;
+      if (st.check_kept[t]) {
+        ++kept;
+        min_kept = std::min(min_kept, st.check_deviation[t]);
+      } else {
+        max_dropped = std::max(max_dropped, st.check_deviation[t]);
+      }
+    }
+  REQUIRE(candidates == docs[0].size() + docs[1].size());
+  CHECK(kept == static_cast<std::size_t>(std::ceil(0.2 * double(candidates) - 1e-9)));
+  CHECK(min_kept >= max_dropped);
 }
 
 TEST_CASE("engine: CacheBlend measures at its check layer, where context has mixed in",

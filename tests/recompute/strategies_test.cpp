@@ -5,6 +5,7 @@
 #include <relokv/recompute/first_k.hpp>
 #include <relokv/recompute/full.hpp>
 #include <relokv/recompute/none.hpp>
+#include <relokv/recompute/question_topk.hpp>
 #include <relokv/recompute/seam_window.hpp>
 
 #include <algorithm>
@@ -337,4 +338,70 @@ TEST_CASE("kvboost: the seam window pinned, cosine top-k above KVBoost's minimum
   const relokv::recompute::any_strategy a(s);
   CHECK(a.metric() == relokv::deviation_metric::kCosine);
   CHECK(a.steps() == 1);
+}
+
+TEST_CASE("question_topk: candidates, the question's rows, then the top r% by attention",
+          "[recompute][question]") {
+  using relokv::recompute::question_topk;
+  const auto l = layout();
+  // Candidates: every relocated token (A at 6..15, B at 16..18), as CacheBlend's.
+  std::vector<int> relocated;
+  for (int t = 6; t < 19; ++t) relocated.push_back(t);
+  CHECK(run(question_topk(0.2f)) == cat(relocated, kQuestion));
+  CHECK_FALSE(question_topk().dynamic());
+  CHECK(question_topk().probes());
+  CHECK(relokv::narrows_mask(question_topk()));
+  CHECK_FALSE(relokv::narrows_mask(relokv::recompute::first_k(4)));
+  // The rows that rank: the last segment (the question).
+  std::vector<std::uint8_t> rows(24, 0);
+  question_topk().query_rows(l, rows);
+  CHECK(ones(rows) == kQuestion);
+  std::vector<std::uint8_t> short_rows(23, 0);
+  CHECK_THROWS_AS(question_topk().query_rows(l, short_rows), relokv::error);
+  // Pinned: EPIC's first k of each relocated span (k = 2: 6, 7 and 16, 17); none for k = 0.
+  std::vector<std::uint8_t> pinned(24, 0);
+  question_topk(0.2f, 2).pin(l, kStatus, pinned);
+  CHECK(ones(pinned) == std::vector<int>{6, 7, 16, 17});
+  std::vector<std::uint8_t> none_pinned(24, 0);
+  question_topk(0.2f).pin(l, kStatus, none_pinned);
+  CHECK(ones(none_pinned).empty());
+
+  // choose: reused = prefix (exact) and A, B; candidates 6..18 less the pinned: 9 tokens, so
+  // r = 0.3 keeps ceil(2.7) = 3, by mass: 12, 9 and 18.
+  std::vector<std::uint8_t> reused(24, 0);
+  for (int t = 0; t < 19; ++t) reused[static_cast<std::size_t>(t)] = 1;
+  std::vector<float> mass(24, 0.0f);
+  mass[0] = 50.0f;  // the exact prefix's sink: reused but not a candidate, never chosen
+  mass[12] = 3.0f;
+  mass[9] = 2.0f;
+  mass[18] = 1.5f;
+  mass[10] = 1.0f;
+  mass[6] = 9.0f;  // pinned: kept outside the budget
+  auto mask = initial_mask(l, kStatus);
+  question_topk(0.3f, 2).select(l, kStatus, mask);
+  question_topk(0.3f, 2).choose(mass, reused, mask, pinned);
+  CHECK(ones(mask) == cat({6, 7, 9, 12, 16, 17, 18}, kQuestion));
+  // r = 0: the pinned and the question only; r = 1: every candidate.
+  for (float r : {0.0f, 1.0f}) {
+    auto m = initial_mask(l, kStatus);
+    question_topk(r, 2).select(l, kStatus, m);
+    question_topk(r, 2).choose(mass, reused, m, pinned);
+    CHECK(ones(m) == (r == 0.0f ? cat({6, 7, 16, 17}, kQuestion) : cat(relocated, kQuestion)));
+  }
+  std::vector<float> short_mass(23, 0.0f);
+  CHECK_THROWS_AS(question_topk().choose(short_mass, reused, mask), relokv::error);
+  CHECK_THROWS_AS(question_topk(1.5f), relokv::error);
+  CHECK_THROWS_AS(question_topk(-0.1f), relokv::error);
+  CHECK_THROWS_AS(question_topk(0.1f, 33), relokv::error);
+  // Through any_strategy; the others have no probe.
+  const relokv::recompute::any_strategy any(question_topk(0.3f, 2));
+  CHECK(any.probes());
+  CHECK_FALSE(any.dynamic());
+  auto m2 = initial_mask(l, kStatus);
+  any.select(l, kStatus, m2);
+  any.choose(mass, reused, m2, pinned);
+  CHECK(ones(m2) == ones(mask));
+  CHECK_FALSE(relokv::recompute::any_strategy(relokv::recompute::first_k(2)).probes());
+  CHECK_THROWS_AS(relokv::recompute::any_strategy().choose(mass, reused, m2), relokv::error);
+  CHECK_THROWS_AS(relokv::recompute::any_strategy().query_rows(l, rows), relokv::error);
 }

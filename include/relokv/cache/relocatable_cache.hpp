@@ -250,9 +250,9 @@ class relocatable_cache {
       const block_extent& e = layout.blocks[bi];
       const auto first = p.compute.begin() + e.pos0;
       const std::int32_t computed = detail::count_ones(&*first, e.len);
-      // A dynamic strategy's first mask is only where it measures: its reused tokens mostly
-      // stay, so their blocks are copied, never rebuilt from nothing.
-      pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !strategy.dynamic());
+      // A dynamic or probing strategy's first mask is only its candidates: its reused tokens
+      // mostly stay, so their blocks are copied, never rebuilt from nothing.
+      pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !narrows_mask(strategy));
       pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb, src_pos0_of(rs, bi, pb)));
       // A fetch the request recomputes whole is not written at all.
       if (pb.fresh) pb.tier = block_tier::kComputed;

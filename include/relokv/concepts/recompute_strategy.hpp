@@ -18,6 +18,8 @@ RELOKV_NAMESPACE_BEGIN
 ///    reused tokens to recompute. It never clears a 1. `status` has one entry per block.
 ///  - `s.dynamic()`: true when the strategy refines the mask layer by layer during prefill
 ///    (see recompute/deviation_topk.hpp for the refine protocol); static strategies return false.
+///  - optionally `s.probes()`: true when the engine runs a probe pass first and the strategy
+///    then chooses among its candidates (recompute/question_topk.hpp).
 template <class S>
 concept recompute_strategy = std::copy_constructible<S> &&
     requires(const S& s, const request_layout& layout, std::span<const block_status> status,
@@ -25,5 +27,16 @@ concept recompute_strategy = std::copy_constructible<S> &&
   { s.select(layout, status, mask) } -> std::same_as<void>;
   { s.dynamic() } -> std::convertible_to<bool>;
 };
+
+/// True when the strategy's first mask names candidates rather than the tokens it computes: a
+/// dynamic strategy narrows it layer by layer, a probing one after its probe. Most of their
+/// reused tokens keep their cached K/V, so the cache copies (and fetches) those blocks even
+/// when every token of one is a candidate.
+template <recompute_strategy S>
+[[nodiscard]] bool narrows_mask(const S& s) {
+  if constexpr (requires { s.probes(); })
+    if (s.probes()) return true;
+  return static_cast<bool>(s.dynamic());
+}
 
 RELOKV_NAMESPACE_END

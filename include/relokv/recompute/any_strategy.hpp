@@ -4,6 +4,7 @@
 /// requests that use different PIC variants at the same time.
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <variant>
 
@@ -11,19 +12,20 @@
 #include "relokv/recompute/first_k.hpp"
 #include "relokv/recompute/full.hpp"
 #include "relokv/recompute/none.hpp"
+#include "relokv/recompute/question_topk.hpp"
 #include "relokv/recompute/seam_window.hpp"
 
 RELOKV_NAMESPACE_BEGIN
 namespace recompute {
 
 /// Holds one of none, first_k, seam_window, deviation_topk, full, first_k_and_topk,
-/// seam_window_and_topk. Cost beside the static form: one std::visit (a jump through a small table)
-/// per select/refine call, that is per request or per check layer, never per token; and the size of
-/// the largest alternative.
+/// seam_window_and_topk, question_topk. Cost beside the static form: one std::visit (a jump through
+/// a small table) per select/refine call, that is per request or per check layer, never per token;
+/// and the size of the largest alternative.
 class any_strategy {
  public:
   using variant_type = std::variant<none, first_k, seam_window, deviation_topk, full,
-                                    first_k_and_topk, seam_window_and_topk>;
+                                    first_k_and_topk, seam_window_and_topk, question_topk>;
 
   any_strategy() = default;
   template <class S>
@@ -52,15 +54,26 @@ class any_strategy {
                         });
   }
   /// Marks the tokens the strategy computes at every layer (the pinned part of
-  /// first_k_and_topk and seam_window_and_topk); the others pin nothing. Call once per
-  /// request, before the first refine.
+  /// first_k_and_topk, seam_window_and_topk and question_topk); the others pin nothing. Call
+  /// once per request, before the first refine (or the probe).
   void pin(const request_layout& l, std::span<const block_status> status,
            std::span<std::uint8_t> pinned) const {
-    with_dynamic(
+    std::visit(
         [&](const auto& d) {
           if constexpr (requires { d.pin(l, status, pinned); }) d.pin(l, status, pinned);
         },
-        [] {});
+        v_);
+  }
+  /// True when the engine runs a probe pass first (question_topk's protocol).
+  [[nodiscard]] bool probes() const noexcept { return std::holds_alternative<question_topk>(v_); }
+  /// question_topk::query_rows; an error for the others (they have no probe).
+  void query_rows(const request_layout& l, std::span<std::uint8_t> rows) const {
+    probing("query_rows").query_rows(l, rows);
+  }
+  /// question_topk::choose; an error for the others (they have no probe).
+  void choose(std::span<const float> mass, std::span<const std::uint8_t> reused,
+              std::span<std::uint8_t> mask, std::span<const std::uint8_t> pinned = {}) const {
+    probing("choose").choose(mass, reused, mask, pinned);
   }
   /// The deviation metric of a dynamic alternative (the engine's token_deviation call); kL2
   /// for static ones.
@@ -83,6 +96,11 @@ class any_strategy {
   [[nodiscard]] std::size_t index() const noexcept { return v_.index(); }
 
  private:
+  const question_topk& probing(const char* what) const {
+    if (const auto* q = std::get_if<question_topk>(&v_)) return *q;
+    throw error(std::string("any_strategy::") + what +
+                ": the selected strategy has no probe pass (question_topk has)");
+  }
   /// Calls f on the dynamic alternative (deviation_topk, first_k_and_topk,
   /// seam_window_and_topk), or otherwise() when a static one is held.
   template <class F, class G>

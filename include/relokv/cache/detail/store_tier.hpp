@@ -14,6 +14,7 @@
 #include "relokv/cache/cache_stats.hpp"
 #include "relokv/cache/detail/cache_state.hpp"
 #include "relokv/cache/reuse_plan.hpp"
+#include "relokv/concepts/recompute_strategy.hpp"
 #include "relokv/concepts/kv_store.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/layout/request_layout.hpp"
@@ -80,7 +81,7 @@ class store_tier {
       return status_[b] == block_status::kMiss && layout.blocks[b].sealed;
     };
     // What the strategy would recompute if every candidate were found.
-    bool speculate = !strategy.dynamic();
+    bool speculate = !narrows_mask(strategy);
     if (speculate) {
       spec_status_ = status_;
       spec_mask_ = p.compute;

@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -17,6 +18,7 @@
 #include <relokv/attention/attention_mass.hpp>
 #include <relokv/attention/detail/kernel_common.hpp>  // exp_nonpositive (SiLU)
 #include <relokv/attention/detail/simd.hpp>
+#include <relokv/attention/grouped.hpp>
 #include <relokv/attention/host_attention.hpp>
 #include <relokv/attention/kv_append.hpp>
 #include <relokv/attention/params.hpp>
@@ -208,8 +210,43 @@ constexpr int kKeySplitBelow = 2;
 template <class P, class T>
 void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv,
                relokv::block_table_view view, const float* q, const std::int32_t* pos, int n,
-               int num_q_heads, float scale, float* out) {
+               int num_q_heads, float scale, float* out,
+               const std::array<relokv::attention_group, 3>* groups = nullptr,
+               std::int32_t query_start = 0) {
   const std::size_t row = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
+  if (groups != nullptr && n > 0 && pos[n - 1] >= query_start) {
+    // APE: the reader's rows (a suffix: positions ascend) attend by groups; rows before
+    // them plainly. Few rows: the KV heads split between the lanes.
+    int i0 = 0;
+    while (pos[i0] < query_start) ++i0;
+    if (i0 > 0) attention<P>(rope, kv, view, q, pos, i0, num_q_heads, scale, out);
+    const int m = n - i0;
+    const std::int32_t qind[2] = {0, m};
+    const auto call = [&](relokv::kv_head_range heads) {
+      relokv::attention_params<T> p;
+      p.rope = &rope;
+      p.kv = kv;
+      p.table = view;
+      p.q = q + static_cast<std::size_t>(i0) * row;
+      p.q_pos = pos + i0;
+      p.q_indptr = m == 1 ? nullptr : qind;
+      p.num_tokens = m;
+      p.num_q_heads = num_q_heads;
+      p.scale = scale;
+      p.out = out + static_cast<std::size_t>(i0) * row;
+      p.heads = heads;
+      relokv::grouped_attention<P>(p, *groups);
+    };
+    if (lanes::get().two() && kv.num_kv_heads >= 2) {
+      const std::int32_t mid = kv.num_kv_heads / 2;
+      lanes::get().run([&](int lane) {
+        lane == 0 ? call({0, mid}) : call({mid, kv.num_kv_heads});
+      });
+    } else {
+      call({});
+    }
+    return;
+  }
   const auto call = [&](relokv::block_table_view v, int begin, int end, float* o, float* lse,
                         relokv::kv_head_range heads = {}) {
     if (end <= begin) return;
@@ -287,6 +324,14 @@ struct layer_workspace {
 struct mass_probe {
   const std::vector<std::uint8_t>* rows = nullptr;
   std::vector<float>* mass = nullptr;
+  const relokv::recompute::any_strategy* strategy = nullptr;  ///< which layers count
+};
+
+/// APE's reader (recompute::ape): positions from query_start on attend by the groups of
+/// ape::groups over the request's table.
+struct grouped_reader {
+  relokv::recompute::ape ape;
+  relokv::request_layout layout;
 };
 
 /// Adds the attention of the computed rows that `probe` names to its mass, at one layer: the
@@ -373,7 +418,8 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                 const std::vector<std::uint8_t>* reused,
                 const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden,
                 prefill_stats* trace = nullptr, const std::vector<std::uint8_t>* pinned = nullptr,
-                bool decode = false, const mass_probe* probe = nullptr) {
+                bool decode = false, const mass_probe* probe = nullptr,
+                const grouped_reader* reader = nullptr) {
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
   auto n = static_cast<int>(positions.size());
@@ -395,6 +441,12 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   const relokv::block_table_view view{map.table.data(), indptr, 1};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const auto qrow = static_cast<std::size_t>(H) * hd;
+  std::array<relokv::attention_group, 3> groups{};
+  std::int32_t query_start = 0;
+  if (reader) {
+    groups = reader->ape.groups(reader->layout, static_cast<std::int32_t>(map.table.size()));
+    query_start = relokv::recompute::ape::query_start(reader->layout);
+  }
   for (int l = 0; l < c.n_layers; ++l) {
     const llama_layer& L = m.layers[static_cast<std::size_t>(l)];
     auto N = static_cast<std::size_t>(n);
@@ -456,7 +508,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
                            &k[static_cast<std::size_t>(i) * Hk * hd],
                            &v[static_cast<std::size_t>(i) * Hk * hd]);
     }
-    if (probe)
+    if (probe && probe->strategy->counts_layer(l, c.n_layers))
       probe_mass<P>(rope, relokv::paged_kv_view<const T>(layer_kv), map.table, q.data(), positions,
                     H, scale, *probe);
     if (refined) {
@@ -467,7 +519,7 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     }
     att.resize(N * H * hd);
     attention<P>(rope, relokv::paged_kv_view<const T>(layer_kv), view, q.data(), positions.data(),
-                 n, H, scale, att.data());
+                 n, H, scale, att.data(), reader ? &groups : nullptr, query_start);
     o.resize(N * D);
     matmul(att.data(), n, H * hd, L.wo, D, o.data(), nullptr, decode);
     float* const xr = x.data();  // x may have shrunk (compact_rows): its data again
@@ -703,6 +755,7 @@ struct llama_engine<P, T>::live_request {
   std::optional<relokv::request_kv<cache_type, T>> req;
   kv_map map;  // position -> (block, slot) for the layer loop, indexed from req->blocks()
   std::vector<relokv::token_t> tokens;
+  std::optional<grouped_reader> reader;  // APE requests: prefill's and decode's reader rows
 };
 
 namespace {
@@ -806,7 +859,7 @@ std::vector<float> llama_engine<P, T>::prefill(const relokv::request_layout& lay
       base[t] = mask[t] && (!reused[t] || pinned[t]) ? 1 : 0;
     strategy.query_rows(layout, rows);
     std::vector<float> mass(mask.size(), 0.0f);
-    const mass_probe probe{&rows, &mass};
+    const mass_probe probe{&rows, &mass, &strategy};
     run_layers<P, T>(*model_, rope_, kv_, r->map, keep(base), r->tokens, no_write, nullptr, nullptr,
                      nullptr, hidden, stats, nullptr, false, &probe);
     strategy.choose(mass, reused, mask, pinned);
@@ -819,8 +872,10 @@ std::vector<float> llama_engine<P, T>::prefill(const relokv::request_layout& lay
     run_layers<P, T>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write,
                      nullptr, nullptr, nullptr, hidden, stats);
   } else {
+    if (const auto* a = strategy.grouped()) r->reader.emplace(grouped_reader{*a, layout});
     run_layers<P, T>(*model_, rope_, kv_, r->map, std::move(positions), r->tokens, no_write, &mask,
-                     &reused, &strategy, hidden, stats, &pinned);
+                     &reused, &strategy, hidden, stats, &pinned, false, nullptr,
+                     r->reader ? &*r->reader : nullptr);
   }
   live_ = std::move(r);
   return head(*model_, hidden, /*decode=*/false);
@@ -839,7 +894,8 @@ std::vector<float> llama_engine<P, T>::decode(relokv::token_t token) {
   r.map.index();
   std::vector<float> hidden;
   run_layers<P, T>(*model_, rope_, kv_, r.map, {pos}, r.tokens, -1, nullptr, nullptr, nullptr,
-                   hidden, nullptr, nullptr, /*decode=*/true);
+                   hidden, nullptr, nullptr, /*decode=*/true, nullptr,
+                   r.reader ? &*r.reader : nullptr);
   return head(*model_, hidden, /*decode=*/true);
 }
 

@@ -2,6 +2,7 @@
 #include "profile.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <stdexcept>
 
@@ -15,6 +16,11 @@ std::string strategy_spec::label() const {
   if (kind == "deviation_topk") return kind + " r=" + r;
   if (kind == "kvboost" || kind == "union") return kind + " k=" + std::to_string(k) + " r=" + r;
   if (kind == "question") return kind + (k > 0 ? " k=" + std::to_string(k) : "") + " r=" + r;
+  if (kind == "ape") {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "ape T=%.2g S=%.2g", double(temperature), double(scale));
+    return buf;
+  }
   return kind;
 }
 
@@ -27,10 +33,11 @@ relokv::recompute::any_strategy strategy_spec::make() const {
   if (kind == "kvboost") return rc::kvboost(k, ratio);
   if (kind == "deviation_topk") return rc::deviation_topk(ratio);
   if (kind == "union") return rc::first_k_and_topk(k, ratio);
-  if (kind == "question") return rc::question_topk(ratio, k);
+  if (kind == "question") return rc::question_topk(ratio, k, from);
+  if (kind == "ape") return rc::ape(temperature, scale);
   throw std::invalid_argument("unknown strategy kind '" + kind +
                               "' (none, full, first_k, seam_window, kvboost, deviation_topk, "
-                              "union, question)");
+                              "union, question, ape)");
 }
 
 void save_profile(const std::string& path, const strategy_profile& p) {

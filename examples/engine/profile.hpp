@@ -17,6 +17,8 @@ struct strategy_spec {
   std::string kind = "none";
   std::int32_t k = 0;
   float ratio = 0.0f;
+  float temperature = 0.9f, scale = 0.9f;  ///< APE's (kind "ape")
+  float from = 0.5f;                       ///< question_topk's first counted layer (fraction)
   /// Short label: "first_k k=8", "deviation_topk r=15%", ...
   [[nodiscard]] std::string label() const;
   /// @throws std::invalid_argument for an unknown kind; relokv::error for a bad budget

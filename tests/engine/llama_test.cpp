@@ -2,6 +2,7 @@
 #include "load_model.hpp"
 
 #include <relokv/layout/builder.hpp>
+#include <relokv/recompute/ape.hpp>
 #include <relokv/recompute/deviation.hpp>
 #include <relokv/recompute/question_topk.hpp>
 #include <relokv/rope/at_attention.hpp>
@@ -326,13 +327,14 @@ TEST_CASE("engine: question-driven recompute: r = 0 is naive PIC, r = 1 is full,
   CHECK(max_diff(q1, all) == 0.0);
 
   // r = 0.2: the mass is the question's attention (each of its rows gives 1 per head and
-  // layer), and the chosen tokens are the candidates (the spans' tokens) it ranks highest.
+  // counted layer), and the chosen tokens are the candidates (the spans' tokens) it ranks highest.
   (void)eng.prefill(l, question_topk(0.2f), &st);
   eng.end(false);
   REQUIRE(st.check_deviation.size() == l.tokens.size());
   double total = 0;
   for (float m : st.check_deviation) total += m;
-  CHECK(total == Approx(double(kQ.size()) * cfg.n_heads * cfg.n_layers).epsilon(1e-4));
+  // (The deeper half of the layers counts by default: 3 of 6.)
+  CHECK(total == Approx(double(kQ.size()) * cfg.n_heads * 3).epsilon(1e-4));
   float min_kept = INFINITY, max_dropped = 0.0f;
   std::size_t kept = 0, candidates = 0;
   // Segment 1 (docs[2], right after the system prompt as when it was cached) is exact; the
@@ -351,6 +353,43 @@ TEST_CASE("engine: question-driven recompute: r = 0 is naive PIC, r = 1 is full,
   REQUIRE(candidates == docs[0].size() + docs[1].size());
   CHECK(kept == static_cast<std::size_t>(std::ceil(0.2 * double(candidates) - 1e-9)));
   CHECK(min_kept >= max_dropped);
+}
+
+TEST_CASE("engine: APE attends by groups at the question and the answer; T = S = 1 is naive",
+          "[engine][ape]") {
+  using relokv::recompute::ape;
+  llama_engine<relokv::block_relative, float> eng(model(), 64);
+  for (const auto* d : {&kA, &kB}) {
+    (void)eng.prefill(relokv::layout_builder(16).prefix(kSys).span(*d).build(),
+                      relokv::recompute::none{});
+    eng.end(true);
+  }
+  const auto l = rag(kB, kA);
+  relokv_engine::prefill_stats naive_st, st;
+  const auto naive = eng.prefill(l, relokv::recompute::none{}, &naive_st);
+  const auto naive_next = eng.decode(5);
+  eng.end(false);
+  REQUIRE(naive_st.relocated_hits > 0);
+  const auto one = eng.prefill(l, ape(1.0f, 1.0f), &st);
+  const auto one_next = eng.decode(5);
+  eng.end(false);
+  // The same work as naive PIC; the same logits up to the merge's rounding.
+  CHECK(st.token_layers == naive_st.token_layers);
+  CHECK(max_diff(one, naive) < 1e-4);
+  CHECK(max_diff(one_next, naive_next) < 1e-4);
+  const auto sharp = eng.prefill(l, ape(0.7f, 1.3f), &st);
+  const auto sharp_next = eng.decode(5);
+  eng.end(false);
+  CHECK(max_diff(sharp, naive) > 1e-3);            // the question's rows attend by groups
+  CHECK(max_diff(sharp_next, naive_next) > 1e-3);  // and so does decode
+  // A layout of one segment has no spans: every row attends plainly.
+  const auto flat = relokv::layout_builder(16).prefix(kSys).build();
+  const auto plain = eng.prefill(flat, relokv::recompute::none{});
+  eng.end(false);
+  CHECK(max_diff(eng.prefill(flat, ape(0.7f, 1.3f)), plain) == 0.0);
+  eng.end(false);
+  CHECK_THROWS_AS(ape(0.0f, 1.0f), relokv::error);
+  CHECK_THROWS_AS(ape(1.0f, 5.0f), relokv::error);
 }
 
 TEST_CASE("engine: CacheBlend measures at its check layer, where context has mixed in",

@@ -393,9 +393,18 @@ TEST_CASE("question_topk: candidates, the question's rows, then the top r% by at
   CHECK_THROWS_AS(question_topk(1.5f), relokv::error);
   CHECK_THROWS_AS(question_topk(-0.1f), relokv::error);
   CHECK_THROWS_AS(question_topk(0.1f, 33), relokv::error);
+  CHECK_THROWS_AS(question_topk(0.1f, 0, 1.0f), relokv::error);
+  CHECK_THROWS_AS(question_topk(0.1f, 0, -0.5f), relokv::error);
+  // The probe counts the deeper half by default (24 layers: 12..23), every layer from 0.
+  CHECK_FALSE(question_topk().counts_layer(11, 24));
+  CHECK(question_topk().counts_layer(12, 24));
+  CHECK(question_topk(0.1f, 0, 0.0f).counts_layer(0, 24));
+  CHECK_FALSE(question_topk(0.1f, 0, 0.75f).counts_layer(17, 24));
   // Through any_strategy; the others have no probe.
   const relokv::recompute::any_strategy any(question_topk(0.3f, 2));
   CHECK(any.probes());
+  CHECK(any.counts_layer(20, 30));
+  CHECK_FALSE(any.counts_layer(14, 30));
   CHECK_FALSE(any.dynamic());
   auto m2 = initial_mask(l, kStatus);
   any.select(l, kStatus, m2);

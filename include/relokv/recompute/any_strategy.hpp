@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "relokv/recompute/ape.hpp"
 #include "relokv/recompute/deviation_topk.hpp"
 #include "relokv/recompute/first_k.hpp"
 #include "relokv/recompute/full.hpp"
@@ -19,13 +20,13 @@ RELOKV_NAMESPACE_BEGIN
 namespace recompute {
 
 /// Holds one of none, first_k, seam_window, deviation_topk, full, first_k_and_topk,
-/// seam_window_and_topk, question_topk. Cost beside the static form: one std::visit (a jump through
-/// a small table) per select/refine call, that is per request or per check layer, never per token;
-/// and the size of the largest alternative.
+/// seam_window_and_topk, question_topk, ape. Cost beside the static form: one std::visit (a jump
+/// through a small table) per select/refine call, that is per request or per check layer, never per
+/// token; and the size of the largest alternative.
 class any_strategy {
  public:
   using variant_type = std::variant<none, first_k, seam_window, deviation_topk, full,
-                                    first_k_and_topk, seam_window_and_topk, question_topk>;
+                                    first_k_and_topk, seam_window_and_topk, question_topk, ape>;
 
   any_strategy() = default;
   template <class S>
@@ -66,9 +67,16 @@ class any_strategy {
   }
   /// True when the engine runs a probe pass first (question_topk's protocol).
   [[nodiscard]] bool probes() const noexcept { return std::holds_alternative<question_topk>(v_); }
+  /// The APE alternative when held (the engine then attends by groups at the reader's
+  /// tokens), else null.
+  [[nodiscard]] const ape* grouped() const noexcept { return std::get_if<ape>(&v_); }
   /// question_topk::query_rows; an error for the others (they have no probe).
   void query_rows(const request_layout& l, std::span<std::uint8_t> rows) const {
     probing("query_rows").query_rows(l, rows);
+  }
+  /// question_topk::counts_layer; an error for the others (they have no probe).
+  [[nodiscard]] bool counts_layer(std::int32_t layer, std::int32_t layers) const {
+    return probing("counts_layer").counts_layer(layer, layers);
   }
   /// question_topk::choose; an error for the others (they have no probe).
   void choose(std::span<const float> mass, std::span<const std::uint8_t> reused,

@@ -49,7 +49,13 @@ void save_profile(const std::string& path, const strategy_profile& p) {
       {"n_layers", p.n_layers},
       {"thresholds", {{"max_first_token_kl", p.max_kl}, {"min_agreement", p.min_agreement}}},
       {"safe", p.safe},
-      {"strategy", {{"kind", p.strategy.kind}, {"k", p.strategy.k}, {"ratio", p.strategy.ratio}}},
+      {"strategy",
+       {{"kind", p.strategy.kind},
+        {"k", p.strategy.k},
+        {"ratio", p.strategy.ratio},
+        {"temperature", p.strategy.temperature},
+        {"scale", p.strategy.scale},
+        {"from", p.strategy.from}}},
       {"measured", {{"work", p.work}, {"first_token_kl", p.kl}, {"agreement", p.agreement}}},
       {"unsafe_kinds", p.unsafe_kinds},
       {"calibration_set", {{"source", p.calibration_set}, {"questions", p.questions}}}};
@@ -87,6 +93,10 @@ strategy_profile load_profile(const std::string& path) {
     p.strategy.kind = field(st, "kind", "strategy.").get<std::string>();
     p.strategy.k = field(st, "k", "strategy.").get<std::int32_t>();
     p.strategy.ratio = field(st, "ratio", "strategy.").get<float>();
+    // APE's and question_topk's parameters (absent in profiles of other kinds' day: defaults)
+    p.strategy.temperature = st.value("temperature", p.strategy.temperature);
+    p.strategy.scale = st.value("scale", p.strategy.scale);
+    p.strategy.from = st.value("from", p.strategy.from);
     const auto me = field(doc, "measured", "");
     p.work = field(me, "work", "measured.").get<double>();
     p.kl = field(me, "first_token_kl", "measured.").get<double>();

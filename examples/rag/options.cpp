@@ -64,7 +64,8 @@ void add_options(CLI::App& app, options& o) {
       ->capture_default_str();
   app.add_option("--variants", o.variants,
                  "comma-separated subset of full, prefix, naive, block, epic, kvboost, "
-                 "cacheblend, union (full always runs first, as the reference)");
+                 "cacheblend, union, question, qepic, ape (full always runs first, as the "
+                 "reference)");
   app.add_option("--profile", o.profile,
                  "a strategy profile (--calibrate's output): adds the variant it selects");
   app.add_option("--sweep", o.sweep_out,

@@ -138,6 +138,12 @@ std::vector<variant> default_variants(std::int32_t first_k, float topk) {
       v("CacheBlend topk=" + r + "%", {"deviation_topk", 0, topk}, true, "", "cacheblend"),
       v("EPIC+CacheBlend k=" + k + " " + r + "%", {"union", first_k, topk}, true,
         "first k pinned, top-k at the check layer", "union"),
+      v("Question-driven " + r + "%", {"question", 0, topk}, true,
+        "A3/ProphetKV: the question's attention (deeper half) picks; probe counted", "question"),
+      v("Question+EPIC k=2 12%", {"question", 2, 0.12f}, true,
+        "first 2 of each span pinned, the question's top 12%", "qepic"),
+      v("APE T=0.9 S=0.9", {"ape", 0, 0.0f, 0.9f, 0.9f}, true,
+        "grouped attention at the question and answer; nothing recomputed", "ape"),
   };
 }
 
@@ -156,6 +162,10 @@ std::vector<variant> sweep_variants() {
   for (float r : {0.05f, 0.10f, 0.15f, 0.30f}) out.push_back(variant_of({"deviation_topk", 0, r}));
   for (auto [k, r] : {std::pair{2, 0.05f}, std::pair{4, 0.10f}, std::pair{16, 0.15f}})
     out.push_back(variant_of({"union", k, r}));
+  for (float r : {0.05f, 0.10f, 0.15f, 0.20f}) out.push_back(variant_of({"question", 0, r}));
+  for (float r : {0.06f, 0.12f}) out.push_back(variant_of({"question", 2, r}));
+  for (auto [t, sc] : {std::pair{0.9f, 0.9f}, std::pair{0.7f, 1.0f}})
+    out.push_back(variant_of({"ape", 0, 0.0f, t, sc}));
   return out;
 }
 

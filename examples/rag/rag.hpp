@@ -60,14 +60,15 @@ struct variant {
   std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
   relokv_engine::strategy_spec spec;  // the strategy by kind and budget
 };
-/// The nine variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k;
-/// question: the question's attention picks the tokens, question_topk).
+/// The eleven variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k;
+/// question and qepic: the question's attention picks the tokens, question_topk, without and
+/// with EPIC's first 2 pinned; ape: APE's grouped attention at the reader's tokens).
 /// first_k sets EPIC's k and KVBoost's window; topk is CacheBlend's recompute ratio. @throws
 /// relokv::error for values the strategies reject.
 std::vector<variant> default_variants(std::int32_t first_k = 16, float topk = 0.15f);
 /// The budget sweep: full (reference), naive, and each strategy over its budget: k for first_k
 /// and the seam window (KVBoost's, with its 15% cosine CacheBlend), r for deviation_topk, both
-/// for the union.
+/// for the union, r for question_topk (and r with k = 2), APE at two (T, S).
 std::vector<variant> sweep_variants();
 /// A variant serving `spec`.
 variant variant_of(const relokv_engine::strategy_spec& spec);

@@ -1,6 +1,7 @@
 // [gpu] tests: every CUDA kernel against its host oracle on random inputs. Without a CUDA
 // device the binary prints why and exits with 77, which ctest reports as skipped.
 #define CATCH_CONFIG_RUNNER
+#include <relokv/attention/grouped.hpp>
 #include <relokv/attention/host_attention.hpp>
 #include <relokv/attention/kv_append.hpp>
 #include <relokv/rope/at_attention.hpp>
@@ -134,6 +135,58 @@ TEST_CASE("cuda: paged attention matches the host kernel", "[gpu]") {
   SECTION("pre_rotated") { placement_cases<relokv::pre_rotated>(); }
   SECTION("at_attention") { placement_cases<relokv::at_attention>(); }
   SECTION("block_relative") { placement_cases<relokv::block_relative>(); }
+}
+
+TEST_CASE("cuda: APE's grouped attention matches the host form", "[gpu]") {
+  using P = relokv::block_relative;
+  using T = relokv::bf16;
+  std::mt19937 rng(23);
+  relokv::rope_config cfg;
+  cfg.head_dim = cfg.rotary_dim = 64;
+  const relokv::rope_table rope(cfg, 4096);
+  const relokv::kv_shape shape{1, 8, 2, 16, 64};
+  relokv::host_kv_storage<T> pool(shape);
+  std::vector<relokv::block_entry> entries;
+  for (int b = 0; b < 5; ++b) {
+    for (int j = 0; j < 16; ++j) {
+      const auto k = randn(128, rng), v = randn(128, rng);
+      relokv::append_kv<P>(rope, pool.layer(0), b, j, 16 * b + j, k.data(), v.data());
+    }
+    entries.push_back({b, 16 * b, 16});
+  }
+  const std::vector<relokv::attention_group> groups = {
+      {0, 1, 1.0f, 1.0f}, {1, 3, 0.8f, 1.2f}, {4, 1, 1.0f, 1.0f}};
+  for (bool prefill : {false, true}) {
+    INFO("prefill " << prefill);
+    relokv_test::device_attention_args a;
+    a.placement = P::kind;
+    a.type = relokv::dtype_of_v<T>;
+    a.rope = cfg;
+    a.shape = shape;
+    a.pool.resize(pool.bytes());
+    std::memcpy(a.pool.data(), pool.data(), pool.bytes());
+    a.entries = entries;
+    a.indptr = {0, 5};
+    a.num_q_heads = 4;
+    a.scale = 0.125f;
+    a.q_pos = prefill ? std::vector<relokv::pos_t>{66, 70, 79} : std::vector<relokv::pos_t>{79};
+    if (prefill) a.q_indptr = {0, 3};
+    a.q = randn(a.q_pos.size() * 4 * 64, rng);
+    std::vector<float> want(a.q.size());
+    relokv::attention_params<T> h;
+    h.rope = &rope;
+    h.kv = relokv::paged_kv_view<const T>(pool.layer(0));
+    h.table = {entries.data(), a.indptr.data(), 1};
+    h.q = a.q.data();
+    h.q_pos = a.q_pos.data();
+    h.q_indptr = prefill ? a.q_indptr.data() : nullptr;
+    h.num_tokens = static_cast<std::int32_t>(a.q_pos.size());
+    h.num_q_heads = 4;
+    h.scale = a.scale;
+    h.out = want.data();
+    relokv::grouped_attention<P>(h, groups);
+    CHECK(rel_err(relokv_test::device_grouped_attention(a, groups), want) < 1e-4);
+  }
 }
 
 TEST_CASE("cuda: unsupported shapes are rejected with a reason", "[gpu]") {

@@ -1,5 +1,6 @@
 // Host wrappers around relokv's CUDA kernels for the [gpu] tests (see device_kernels.hpp).
 #include <relokv/cuda/deviation.cuh>
+#include <relokv/cuda/grouped_attention.cuh>
 #include <relokv/cuda/kv_ops.cuh>
 #include <relokv/cuda/paged_attention.cuh>
 #include <relokv/rope/at_attention.hpp>
@@ -112,6 +113,46 @@ std::vector<float> device_attention(const device_attention_args& a, std::vector<
       check(cudaDeviceSynchronize(), "paged_attention (sync)");
       out = o.get();
       if (lse != nullptr) *lse = l.get();
+    });
+  });
+  return out;
+}
+
+std::vector<float> device_grouped_attention(const device_attention_args& a,
+                                            const std::vector<relokv::attention_group>& groups) {
+  std::vector<float> out;
+  with_placement(a.placement, [&](auto placement) {
+    using P = decltype(placement);
+    with_dtype(a.type, [&](auto tag) {
+      using T = decltype(tag);
+      const relokv::rope_table host_rope(a.rope, a.max_position);
+      const relokv::cuda::device_rope_table rope(host_rope);
+      dbuf<std::uint8_t> pool(a.pool);
+      dbuf<relokv::block_entry> entries(a.entries);
+      dbuf<std::int32_t> indptr(a.indptr), q_indptr(a.q_indptr);
+      dbuf<float> q(a.q);
+      dbuf<relokv::pos_t> q_pos(a.q_pos);
+      const auto tokens = static_cast<std::int32_t>(a.q_pos.size());
+      const auto rows = static_cast<std::size_t>(tokens) * a.num_q_heads;
+      dbuf<float> o(rows * a.shape.head_dim), part(rows * a.shape.head_dim), part_lse(rows),
+          acc_lse(rows);
+      dbuf<std::int32_t> ind(2 * groups.size());
+      relokv::cuda::attention_params<T> p;
+      p.rope = rope.view();
+      p.kv = view(reinterpret_cast<const T*>(pool.p), a.shape);
+      p.table = {entries.p, indptr.p, 1};
+      p.q = q.p;
+      p.q_pos = q_pos.p;
+      p.q_indptr = a.q_indptr.empty() ? nullptr : q_indptr.p;
+      p.num_tokens = tokens;
+      p.num_q_heads = a.num_q_heads;
+      p.scale = a.scale;
+      p.out = o.p;
+      const relokv::cuda::grouped_scratch s{part.p, part_lse.p, acc_lse.p, ind.p};
+      check(relokv::cuda::grouped_attention<P, T>(p, groups, a.indptr.back(), s, nullptr),
+            "grouped_attention");
+      check(cudaDeviceSynchronize(), "grouped_attention (sync)");
+      out = o.get();
     });
   });
   return out;

@@ -1,6 +1,7 @@
 #pragma once
 // Plain host functions (compiled by nvcc in device_kernels.cu) that run relokv's CUDA kernels
 // on host data, so that the Catch2 tests stay in a .cpp compiled by the host compiler.
+#include <relokv/attention/attention_group.hpp>
 #include <relokv/cache/reuse_plan.hpp>
 #include <relokv/concepts/rope_placement.hpp>
 #include <relokv/dtype.hpp>
@@ -37,6 +38,10 @@ struct device_attention_args {
 /// given) receives the rows' log-sum-exps.
 std::vector<float> device_attention(const device_attention_args& a,
                                     std::vector<float>* lse = nullptr);
+
+/// Runs the device grouped attention (APE) of one sequence (a.indptr = {0, blocks}).
+std::vector<float> device_grouped_attention(const device_attention_args& a,
+                                            const std::vector<relokv::attention_group>& groups);
 
 /// Runs device kv-append on a zeroed pool; returns the pool bytes.
 std::vector<std::uint8_t> device_append(relokv::placement_kind placement, relokv::dtype type,

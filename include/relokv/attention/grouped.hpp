@@ -23,45 +23,19 @@
 #include <string>
 #include <vector>
 
+#include "relokv/attention/attention_group.hpp"
 #include "relokv/attention/params.hpp"
 #include "relokv/attention/state.hpp"
 
 RELOKV_NAMESPACE_BEGIN
 
-/// Blocks [first_block, first_block + num_blocks) of the sequence's table, scores divided by
-/// `temperature` (> 0), total weight multiplied by `scale` (> 0).
-struct attention_group {
-  std::int32_t first_block = 0;
-  std::int32_t num_blocks = 0;
-  float temperature = 1.0f;
-  float scale = 1.0f;
-};
-
-/// Checks the groups against a one-sequence call: consecutive, in order, covering every block
-/// of the table, with finite positive temperatures and scales.
+/// Checks the groups against a one-sequence call (validate_group_cover on its table).
 [[nodiscard]] inline support validate_groups(block_table_view table,
                                              std::span<const attention_group> groups) {
   if (table.num_seqs != 1)
     return {false,
             "grouped_attention: one sequence per call, got " + std::to_string(table.num_seqs)};
-  const std::int32_t blocks = table.indptr[1] - table.indptr[0];
-  std::int32_t next = 0;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    const attention_group& a = groups[g];
-    if (a.first_block != next || a.num_blocks < 0)
-      return {false, "grouped_attention: group " + std::to_string(g) + " starts at block " +
-                         std::to_string(a.first_block) + " with " + std::to_string(a.num_blocks) +
-                         " blocks; it must start at " + std::to_string(next)};
-    if (!(a.temperature > 0.0f) || !std::isfinite(a.temperature) || !(a.scale > 0.0f) ||
-        !std::isfinite(a.scale))
-      return {false, "grouped_attention: group " + std::to_string(g) +
-                         " needs a finite temperature and scale > 0"};
-    next += a.num_blocks;
-  }
-  if (next != blocks)
-    return {false, "grouped_attention: the groups cover " + std::to_string(next) + " of the " +
-                       std::to_string(blocks) + " blocks"};
-  return {};
+  return validate_group_cover(table.indptr[1] - table.indptr[0], groups);
 }
 
 /// Grouped attention of p's queries (decode's one or a prefill's, one sequence): see the file

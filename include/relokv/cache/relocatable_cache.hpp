@@ -170,6 +170,11 @@ class relocatable_cache {
     rs.tokens.assign(layout.tokens.begin(), layout.tokens.end());
     rs.blocks.assign(layout.blocks.begin(), layout.blocks.end());
     rs.segments.assign(layout.segments.begin(), layout.segments.end());
+    rs.has_span_context = layout.span_context.has_value();
+    if (layout.span_context)
+      rs.span_context.assign(layout.span_context->begin(), layout.span_context->end());
+    else
+      rs.span_context.clear();
     rs.context_key = keys_.context;
     rs.content_key = keys_.content;
     rs.segment_context = keys_.segment_context;
@@ -562,10 +567,14 @@ class relocatable_cache {
       const block_extent& e = rs.blocks[bi];
       const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
       const auto b = static_cast<std::int32_t>(bi);
-      const bool in_place = !detail::relocatable(seg) ||
-                            (static_cast<std::int32_t>(
-                                 detail::context_tokens(rs, e.segment).size()) == seg.first_token &&
-                             (b == seg.first_block || rs.canonical[bi - 1] != 0));
+      // In place: the segment starts right after its own context, and (for a span_context)
+      // that context is what actually precedes it.
+      const auto ctx = detail::context_tokens(rs, e.segment);
+      const bool in_place =
+          !detail::relocatable(seg) || (static_cast<std::int32_t>(ctx.size()) == seg.first_token &&
+                                        (!rs.has_span_context || seg.kind != segment_kind::kSpan ||
+                                         std::equal(ctx.begin(), ctx.end(), rs.tokens.begin())) &&
+                                        (b == seg.first_block || rs.canonical[bi - 1] != 0));
       bool c = in_place;
       if (!pb.fresh) {
         const bool source = pb.tier == block_tier::kStore ? rs.fetched_origin[bi].canonical

@@ -11,12 +11,15 @@
 ///  - content(b):
 ///      prefix block, or a dependent segment bound to everything:   context(b)
 ///      first block of a span:     combine(ctx_id, tokens(b), kContent), where ctx_id is the
-///                                 context key of the prefix's last block (root if none)
+///                                 context key of the prefix's last block (root if none), or,
+///                                 when the layout names a span_context, the context key the
+///                                 last block of a prefix of those tokens would have
 ///      first block of a dependent segment bound to the last n tokens:
 ///                                 combine(win_id, tokens(b), kContent), where
 ///                                 win_id = combine(root, digest(le32 last n tokens, kWindow),
 ///                                                  kWindow)
 ///      any later block of a segment: combine(content(b-1), tokens(b), kContent)
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -87,12 +90,28 @@ void derive_block_keys(const H& h, const request_layout& layout, const extra_key
   }
   // Pass 2: the two chains. They do not depend on each other, so their links overlap.
   key prefix_last = out.root;
+  // Spans computed behind layout.span_context: their context is that of a prefix segment of
+  // those tokens (what `prefix(absorber).span(doc)` computes), whatever this request's prefix.
+  key span_ctx = out.root;
+  if (layout.span_context) {
+    const std::vector<token_t>& a = *layout.span_context;
+    const segment as_prefix{};
+    for (std::size_t at = 0, j = 0; at < a.size();
+         at += static_cast<std::size_t>(layout.block_size), ++j) {
+      const std::size_t n = std::min(a.size() - at, static_cast<std::size_t>(layout.block_size));
+      const std::span<const token_t> toks(a.data() + at, n);
+      span_ctx = h.combine(
+          span_ctx,
+          h.digest(std::as_bytes(toks), hash_domain::kTokens, block_tag(as_prefix, j == 0)),
+          hash_domain::kContext);
+    }
+  }
   key ctx = out.root;
   for (std::size_t si = 0; si < layout.segments.size(); ++si) {
     const segment& s = layout.segments[si];
     key seg_ctx = out.root;
     if (s.kind == segment_kind::kSpan) {
-      seg_ctx = prefix_last;
+      seg_ctx = layout.span_context ? span_ctx : prefix_last;
     } else if (s.kind == segment_kind::kDependent && s.dep_window > 0) {
       const std::int32_t n = s.dep_window < s.first_token ? s.dep_window : s.first_token;
       const std::span<const token_t> win =

@@ -3,6 +3,7 @@
 /// MiniPIC request primitives as builder calls; produces the same request_layout as the markers.
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -39,6 +40,13 @@ class layout_builder {
   layout_builder& span(std::span<const token_t> tokens) {
     return add(segment_kind::kSpan, tokens, 0);
   }
+  /// The tokens this request's spans were computed behind, instead of the prefix (see
+  /// request_layout::span_context: a sink-absorbing compile). Any time before build(); may be
+  /// empty (spans computed at position 0, nothing before them).
+  layout_builder& span_context(std::span<const token_t> tokens) {
+    span_context_.emplace(tokens.begin(), tokens.end());
+    return *this;
+  }
   /// A prompt-dependent segment bound to all tokens before it (last_n == 0) or the last n,
   /// 0 <= last_n <= kMaxDepWindow.
   layout_builder& dependent(std::span<const token_t> tokens, std::int32_t last_n = 0) {
@@ -66,7 +74,16 @@ class layout_builder {
       a.begin_segment(p.kind, p.window, at);
       for (token_t t : p.tokens) a.push(t, at);
     }
-    return std::move(a).finish(static_cast<std::int64_t>(parts_.size()));
+    request_layout l = std::move(a).finish(static_cast<std::int64_t>(parts_.size()));
+    if (span_context_) {
+      for (token_t t : *span_context_)
+        if (t < 0 || t >= vocab_size_)
+          throw layout_error(static_cast<std::int64_t>(parts_.size()),
+                             layout_rule::kTokenOutOfVocabulary,
+                             "span_context token " + std::to_string(t));
+      l.span_context = span_context_;
+    }
+    return l;
   }
 
  private:
@@ -88,6 +105,7 @@ class layout_builder {
   std::int64_t vocab_size_;
   std::int32_t max_segment_;
   std::vector<part> parts_;
+  std::optional<std::vector<token_t>> span_context_;
   bool closed_ = false;
 };
 

@@ -3,6 +3,7 @@
 /// The laid-out request: segments, block-aligned padding and per-block logical extents.
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,6 +56,12 @@ struct request_layout {
   std::vector<token_t> tokens;  ///< real tokens in logical order (markers removed)
   std::vector<segment> segments;
   std::vector<block_extent> blocks;
+  /// When set, the tokens the spans were computed behind, instead of the prefix: a
+  /// sink-absorbing compile (EPIC's LegoLink-0, MEPIC) caches a span behind a few neutral
+  /// tokens, as `layout_builder(bs).prefix(absorber).span(doc)`, so that the absorber, not the
+  /// span's first tokens, takes the attention sink, and any request naming the same absorber
+  /// reuses the span whatever its own prefix. Spans' content keys and identities bind to it.
+  std::optional<std::vector<token_t>> span_context;
 
   [[nodiscard]] std::int32_t num_tokens() const noexcept {
     return static_cast<std::int32_t>(tokens.size());
@@ -73,6 +80,11 @@ struct request_layout {
     if (segments.empty() || segments.front().kind != segment_kind::kPrefix) return {};
     return std::span<const token_t>(tokens).first(
         static_cast<std::size_t>(segments.front().num_tokens));
+  }
+  /// What the spans were computed behind: span_context when set, else the prefix.
+  [[nodiscard]] std::span<const token_t> span_context_tokens() const noexcept {
+    if (span_context) return *span_context;
+    return prefix_tokens();
   }
   friend bool operator==(const request_layout&, const request_layout&) = default;
 };
@@ -175,6 +187,12 @@ inline void check_layout(const request_layout& l) {
       if (l.tokens[i] < 0)
         fail(static_cast<std::int64_t>(i),
              "tokens[" + std::to_string(i) + "] = " + std::to_string(l.tokens[i]) + " is negative");
+  if (l.span_context)
+    for (std::size_t i = 0; i < l.span_context->size(); ++i)
+      if ((*l.span_context)[i] < 0)
+        fail(static_cast<std::int64_t>(i), "span_context[" + std::to_string(i) +
+                                               "] = " + std::to_string((*l.span_context)[i]) +
+                                               " is negative");
   if (l.segments.empty()) fail(0, "segments is empty");
   const auto nb = static_cast<std::int64_t>(l.blocks.size());
   std::int64_t next_token = 0, next_block = 0;

@@ -55,6 +55,8 @@ struct request_state {
   std::vector<token_t> tokens;
   std::vector<block_extent> blocks;
   std::vector<segment> segments;
+  bool has_span_context = false;      ///< request_layout::span_context is set
+  std::vector<token_t> span_context;  ///< its tokens
   std::vector<Key> context_key, content_key, segment_context;
   std::vector<std::int32_t> segment_entry;
   std::vector<planned_block> plan_blocks;
@@ -83,12 +85,13 @@ inline bool relocatable(const segment& s) noexcept {
   return s.kind == segment_kind::kSpan || (s.kind == segment_kind::kDependent && s.dep_window > 0);
 }
 
-/// The tokens a segment's content key depends on: the prefix for a span, the window before a
-/// dependent segment.
+/// The tokens a segment's content key depends on: the prefix (or the layout's span_context)
+/// for a span, the window before a dependent segment.
 template <class Key>
 std::span<const token_t> context_tokens(const request_state<Key>& rs, std::int32_t s) {
   const segment& seg = rs.segments[static_cast<std::size_t>(s)];
   if (seg.kind == segment_kind::kSpan) {
+    if (rs.has_span_context) return rs.span_context;
     if (rs.segments.front().kind != segment_kind::kPrefix) return {};
     return std::span<const token_t>(rs.tokens).first(
         static_cast<std::size_t>(rs.segments.front().num_tokens));

@@ -50,6 +50,11 @@ void add_options(CLI::App& app, options& o) {
   app.add_option("--placement", o.run.placement, "pre_rotated, at_attention or block_relative")
       ->check(CLI::IsMember({"pre_rotated", "at_attention", "block_relative"}))
       ->capture_default_str();
+  app.add_option("--compile-behind", o.run.compile,
+                 "what passages are cached behind: prompt (the system prompt), alone (nothing) "
+                 "or absorber:N (the system prompt's first N tokens, named by every request as "
+                 "its span_context: a sink-absorbing compile)")
+      ->capture_default_str();
   app.add_option("--kv-dtype", o.run.kv_dtype, "the KV pool's element type: bf16 or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -243,6 +244,28 @@ void add_floor(E& eng, const relokv::request_layout& flat,
   score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
 }
 
+/// The tokens passages are compiled behind for run_options::compile, or none for "prompt".
+std::optional<std::vector<relokv::token_t>> compile_context(const std::string& mode,
+                                                            const workload& w) {
+  if (mode == "prompt") return std::nullopt;
+  if (mode == "alone") return std::vector<relokv::token_t>{};
+  if (mode.rfind("absorber:", 0) == 0) {
+    std::size_t used = 0;
+    long n = -1;
+    try {
+      n = std::stol(mode.substr(9), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != mode.size() - 9 || n < 1 || n > static_cast<long>(w.prefix.size()))
+      throw std::invalid_argument("compile mode '" + mode + "': absorber:N needs N in [1, " +
+                                  std::to_string(w.prefix.size()) +
+                                  "] (the system prompt's length)");
+    return std::vector<relokv::token_t>(w.prefix.begin(), w.prefix.begin() + n);
+  }
+  throw std::invalid_argument("unknown compile mode '" + mode + "' (prompt, alone or absorber:N)");
+}
+
 template <class P, class T>
 std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_model> model,
                                      const workload& w, const text_codec& codec,
@@ -254,11 +277,16 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
   // A question's passages are cached as spans computed after the system prompt, just before
   // the question (as a RAG server warms what its retriever returns): whatever the corpus size,
   // the pool needs only the recently used passages. A passage still cached costs one token.
+  // What the passages are compiled behind (run_options::compile); none: the system prompt.
+  const std::optional<std::vector<relokv::token_t>> behind = compile_context(opt.compile, w);
   const auto warm = [&](const qa_request& r) {
     for (std::size_t p : r.passages) {
-      (void)eng.prefill(
-          relokv::layout_builder(16).prefix(w.prefix).span(w.corpus[p].tokens).build(),
-          relokv::recompute::none{});
+      relokv::layout_builder b(16);
+      if (!behind)
+        b.prefix(w.prefix);
+      else if (!behind->empty())
+        b.prefix(*behind);
+      (void)eng.prefill(b.span(w.corpus[p].tokens).build(), relokv::recompute::none{});
       eng.end(true);
     }
     if (opt.progress) opt.progress(++done, total);
@@ -294,6 +322,7 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
     warm(r);
     relokv::layout_builder spans(16), flat(16);
     spans.prefix(w.prefix);
+    if (behind) spans.span_context(*behind);
     std::vector<relokv::token_t> all(w.prefix);
     for (std::size_t p : r.passages) {
       spans.span(w.corpus[p].tokens);
@@ -372,6 +401,7 @@ std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model
     throw std::invalid_argument("max_answer must be at least 1 (got " +
                                 std::to_string(opt.max_answer) + ")");
   if (variants.empty()) throw std::invalid_argument("run needs at least the reference variant");
+  (void)compile_context(opt.compile, w);  // a bad mode fails before any work
   if (opt.kv_dtype != "bf16" && opt.kv_dtype != "fp32")
     throw std::invalid_argument("unknown KV dtype '" + opt.kv_dtype + "' (bf16 or fp32)");
   const bool f32 = opt.kv_dtype == "fp32";

@@ -94,12 +94,19 @@ struct run_options {
   /// With bf16 KV: one more row, full prefill with fp32 KV against the bf16 reference (the
   /// KV's own rounding: the floor under every variant's distance).
   bool noise_floor = false;
+  /// What the passages are cached behind: "prompt" (the system prompt, which every request
+  /// shares), "alone" (nothing: a passage starts at position 0 and its first token is a sink),
+  /// or "absorber:N" (the system prompt's first N tokens, its chat header: a sink-absorbing
+  /// compile that any system prompt of the template reuses; requests name it as their
+  /// span_context).
+  std::string compile = "prompt";
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
 
 /// Runs each request under every variant, interleaved, in one engine and one cache; before a
-/// request, its passages are cached (each computed on its own after the system prompt) unless
-/// the cache still holds them.
+/// request, its passages are cached (each computed on its own behind what opt.compile names)
+/// unless the cache still holds them. @throws std::invalid_argument for a bad opt.compile
+/// (naming it) before any work.
 std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model> model,
                                 const workload& w, const text_codec& codec,
                                 const std::vector<variant>& variants, const run_options& opt);

@@ -268,3 +268,29 @@ TEST_CASE("rag store mode: a reader with an empty pool answers from a writer's s
   so.url = "ftp://nowhere";
   CHECK_THROWS_AS(relokv_rag::run_writer(model, w, so), relokv::error);
 }
+
+TEST_CASE("rag: passages compiled behind an absorber or alone are reused as spans", "[rag]") {
+  const auto m =
+      std::make_shared<const relokv_engine::llama_model>(relokv_engine::llama_model::synthetic());
+  const relokv_rag::text_codec codec{nullptr, m->cfg.vocab};
+  const auto w = relokv_rag::generate(3, 6, 3, 1.0, 5, m->cfg.vocab);
+  const auto vars = relokv_rag::default_variants();
+  relokv_rag::run_options o;
+  o.max_answer = 2;
+  for (const std::string mode : {"prompt", "alone", "absorber:3"}) {
+    INFO("compile " << mode);
+    o.compile = mode;
+    const auto res = relokv_rag::run(m, w, codec, {vars[0], vars[2]}, o);  // full, naive
+    REQUIRE(res.size() == 2);
+    // The passages are found, whatever they were compiled behind (the request names it as
+    // its span_context): at least one block of each of the 3 x 3 passages (behind the prompt,
+    // the first passage of a question is an exact hit).
+    CHECK(res[1].relocated + res[1].exact >= 9);
+    CHECK(res[1].relocated >= 6);
+  }
+  for (const std::string bad : {"absorber:0", "absorber:999", "absorber:", "absorber:2x", "x"}) {
+    o.compile = bad;
+    CHECK_THROWS_WITH(relokv_rag::run(m, w, codec, {vars[0], vars[2]}, o),
+                      Catch::Contains("compile mode '" + bad + "'"));
+  }
+}

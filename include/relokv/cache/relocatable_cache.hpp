@@ -13,6 +13,7 @@
 
 #include "relokv/cache/cache_stats.hpp"
 #include "relokv/cache/detail/cache_state.hpp"
+#include "relokv/cache/detail/context_table.hpp"
 #include "relokv/cache/detail/store_tier.hpp"
 #include "relokv/cache/reuse_plan.hpp"
 #include "relokv/concepts/block_allocator.hpp"
@@ -193,7 +194,7 @@ class relocatable_cache {
     rs.segment_entry.assign(layout.segments.size(), -1);
     for (std::size_t s = 0; s < layout.segments.size(); ++s)
       if (detail::relocatable(layout.segments[s]))
-        rs.segment_entry[s] = find_context(rs, static_cast<std::int32_t>(s));
+        rs.segment_entry[s] = contexts_.find(rs, static_cast<std::int32_t>(s));
 
     p.status = plan_status::kOk;
     p.blocks_short = 0;
@@ -376,8 +377,9 @@ class relocatable_cache {
     // Context entries may have died since plan() and their slots been reused for another
     // context: re-derive them (by tokens and extra keys, never by slot) before linking.
     for (std::size_t s = 0; s < rs.segments.size(); ++s)
-      rs.segment_entry[s] =
-          detail::relocatable(rs.segments[s]) ? find_context(rs, static_cast<std::int32_t>(s)) : -1;
+      rs.segment_entry[s] = detail::relocatable(rs.segments[s])
+                                ? contexts_.find(rs, static_cast<std::int32_t>(s))
+                                : -1;
     const auto nb = rs.blocks.size();
     mark_canonical(rs);
     for (std::size_t bi = 0; bi < nb; ++bi) {
@@ -417,10 +419,10 @@ class relocatable_cache {
         // this block (reached as an exact parent) can still prove the span's content.
         const bool first = b == seg.first_block;
         if (first) {
-          const std::int32_t entry = intern_context(rs, e.segment);
+          const std::int32_t entry = contexts_.intern(rs, e.segment);
           m.content_parent = kNoBlock;
           m.context_entry = entry;
-          if (entry >= 0) ++contexts_[static_cast<std::size_t>(entry)].refs;
+          if (entry >= 0) contexts_.retain(entry);
         } else {
           m.content_parent = rs.content_link[bi - 1];
           m.content_parent_gen = meta_of(m.content_parent).generation;
@@ -521,7 +523,6 @@ class relocatable_cache {
   using index_t = std::unordered_map<key_type, block_id, key_hasher>;
 
   using block_meta = detail::block_meta<key_type>;
-  using context_entry = detail::context_entry<key_type>;
   using request_state = detail::request_state<key_type>;
 
   static constexpr bool needs_rotation_v = RopePlacement::relocation_rotates_keys;
@@ -654,52 +655,6 @@ class relocatable_cache {
     }
   }
 
-  /// Tokens a relocatable segment's content is bound to: the prefix (spans) or the window.
-  std::int32_t find_context(const request_state& rs, std::int32_t s) const {
-    const auto it = context_index_.find(rs.segment_context[static_cast<std::size_t>(s)]);
-    if (it == context_index_.end()) return -1;
-    const context_entry& c = contexts_[static_cast<std::size_t>(it->second)];
-    const auto toks = detail::context_tokens(rs, s);
-    if (c.extras != rs.extras ||
-        !std::equal(toks.begin(), toks.end(), c.tokens.begin(), c.tokens.end()))
-      return -1;
-    return it->second;
-  }
-  /// The entry of segment s's context, interned when its key is free; -1 when another context
-  /// holds the key. The request's copy (segment_entry) is always left equal to the result.
-  std::int32_t intern_context(request_state& rs, std::int32_t s) {
-    std::int32_t& mine = rs.segment_entry[static_cast<std::size_t>(s)];
-    mine = find_context(rs, s);
-    if (mine >= 0) return mine;
-    const key_type& k = rs.segment_context[static_cast<std::size_t>(s)];
-    if (context_index_.count(k) != 0) return -1;  // a different context holds this key
-    std::int32_t idx;
-    if (!free_contexts_.empty()) {
-      idx = free_contexts_.back();
-      free_contexts_.pop_back();
-    } else {
-      idx = static_cast<std::int32_t>(contexts_.size());
-      contexts_.emplace_back();
-    }
-    context_entry& c = contexts_[static_cast<std::size_t>(idx)];
-    const auto toks = detail::context_tokens(rs, s);
-    c.key = k;
-    c.tokens.assign(toks.begin(), toks.end());
-    c.extras = rs.extras;
-    c.refs = 0;
-    c.live = true;
-    context_index_.emplace(k, idx);
-    mine = idx;
-    return idx;
-  }
-  void drop_context(std::int32_t idx) {
-    context_entry& c = contexts_[static_cast<std::size_t>(idx)];
-    context_index_.erase(c.key);
-    c.live = false;
-    c.tokens.clear();
-    free_contexts_.push_back(idx);
-  }
-
   /// A block is handed out again: forget its keys and links (it may never have had any).
   void forget(block_id b) {
     block_meta& m = meta_of(b);
@@ -711,8 +666,7 @@ class relocatable_cache {
       const auto it = content_index_.find(m.content_key);
       if (it != content_index_.end() && it->second == b) content_index_.erase(it);
     }
-    if (m.context_entry >= 0 && --contexts_[static_cast<std::size_t>(m.context_entry)].refs == 0)
-      drop_context(m.context_entry);
+    if (m.context_entry >= 0) contexts_.release(m.context_entry);
     const std::uint32_t gen = m.generation;
     m = block_meta{};
     m.generation = gen;
@@ -759,9 +713,7 @@ class relocatable_cache {
   std::vector<token_t> tokens_;  // [block][block_size]
   index_t ctx_index_;
   index_t content_index_;
-  std::unordered_map<key_type, std::int32_t, key_hasher> context_index_;
-  std::vector<context_entry> contexts_;
-  std::vector<std::int32_t> free_contexts_;
+  detail::context_table<key_type, key_hasher> contexts_;
   std::vector<request_state> states_;  // reused, so that steady-state planning does not allocate
   std::vector<std::size_t> free_states_;
   std::size_t rs_index_ = 0;

@@ -2,11 +2,14 @@
 /// @file
 /// Umbrella header: the whole host-side library (redis_store.hpp, which needs hiredis, is
 /// included on its own).
+#include "relokv/attention/attention_mass.hpp"
+#include "relokv/attention/grouped.hpp"
 #include "relokv/attention/host_attention.hpp"
 #include "relokv/attention/kv_append.hpp"
 #include "relokv/attention/paged_view.hpp"
 #include "relokv/attention/params.hpp"
 #include "relokv/attention/placed_view.hpp"
+#include "relokv/attention_group.hpp"
 #include "relokv/block_table.hpp"
 #include "relokv/cache/relocatable_cache.hpp"
 #include "relokv/cache/reuse_plan.hpp"
@@ -27,11 +30,13 @@
 #include "relokv/memory/lru_block_pool.hpp"
 #include "relokv/memory/paged_view.hpp"
 #include "relokv/recompute/any_strategy.hpp"
+#include "relokv/recompute/ape.hpp"
 #include "relokv/recompute/deviation.hpp"
 #include "relokv/recompute/deviation_topk.hpp"
 #include "relokv/recompute/first_k.hpp"
 #include "relokv/recompute/full.hpp"
 #include "relokv/recompute/none.hpp"
+#include "relokv/recompute/question_topk.hpp"
 #include "relokv/recompute/seam_window.hpp"
 #include "relokv/rope/at_attention.hpp"
 #include "relokv/rope/block_relative.hpp"

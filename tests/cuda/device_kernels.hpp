@@ -1,7 +1,7 @@
 #pragma once
 // Plain host functions (compiled by nvcc in device_kernels.cu) that run relokv's CUDA kernels
 // on host data, so that the Catch2 tests stay in a .cpp compiled by the host compiler.
-#include <relokv/attention/attention_group.hpp>
+#include <relokv/attention_group.hpp>
 #include <relokv/cache/reuse_plan.hpp>
 #include <relokv/concepts/rope_placement.hpp>
 #include <relokv/dtype.hpp>

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "relokv/attention/attention_group.hpp"
 #include "relokv/attention/params.hpp"
 #include "relokv/attention/state.hpp"
+#include "relokv/attention_group.hpp"
 
 RELOKV_NAMESPACE_BEGIN
 

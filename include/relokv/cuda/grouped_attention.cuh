@@ -19,8 +19,8 @@
 #include <span>
 #include <vector>
 
-#include "relokv/attention/attention_group.hpp"
 #include "relokv/attention/softmax.hpp"
+#include "relokv/attention_group.hpp"
 #include "relokv/cuda/paged_attention.cuh"
 
 RELOKV_NAMESPACE_BEGIN

@@ -15,7 +15,7 @@
 #include <span>
 #include <string>
 
-#include "relokv/attention/grouped.hpp"
+#include "relokv/attention_group.hpp"
 #include "relokv/concepts/recompute_strategy.hpp"
 
 RELOKV_NAMESPACE_BEGIN

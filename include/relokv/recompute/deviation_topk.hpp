@@ -90,10 +90,7 @@ class deviation_topk {
   /// Candidates for the first check: every token of every relocated span.
   void select(const request_layout& l, std::span<const block_status> status,
               std::span<std::uint8_t> mask) const {
-    for (std::int32_t b = 0; b < l.num_blocks(); ++b)
-      if (status[static_cast<std::size_t>(b)] == block_status::kRelocatedHit)
-        detail::mark(mask, l.blocks[static_cast<std::size_t>(b)].pos0,
-                     l.blocks[static_cast<std::size_t>(b)].len);
+    detail::mark_relocated_blocks(l, status, mask);
   }
   [[nodiscard]] constexpr bool dynamic() const noexcept { return true; }
   /// Number of refine steps (check layers).

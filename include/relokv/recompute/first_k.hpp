@@ -21,6 +21,14 @@ inline bool relocated(std::span<const block_status> status, const segment& s) {
 inline void mark(std::span<std::uint8_t> mask, std::int32_t first, std::int32_t n) {
   if (n > 0) std::fill_n(mask.begin() + first, n, std::uint8_t{1});
 }
+/// Marks every token of every relocated block: the candidates of CacheBlend and question_topk.
+inline void mark_relocated_blocks(const request_layout& l, std::span<const block_status> status,
+                                  std::span<std::uint8_t> mask) {
+  for (std::int32_t b = 0; b < l.num_blocks(); ++b)
+    if (status[static_cast<std::size_t>(b)] == block_status::kRelocatedHit)
+      mark(mask, l.blocks[static_cast<std::size_t>(b)].pos0,
+           l.blocks[static_cast<std::size_t>(b)].len);
+}
 }  // namespace detail
 
 /// Recomputes the first k tokens of every span that is reused at a new position: the tokens

@@ -1,0 +1,521 @@
+#include "engine.hpp"
+
+#include <llama.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include <relokv/memory/host_kv_storage.hpp>
+#include <relokv/store/block_format.hpp>
+
+#include "seq_image.hpp"
+
+namespace relokv_llama_cpp {
+namespace {
+
+constexpr llama_seq_id kRequestSeq = 0;
+/// The request's sequence, and one for each run of cached blocks loaded at once (a wave).
+constexpr std::int32_t kSeqs = 64;
+
+template <class T>
+constexpr ggml_type kv_type_of = std::is_same_v<T, float> ? GGML_TYPE_F32 : GGML_TYPE_F16;
+
+void log_errors_only(ggml_log_level level, const char* text, void* /*user*/) {
+  if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+
+void init_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llama_log_set(log_errors_only, nullptr);
+    llama_backend_init();
+  });
+}
+
+/// XXH3 of the GGUF file's bytes: the weights (and everything else the file says).
+std::uint64_t file_id(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("llama.cpp engine: cannot read '" + path + "'");
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  std::vector<char> buf(std::size_t{8} << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    XXH3_64bits_update(h, buf.data(), static_cast<std::size_t>(in.gcount()));
+  }
+  const std::uint64_t id = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return id;
+}
+
+std::string decode_error(std::int32_t rc) {
+  switch (rc) {
+    case 1:
+      return "no KV slot for the batch (the context is full)";
+    case 2:
+      return "aborted";
+    case -1:
+      return "invalid input batch";
+    default:
+      return "error " + std::to_string(rc);
+  }
+}
+
+}  // namespace
+
+template <class T>
+struct engine<T>::impl {
+  engine_options opt;
+  llama_model* model = nullptr;
+  llama_context* ctx = nullptr;
+  llama_memory_t mem = nullptr;
+  llama_batch batch{};
+  std::int32_t vocab = 0, layers = 0, kv_heads = 0, head_dim = 0;
+  image_geometry geo;
+  bool v_trans = false;
+  std::uint64_t fingerprint = 0;
+  std::optional<relokv::host_kv_storage<T>> pool;
+  std::optional<cache_type> cache;
+
+  struct live_request {
+    relokv::reuse_plan plan;
+    std::int32_t n_tokens = 0;  // positions filled: the prompt, then decoded tokens
+  };
+  std::optional<live_request> live;
+
+  impl(const std::string& path, engine_options o) : opt(std::move(o)) {
+    init_backend();
+    if (opt.n_ctx < 16 || opt.n_batch < 1 || opt.num_blocks < 1 || opt.block_size < 1)
+      throw std::invalid_argument(
+          "llama.cpp engine: n_ctx >= 16, n_batch, num_blocks and "
+          "block_size >= 1 are needed");
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    model = llama_model_load_from_file(path.c_str(), mp);
+    if (model == nullptr)
+      throw std::runtime_error("llama.cpp engine: llama.cpp could not load '" + path + "'");
+    try {
+      setup(path);
+    } catch (...) {
+      release_llama();
+      throw;
+    }
+  }
+  ~impl() { release_llama(); }
+
+  void release_llama() noexcept {
+    if (batch.token != nullptr) llama_batch_free(batch);
+    batch = llama_batch{};
+    if (ctx != nullptr) llama_free(ctx);
+    ctx = nullptr;
+    if (model != nullptr) llama_model_free(model);
+    model = nullptr;
+  }
+
+  void setup(const std::string& path) {
+    const llama_rope_type rt = llama_model_rope_type(model);
+    if (rt == LLAMA_ROPE_TYPE_MROPE || rt == LLAMA_ROPE_TYPE_IMROPE || rt == LLAMA_ROPE_TYPE_VISION)
+      throw std::runtime_error(
+          "llama.cpp engine: M-RoPE models keep per-cell 2D positions the "
+          "adapter does not move");
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = static_cast<std::uint32_t>(opt.n_ctx);
+    cp.n_batch = static_cast<std::uint32_t>(opt.n_batch);
+    cp.n_ubatch = static_cast<std::uint32_t>(opt.n_batch);
+    cp.n_seq_max = kSeqs;
+    cp.kv_unified = true;  // one pool of cells: a loaded run is shared into the request
+    const auto threads = static_cast<std::int32_t>(
+        opt.n_threads > 0 ? opt.n_threads : std::max(1u, std::thread::hardware_concurrency()));
+    cp.n_threads = threads;
+    cp.n_threads_batch = threads;
+    cp.type_k = kv_type_of<T>;
+    cp.type_v = kv_type_of<T>;
+    cp.no_perf = true;
+    ctx = llama_init_from_model(model, cp);
+    if (ctx == nullptr)
+      throw std::runtime_error("llama.cpp engine: llama.cpp could not make a context of " +
+                               std::to_string(opt.n_ctx) + " cells");
+    mem = llama_get_memory(ctx);
+    if (!llama_memory_can_shift(mem))
+      throw std::runtime_error(
+          "llama.cpp engine: this context cannot shift its keys (K-shift), "
+          "which is how a span moves to a new position");
+    vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    layers = llama_model_n_layer(model);
+    kv_heads = llama_model_n_head_kv(model);
+    head_dim = llama_model_n_embd(model) / std::max(1, llama_model_n_head(model));
+    geo.n_layers = layers;
+    geo.ggml_type = kv_type_of<T>;
+    geo.elem_bytes = static_cast<std::int32_t>(sizeof(T));
+    geo.row_elems = kv_heads * head_dim;
+    batch = llama_batch_init(opt.n_batch, 0, 1);
+    // One token decoded and read back: the image format, the row size (so the head size) and
+    // whether V is held transposed, checked before any request relies on them.
+    const relokv::token_t probe = 0;
+    decode_run(std::span<const relokv::token_t>(&probe, 1), 0, false);
+    const seq_image im = read_image(kRequestSeq);
+    if (im.cells() != 1 || im.pos(0) != 0)
+      throw std::runtime_error("llama.cpp engine: the probe's image does not hold its one cell");
+    v_trans = im.v_trans();
+    clear();
+    // The fingerprint of stored blocks: the file, llama.cpp's KV type and the placement.
+    struct {
+      std::uint64_t file;
+      std::int32_t type;
+      char engine[12];
+    } id{file_id(path), kv_type_of<T>, "llama.cpp"};
+    relokv::rope_config rope;
+    rope.head_dim = head_dim;
+    rope.rotary_dim = head_dim;
+    fingerprint =
+        relokv::store_fingerprint(XXH3_64bits(&id, sizeof id), rope, relokv::pre_rotated::kind);
+    pool.emplace(relokv::kv_shape{layers, opt.num_blocks, kv_heads, opt.block_size, head_dim});
+    if (!opt.store) {
+      cache.emplace(relokv::lru_block_pool(opt.num_blocks), opt.block_size);
+    } else {
+      const relokv::store_options so{fingerprint, pool->block_layout()};
+      cache.emplace(relokv::lru_block_pool(opt.num_blocks), opt.block_size, relokv::xxh3_128(),
+                    relokv::recompute::any_strategy(), std::move(opt.store), so);
+    }
+  }
+
+  void clear() noexcept {
+    for (llama_seq_id s = 0; s < kSeqs; ++s) (void)llama_memory_seq_rm(mem, s, -1, -1);
+  }
+
+  /// Decodes tokens at positions p0.. into the request's sequence, in batches of n_batch; the
+  /// last token's logits are kept when `logits`.
+  void decode_run(std::span<const relokv::token_t> tokens, std::int32_t p0, bool logits) {
+    for (std::size_t i = 0; i < tokens.size();) {
+      const std::size_t n = std::min(tokens.size() - i, static_cast<std::size_t>(opt.n_batch));
+      for (std::size_t j = 0; j < n; ++j) {
+        batch.token[j] = tokens[i + j];
+        batch.pos[j] = p0 + static_cast<std::int32_t>(i + j);
+        batch.n_seq_id[j] = 1;
+        batch.seq_id[j][0] = kRequestSeq;
+        batch.logits[j] = logits && i + j + 1 == tokens.size();
+      }
+      batch.n_tokens = static_cast<std::int32_t>(n);
+      const std::int32_t rc = llama_decode(ctx, batch);
+      if (rc != 0)
+        throw std::runtime_error("llama.cpp engine: llama_decode failed at position " +
+                                 std::to_string(p0 + static_cast<std::int32_t>(i)) + ": " +
+                                 decode_error(rc));
+      i += n;
+    }
+  }
+
+  std::vector<float> last_logits() const {
+    const float* l = llama_get_logits_ith(ctx, -1);
+    if (l == nullptr) throw std::runtime_error("llama.cpp engine: no logits");
+    return {l, l + vocab};
+  }
+
+  seq_image read_image(llama_seq_id seq) const {
+    std::vector<std::uint8_t> bytes(llama_state_seq_get_size(ctx, seq));
+    const std::size_t got = llama_state_seq_get_data(ctx, bytes.data(), bytes.size(), seq);
+    if (got != bytes.size())
+      throw std::runtime_error("llama.cpp engine: the sequence image is " + std::to_string(got) +
+                               " bytes, llama.cpp announced " + std::to_string(bytes.size()));
+    return seq_image::parse(std::move(bytes), geo);
+  }
+
+  void check_tokens(std::span<const relokv::token_t> t, const char* where) const {
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (t[i] < 0 || t[i] >= vocab)
+        throw std::invalid_argument(std::string(where) + ": token " + std::to_string(i) + " = " +
+                                    std::to_string(t[i]) + " outside the vocabulary [0, " +
+                                    std::to_string(vocab) + ")");
+  }
+
+  // One run of cached blocks, loaded as a sequence of its own: consecutive blocks whose keys
+  // were computed at consecutive positions and move by the same delta.
+  struct load_group {
+    std::int32_t first_block = 0, last_block = 0;  // in the plan, inclusive
+    std::int32_t delta = 0;                        // new position - stored position
+    llama_seq_id seq = -1;                         // while loaded
+    std::int32_t last_pos = 0;                     // its last cached position (new)
+  };
+
+  /// Loads groups [g, end) (up to kSeqs - 1) into sequences 1.., each at its stored positions,
+  /// then shifts each by its delta: llama.cpp re-rotates the keys at its next decode.
+  void load_wave(std::vector<load_group>& groups, std::size_t g, const relokv::reuse_plan& plan,
+                 const std::vector<std::int32_t>& stored, const std::vector<std::uint8_t>& comp) {
+    const auto hd = static_cast<std::size_t>(head_dim);
+    for (std::size_t i = g; i < groups.size() && i - g < kSeqs - 1; ++i) {
+      load_group& lg = groups[i];
+      lg.seq = static_cast<llama_seq_id>(1 + i - g);
+      std::vector<std::int32_t> pos;
+      std::vector<std::pair<relokv::block_id, std::int32_t>> at;  // (block, slot) per cell
+      for (std::int32_t b = lg.first_block; b <= lg.last_block; ++b) {
+        const relokv::planned_block& pb = plan.blocks[static_cast<std::size_t>(b)];
+        for (std::int32_t s = 0; s < pb.len; ++s)
+          if (!comp[static_cast<std::size_t>(pb.pos0 + s)]) {
+            pos.push_back(stored[static_cast<std::size_t>(b)] + s);
+            at.emplace_back(pb.physical, s);
+          }
+      }
+      const auto rows = [&](std::int32_t l, std::int32_t cell, bool v, std::byte* out) {
+        const auto [blk, slot] = at[static_cast<std::size_t>(cell)];
+        for (std::int32_t h = 0; h < kv_heads; ++h) {
+          const T* src = pool->tile(l, blk, v ? 1 : 0, h) + static_cast<std::size_t>(slot) * hd;
+          std::memcpy(out + static_cast<std::size_t>(h) * hd * sizeof(T), src, hd * sizeof(T));
+        }
+      };
+      const auto image = write_image(pos, lg.seq, v_trans, geo, rows);
+      if (llama_state_seq_set_data(ctx, image.data(), image.size(), lg.seq) != image.size())
+        throw std::runtime_error("llama.cpp engine: llama.cpp did not take a span's " +
+                                 std::to_string(pos.size()) + " cells (context of " +
+                                 std::to_string(opt.n_ctx) + ")");
+      if (lg.delta != 0) llama_memory_seq_add(mem, lg.seq, -1, -1, lg.delta);
+    }
+  }
+
+  std::vector<float> serve(const relokv::request_layout& layout, relokv::reuse_plan& plan,
+                           relokv_engine::prefill_stats* stats) {
+    relokv::apply_fetches(*pool, plan.fetches);
+    plan.fetches.clear();
+    const std::size_t nb = plan.blocks.size();
+    // Where each block's keys were computed: its position, or a copy's source position (the
+    // copy is made raw; llama.cpp's K-shift rotates).
+    std::vector<std::int32_t> stored(nb);
+    for (std::size_t b = 0; b < nb; ++b) stored[b] = plan.blocks[b].pos0;
+    for (const relokv::block_copy& c : plan.copies) {
+      for (std::size_t b = 0; b < nb; ++b)
+        if (plan.blocks[b].physical == c.dst) stored[b] = c.src_pos0;
+      if (c.src != c.dst) pool->copy_block(c.src, c.dst);
+    }
+    const auto n = static_cast<std::int32_t>(layout.tokens.size());
+    // Computed tokens: the plan's, and the last one (it gives the logits; llama.cpp writes its
+    // K/V, so it is not loaded).
+    std::vector<std::uint8_t> comp(plan.compute.begin(), plan.compute.end());
+    comp[static_cast<std::size_t>(n - 1)] = 1;
+    // The runs of cached blocks to load.
+    std::vector<load_group> groups;
+    std::vector<std::int32_t> group_of(static_cast<std::size_t>(n), -1);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const relokv::planned_block& pb = plan.blocks[b];
+      bool any = false;
+      for (std::int32_t s = 0; s < pb.len; ++s) any |= !comp[static_cast<std::size_t>(pb.pos0 + s)];
+      if (!any) continue;
+      const std::int32_t delta = pb.pos0 - stored[b];
+      const auto bi = static_cast<std::int32_t>(b);
+      if (groups.empty() || groups.back().last_block != bi - 1 || groups.back().delta != delta ||
+          stored[b - 1] + plan.blocks[b - 1].len != stored[b])
+        groups.push_back({bi, bi, delta, -1, 0});
+      else
+        groups.back().last_block = bi;
+      for (std::int32_t s = 0; s < pb.len; ++s)
+        if (!comp[static_cast<std::size_t>(pb.pos0 + s)]) {
+          group_of[static_cast<std::size_t>(pb.pos0 + s)] =
+              static_cast<std::int32_t>(groups.size() - 1);
+          groups.back().last_pos = pb.pos0 + s;
+        }
+    }
+    // Walk the prompt in position order: share cached runs into the request's sequence,
+    // decode computed runs at their positions (llama.cpp appends only after the last position).
+    std::int32_t computed = 0;
+    for (std::int32_t p = 0; p < n;) {
+      std::int32_t q = p + 1;
+      if (comp[static_cast<std::size_t>(p)]) {
+        while (q < n && comp[static_cast<std::size_t>(q)]) ++q;
+        decode_run(std::span(layout.tokens)
+                       .subspan(static_cast<std::size_t>(p), static_cast<std::size_t>(q - p)),
+                   p, q == n);
+        computed += q - p;
+      } else {
+        const std::int32_t g = group_of[static_cast<std::size_t>(p)];
+        while (q < n && group_of[static_cast<std::size_t>(q)] == g) ++q;
+        load_group& lg = groups[static_cast<std::size_t>(g)];
+        if (lg.seq < 0) {
+          load_wave(groups, static_cast<std::size_t>(g), plan, stored, comp);
+        }
+        llama_memory_seq_cp(mem, lg.seq, kRequestSeq, p, q);
+        if (q - 1 == lg.last_pos) (void)llama_memory_seq_rm(mem, lg.seq, -1, -1);
+      }
+      p = q;
+    }
+    if (stats != nullptr) {
+      *stats = {};
+      stats->tokens = n;
+      stats->computed = computed;
+      stats->token_layers = static_cast<std::int64_t>(computed) * layers;
+      stats->exact_hits = plan.exact_hits;
+      stats->relocated_hits = plan.relocated_hits;
+      stats->misses = plan.misses;
+      stats->store_hits = plan.store_hits;
+      for (const relokv::planned_block& pb : plan.blocks) {
+        stats->pool_blocks += pb.tier == relokv::block_tier::kPool;
+        stats->store_blocks += pb.tier == relokv::block_tier::kStore;
+        stats->computed_blocks += pb.tier == relokv::block_tier::kComputed;
+      }
+    }
+    return last_logits();
+  }
+
+  /// The request's private blocks (computed, or relocated copies), from llama.cpp into the pool.
+  void write_back(const relokv::reuse_plan& plan) {
+    const seq_image im = read_image(kRequestSeq);
+    std::vector<std::int32_t> cell_of(static_cast<std::size_t>(live->n_tokens), -1);
+    for (std::int32_t c = 0; c < im.cells(); ++c)
+      if (im.pos(c) >= 0 && im.pos(c) < live->n_tokens)
+        cell_of[static_cast<std::size_t>(im.pos(c))] = c;
+    const auto hd = static_cast<std::size_t>(head_dim);
+    std::vector<std::byte> row(geo.row_bytes());
+    for (const relokv::planned_block& pb : plan.blocks) {
+      if (!pb.fresh && !pb.copy_on_write) continue;
+      for (std::int32_t s = 0; s < pb.len; ++s) {
+        const std::int32_t c = cell_of[static_cast<std::size_t>(pb.pos0 + s)];
+        if (c < 0)
+          throw std::logic_error("llama.cpp engine: position " + std::to_string(pb.pos0 + s) +
+                                 " is missing from the context");
+        for (std::int32_t l = 0; l < layers; ++l)
+          for (int v = 0; v < 2; ++v) {
+            im.row(l, c, v == 1, row.data());
+            for (std::int32_t h = 0; h < kv_heads; ++h)
+              std::memcpy(pool->tile(l, pb.physical, v, h) + static_cast<std::size_t>(s) * hd,
+                          row.data() + static_cast<std::size_t>(h) * hd * sizeof(T),
+                          hd * sizeof(T));
+          }
+      }
+    }
+  }
+};
+
+template <class T>
+engine<T>::engine(const std::string& gguf_path, engine_options opt)
+    : p_(std::make_unique<impl>(gguf_path, std::move(opt))) {}
+
+template <class T>
+engine<T>::~engine() {
+  if (p_ && p_->live) {
+    try {
+      end(false);
+    } catch (...) {  // a destructor does not throw
+    }
+  }
+}
+
+template <class T>
+std::vector<float> engine<T>::prefill(const relokv::request_layout& layout,
+                                      const relokv::recompute::any_strategy& strategy,
+                                      relokv_engine::prefill_stats* stats) {
+  impl& m = *p_;
+  if (m.live) throw std::logic_error("llama.cpp engine: end() the live request first");
+  if (layout.tokens.empty()) throw std::invalid_argument("llama.cpp engine: an empty request");
+  m.check_tokens(layout.tokens, "llama.cpp engine: prefill");
+  if (layout.tokens.size() >= static_cast<std::size_t>(m.opt.n_ctx))
+    throw std::invalid_argument("llama.cpp engine: a request of " +
+                                std::to_string(layout.tokens.size()) +
+                                " tokens does not fit the context of " +
+                                std::to_string(m.opt.n_ctx) + " cells (engine_options::n_ctx)");
+  if (strategy.dynamic() || strategy.probes() || strategy.grouped() != nullptr)
+    throw std::invalid_argument(
+        "llama.cpp engine: this strategy chooses or weighs tokens between layers (CacheBlend's "
+        "deviation, the question's attention, APE's groups); llama.cpp's public API computes a "
+        "batch through every layer with no hook between them. Use none, first_k, seam_window "
+        "or full");
+  relokv::reuse_plan plan = m.cache->plan(layout, strategy);
+  if (!plan.ok())
+    throw std::runtime_error("llama.cpp engine: out of KV blocks (" +
+                             std::to_string(plan.blocks_short) + " more needed)");
+  const relokv::request_id id = plan.id;
+  m.clear();
+  try {
+    auto logits = m.serve(layout, plan, stats);
+    m.live.emplace(typename impl::live_request{std::move(plan),
+                                               static_cast<std::int32_t>(layout.tokens.size())});
+    return logits;
+  } catch (...) {
+    m.cache->release(id);
+    m.clear();
+    throw;
+  }
+}
+
+template <class T>
+std::vector<float> engine<T>::decode(relokv::token_t token) {
+  impl& m = *p_;
+  if (!m.live) throw std::logic_error("llama.cpp engine: decode without a live request");
+  m.check_tokens(std::span(&token, 1), "llama.cpp engine: decode");
+  if (m.live->n_tokens >= m.opt.n_ctx)
+    throw std::runtime_error("llama.cpp engine: the context of " + std::to_string(m.opt.n_ctx) +
+                             " cells is full");
+  m.decode_run(std::span(&token, 1), m.live->n_tokens, true);
+  ++m.live->n_tokens;
+  return m.last_logits();
+}
+
+template <class T>
+void engine<T>::end(bool commit) {
+  impl& m = *p_;
+  if (!m.live) return;
+  const relokv::request_id id = m.live->plan.id;
+  try {
+    if (commit) {
+      m.write_back(m.live->plan);
+      m.cache->commit(id, *m.pool);  // and writes new blocks to the store, when there is one
+    }
+  } catch (...) {
+    m.cache->release(id);
+    m.live.reset();
+    m.clear();
+    throw;
+  }
+  m.cache->release(id);
+  m.live.reset();
+  m.clear();
+}
+
+template <class T>
+std::vector<float> engine<T>::plain_prefill(std::span<const relokv::token_t> tokens) {
+  impl& m = *p_;
+  if (m.live) throw std::logic_error("llama.cpp engine: end() the live request first");
+  if (tokens.empty()) throw std::invalid_argument("llama.cpp engine: an empty request");
+  m.check_tokens(tokens, "llama.cpp engine: plain_prefill");
+  if (tokens.size() >= static_cast<std::size_t>(m.opt.n_ctx))
+    throw std::invalid_argument("llama.cpp engine: " + std::to_string(tokens.size()) +
+                                " tokens do not fit the context of " + std::to_string(m.opt.n_ctx) +
+                                " cells");
+  m.clear();
+  try {
+    m.decode_run(tokens, 0, true);
+  } catch (...) {
+    m.clear();
+    throw;
+  }
+  auto logits = m.last_logits();
+  m.clear();
+  return logits;
+}
+
+template <class T>
+typename engine<T>::cache_type& engine<T>::cache() noexcept {
+  return *p_->cache;
+}
+template <class T>
+std::int32_t engine<T>::n_vocab() const noexcept {
+  return p_->vocab;
+}
+template <class T>
+std::int32_t engine<T>::n_layers() const noexcept {
+  return p_->layers;
+}
+template <class T>
+std::uint64_t engine<T>::store_fingerprint() const noexcept {
+  return p_->fingerprint;
+}
+
+template class engine<relokv::fp16>;
+template class engine<float>;
+
+}  // namespace relokv_llama_cpp

@@ -168,8 +168,16 @@ void progress_bar(std::size_t done, std::size_t total) {
 /// The variants to run: the sweep's, or the chosen defaults, plus a profile's when given.
 std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
                                              const relokv_engine::llama_model& model) {
-  auto variants = sweeping ? relokv_rag::sweep_variants()
-                           : pick(relokv_rag::default_variants(o.first_k, o.topk), o.variants);
+  const bool llama = o.run.engine == "llama.cpp";
+  auto variants =
+      sweeping
+          ? relokv_rag::sweep_variants()
+          : pick(relokv_rag::default_variants(o.first_k, o.topk),
+                 o.variants.empty() && llama ? std::string("prefix,naive,epic,seam") : o.variants);
+  if (sweeping && llama)  // what runs through llama.cpp's API: the static strategies
+    std::erase_if(variants, [](const relokv_rag::variant& v) {
+      return v.strategy.dynamic() || v.strategy.probes() || v.strategy.grouped() != nullptr;
+    });
   if (o.profile.empty()) return variants;
   const auto prof = relokv_engine::load_profile(o.profile);
   variants.push_back({"calibrated: " + (prof.safe ? prof.strategy.label() : "full (unsafe)"),
@@ -247,10 +255,27 @@ int main(int argc, char** argv) {
                                                        o.seed, model->cfg.vocab)
                                 : relokv_rag::load_jsonl(data, o.requests, o.seed, codec);
     const bool sweeping = !o.sweep_out.empty() || !o.calibrate_out.empty();
-    std::printf("relokv_rag: %zu requests from %s, %zu passages, model %s, placement %s, KV %s%s\n",
-                w.requests.size(), w.source.c_str(), w.corpus.size(),
-                model_path.empty() ? "synthetic (offline)" : model_path.c_str(),
-                o.run.placement.c_str(), o.run.kv_dtype.c_str(), sweeping ? ", budget sweep" : "");
+    o.run.model_path = model_path;
+    const bool llama = o.run.engine == "llama.cpp";
+    if (llama && !relokv_rag::has_llama_cpp())
+      throw std::runtime_error(
+          "--engine llama.cpp: this build has no llama.cpp (run scripts/get-llama-cpp and "
+          "configure with -DRELOKV_WITH_LLAMA_CPP=ON; scripts/test does)");
+    if (llama && model_path.empty())
+      throw std::runtime_error("--engine llama.cpp needs a GGUF model (--model)");
+    if (llama && !o.store.empty())
+      throw std::runtime_error(
+          "--engine llama.cpp: the --store demo runs on relokv's engine "
+          "only so far (the adapter itself takes a store: "
+          "engine_options::store)");
+    const std::string placement = llama ? "pre_rotated (llama.cpp's K-shift)" : o.run.placement;
+    const std::string kv = llama ? (o.run.kv_dtype == "fp32" ? "f32" : "f16") : o.run.kv_dtype;
+    std::printf(
+        "relokv_rag: %zu requests from %s, %zu passages, model %s, engine %s, "
+        "placement %s, KV %s%s\n",
+        w.requests.size(), w.source.c_str(), w.corpus.size(),
+        model_path.empty() ? "synthetic (offline)" : model_path.c_str(), o.run.engine.c_str(),
+        placement.c_str(), kv.c_str(), sweeping ? ", budget sweep" : "");
     if (!o.quiet) o.run.progress = progress_bar;
     if (!o.store.empty()) return store_mode(argc, argv, o, model, w, codec);
 

@@ -55,7 +55,14 @@ void add_options(CLI::App& app, options& o) {
                  "or absorber:N (the system prompt's first N tokens, named by every request as "
                  "its span_context: a sink-absorbing compile)")
       ->capture_default_str();
-  app.add_option("--kv-dtype", o.run.kv_dtype, "the KV pool's element type: bf16 or fp32")
+  app.add_option("--engine", o.run.engine,
+                 "relokv (the example engine) or llama.cpp (a relocatable_cache in charge of a "
+                 "llama.cpp context: pre_rotated through llama.cpp's K-shift, KV f16 or fp32, "
+                 "static strategies; default variants prefix,naive,epic,seam)")
+      ->check(CLI::IsMember({"relokv", "llama.cpp"}))
+      ->capture_default_str();
+  app.add_option("--kv-dtype", o.run.kv_dtype,
+                 "the KV pool's element type: bf16 or fp32 (llama.cpp: bf16 means its f16)")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();
   app.add_option("--max-answer", o.run.max_answer, "greedy answer tokens")
@@ -69,7 +76,7 @@ void add_options(CLI::App& app, options& o) {
       ->capture_default_str();
   app.add_option("--variants", o.variants,
                  "comma-separated subset of full, prefix, naive, block, epic, kvboost, "
-                 "cacheblend, union, question, qepic, ape (full always runs first, as the "
+                 "cacheblend, union, question, qepic, ape, seam (full always runs first, as the "
                  "reference)");
   app.add_option("--profile", o.profile,
                  "a strategy profile (--calibrate's output): adds the variant it selects");

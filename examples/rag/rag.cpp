@@ -1,6 +1,8 @@
 // Multi-document QA workload and runner (see rag.hpp).
 #include "rag.hpp"
 
+#include "run_engine.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -145,6 +147,8 @@ std::vector<variant> default_variants(std::int32_t first_k, float topk) {
         "first 2 of each span pinned, the question's top 12%", "qepic"),
       v("APE T=0.9 S=0.9", {"ape", 0, 0.0f, 0.9f, 0.9f}, true,
         "grouped attention at the question and answer; nothing recomputed", "ape"),
+      v("seam window k=" + k, {"seam_window", first_k}, true,
+        "KVBoost's window alone: the k tokens before each seam, no check layer", "seam"),
   };
 }
 
@@ -186,7 +190,7 @@ double kl_divergence(const std::vector<float>& ref, const std::vector<float>& go
   return std::max(0.0, kl);
 }
 
-namespace {
+namespace detail {
 
 /// Scores one answer against the reference's: first-token KL, the mean KL along the
 /// reference's answer, greedy agreement (token by token, end-of-turn dropped), F1 and EM.
@@ -214,36 +218,6 @@ void score_answer(const std::vector<std::vector<float>>& ref_steps,
   out.em.push_back(exact_match(text, r.answer));
 }
 
-/// One request of the noise-floor row: full prefill on the fp32-KV engine, its greedy answer
-/// against the reference's, and its logits along the reference's answer (teacher-forced).
-template <class E>
-void add_floor(E& eng, const relokv::request_layout& flat,
-               const std::vector<std::vector<float>>& ref_steps,
-               const std::vector<relokv::token_t>& ref_answer, relokv::token_t stop,
-               const run_options& opt, const qa_request& r, const text_codec& codec,
-               variant_result& out) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto logits = eng.prefill(flat, relokv::recompute::full{});
-  const auto t1 = std::chrono::steady_clock::now();
-  std::vector<relokv::token_t> answer;
-  for (relokv::token_t t = relokv_engine::argmax(logits);;) {
-    answer.push_back(t);
-    if (t == stop || static_cast<std::int32_t>(answer.size()) == opt.max_answer) break;
-    t = relokv_engine::argmax(eng.decode(t));
-  }
-  eng.end(false);
-  out.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::vector<std::vector<float>> steps{logits};
-  (void)eng.prefill(flat, relokv::recompute::full{});
-  for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i)
-    steps.push_back(eng.decode(ref_answer[i]));
-  eng.end(false);
-  out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  out.computed.push_back(double(flat.tokens.size()));
-  out.work.push_back(1.0);
-  score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
-}
-
 /// The tokens passages are compiled behind for run_options::compile, or none for "prompt".
 std::optional<std::vector<relokv::token_t>> compile_context(const std::string& mode,
                                                             const workload& w) {
@@ -266,130 +240,54 @@ std::optional<std::vector<relokv::token_t>> compile_context(const std::string& m
   throw std::invalid_argument("unknown compile mode '" + mode + "' (prompt, alone or absorber:N)");
 }
 
+std::size_t longest_prompt(const workload& w) {
+  std::size_t longest = 0;
+  for (const qa_request& r : w.requests) {
+    std::size_t n = w.prefix.size() + r.question_tokens.size();
+    for (std::size_t p : r.passages) n += w.corpus[p].tokens.size();
+    longest = std::max(longest, n);
+  }
+  return longest;
+}
+
+#ifndef RELOKV_RAG_LLAMA_CPP
+std::vector<variant_result> run_llama_cpp(std::shared_ptr<const relokv_engine::llama_model>,
+                                          const workload&, const text_codec&,
+                                          const std::vector<variant>&, const run_options&) {
+  throw std::invalid_argument(
+      "engine llama.cpp: this build has no llama.cpp (run scripts/get-llama-cpp and configure "
+      "with -DRELOKV_WITH_LLAMA_CPP=ON -DCMAKE_PREFIX_PATH=<its output>; scripts/test does)");
+}
+#endif
+
+}  // namespace detail
+
+#ifdef RELOKV_RAG_LLAMA_CPP
+bool has_llama_cpp() noexcept { return true; }
+#else
+bool has_llama_cpp() noexcept { return false; }
+#endif
+
+namespace {
+
 template <class P, class T>
 std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_model> model,
                                      const workload& w, const text_codec& codec,
                                      const std::vector<variant>& variants, const run_options& opt) {
   relokv_engine::llama_engine<P, T> eng(model, opt.num_blocks);
-  const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
-  const std::size_t total = w.requests.size() * (variants.size() + 1);
-  std::size_t done = 0;
-  // A question's passages are cached as spans computed after the system prompt, just before
-  // the question (as a RAG server warms what its retriever returns): whatever the corpus size,
-  // the pool needs only the recently used passages. A passage still cached costs one token.
-  // What the passages are compiled behind (run_options::compile); none: the system prompt.
-  const std::optional<std::vector<relokv::token_t>> behind = compile_context(opt.compile, w);
-  const auto warm = [&](const qa_request& r) {
-    for (std::size_t p : r.passages) {
-      relokv::layout_builder b(16);
-      if (!behind)
-        b.prefix(w.prefix);
-      else if (!behind->empty())
-        b.prefix(*behind);
-      (void)eng.prefill(b.span(w.corpus[p].tokens).build(), relokv::recompute::none{});
-      eng.end(true);
-    }
-    if (opt.progress) opt.progress(++done, total);
-  };
-  std::vector<variant_result> res(variants.size());
-  for (std::size_t v = 0; v < variants.size(); ++v) {
-    res[v].name = variants[v].name;
-    res[v].note = variants[v].note;
-    res[v].key = variants[v].key;
-  }
   // The noise floor: full prefill of the same prompt with fp32 KV, against the bf16 reference
   // (what the KV's own rounding moves, with no reuse at all). Its own small pool: one prompt.
-  const bool floor = opt.noise_floor && std::is_same_v<T, relokv::bf16>;
   std::unique_ptr<relokv_engine::llama_engine<P, float>> eng32;
-  variant_result floor_row;
-  if (floor) {
-    std::size_t longest = 0;
-    for (const qa_request& r : w.requests) {
-      std::size_t n = w.prefix.size() + r.question_tokens.size();
-      for (std::size_t p : r.passages) n += w.corpus[p].tokens.size();
-      longest = std::max(longest, n);
-    }
-    const auto blocks =
-        static_cast<std::int32_t>((longest + static_cast<std::size_t>(opt.max_answer)) / 16 + 4);
-    eng32 = std::make_unique<relokv_engine::llama_engine<P, float>>(model, blocks);
-    floor_row.name = "noise floor: full, fp32 KV";
-    floor_row.note = "full prefill with fp32 KV against the bf16 reference: no reuse";
-    floor_row.key = "fp32_floor";
-  }
+  if (opt.noise_floor && std::is_same_v<T, relokv::bf16>)
+    eng32 = std::make_unique<relokv_engine::llama_engine<P, float>>(
+        model,
+        static_cast<std::int32_t>(
+            (detail::longest_prompt(w) + static_cast<std::size_t>(opt.max_answer)) / 16 + 4));
   const auto block_bytes = static_cast<std::int64_t>(model->cfg.n_layers) * 2 *
-                           model->cfg.n_kv_heads * 16 * model->cfg.head_dim * 4;
-  for (const qa_request& r : w.requests) {
-    warm(r);
-    relokv::layout_builder spans(16), flat(16);
-    spans.prefix(w.prefix);
-    if (behind) spans.span_context(*behind);
-    std::vector<relokv::token_t> all(w.prefix);
-    for (std::size_t p : r.passages) {
-      spans.span(w.corpus[p].tokens);
-      all.insert(all.end(), w.corpus[p].tokens.begin(), w.corpus[p].tokens.end());
-    }
-    spans.question(r.question_tokens);
-    all.insert(all.end(), r.question_tokens.begin(), r.question_tokens.end());
-    const auto l_spans = spans.build();
-    const auto l_flat = flat.prefix(all).build();
-    // Full recompute's greedy answer and the logits before each of its tokens.
-    std::vector<std::vector<float>> ref_steps;
-    std::vector<relokv::token_t> ref_answer;
-    const double layers = model->cfg.n_layers;
-    for (std::size_t v = 0; v < variants.size(); ++v) {
-      const variant& var = variants[v];
-      const auto& layout = var.spans ? l_spans : l_flat;
-      relokv_engine::prefill_stats st;
-      const auto t0 = std::chrono::steady_clock::now();
-      auto logits = eng.prefill(layout, var.strategy, &st);
-      relokv::token_t t = relokv_engine::argmax(logits);  // choosing it is part of TTFT
-      const auto t1 = std::chrono::steady_clock::now();
-      const auto in_use = eng.cache().allocator().capacity() - eng.cache().allocator().num_free();
-      // Greedy answer; the logits of each step are kept while the answer follows full's (they
-      // are then the teacher-forced ones too).
-      std::vector<relokv::token_t> answer;
-      std::vector<std::vector<float>> steps;
-      for (std::int32_t i = 0; i < opt.max_answer; ++i) {
-        const bool on_ref =
-            v == 0 || (i < static_cast<std::int32_t>(ref_answer.size()) &&
-                       std::equal(answer.begin(), answer.end(), ref_answer.begin()));
-        if (on_ref) steps.push_back(logits);
-        answer.push_back(t);
-        if (t == stop || i + 1 == opt.max_answer) break;
-        logits = eng.decode(t);
-        t = relokv_engine::argmax(logits);
-      }
-      eng.end(false);  // questions are not kept: every variant meets the same cache
-      const auto t2 = std::chrono::steady_clock::now();
-      if (v == 0) {
-        ref_steps = steps;
-        ref_answer = answer;
-        if (floor) add_floor(*eng32, l_flat, ref_steps, ref_answer, stop, opt, r, codec, floor_row);
-      } else if (steps.size() < ref_answer.size()) {
-        // The answer left full's: feed full's answer from a second, identical prefill.
-        (void)eng.prefill(layout, var.strategy);
-        steps.resize(1);
-        for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i) {
-          auto next = eng.decode(ref_answer[i]);
-          steps.push_back(std::move(next));
-        }
-        eng.end(false);
-      }
-      variant_result& out = res[v];
-      out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      out.busy_s += std::chrono::duration<double>(t2 - t0).count();
-      out.computed.push_back(st.computed);
-      out.work.push_back(double(st.token_layers) / (layers * double(std::max(st.tokens, 1))));
-      out.blocks += st.exact_hits + st.relocated_hits + st.misses;
-      out.exact += st.exact_hits;
-      out.relocated += st.relocated_hits;
-      out.peak_kv_bytes = std::max<std::int64_t>(out.peak_kv_bytes, in_use * block_bytes);
-      score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
-      if (opt.progress) opt.progress(++done, total);
-    }
-  }
-  if (floor) res.push_back(std::move(floor_row));
-  return res;
+                           model->cfg.n_kv_heads * 16 * model->cfg.head_dim *
+                           static_cast<std::int64_t>(sizeof(T));
+  return detail::run_engine(eng, eng32.get(), model->cfg.n_layers, block_bytes, w, codec, variants,
+                            opt);
 }
 
 }  // namespace
@@ -401,10 +299,13 @@ std::vector<variant_result> run(std::shared_ptr<const relokv_engine::llama_model
     throw std::invalid_argument("max_answer must be at least 1 (got " +
                                 std::to_string(opt.max_answer) + ")");
   if (variants.empty()) throw std::invalid_argument("run needs at least the reference variant");
-  (void)compile_context(opt.compile, w);  // a bad mode fails before any work
+  (void)detail::compile_context(opt.compile, w);  // a bad mode fails before any work
   if (opt.kv_dtype != "bf16" && opt.kv_dtype != "fp32")
     throw std::invalid_argument("unknown KV dtype '" + opt.kv_dtype + "' (bf16 or fp32)");
   const bool f32 = opt.kv_dtype == "fp32";
+  if (opt.engine == "llama.cpp") return detail::run_llama_cpp(model, w, codec, variants, opt);
+  if (opt.engine != "relokv")
+    throw std::invalid_argument("unknown engine '" + opt.engine + "' (relokv or llama.cpp)");
   if (opt.placement == "pre_rotated")
     return f32 ? run_with<relokv::pre_rotated, float>(model, w, codec, variants, opt)
                : run_with<relokv::pre_rotated, relokv::bf16>(model, w, codec, variants, opt);

@@ -60,9 +60,10 @@ struct variant {
   std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
   relokv_engine::strategy_spec spec;  // the strategy by kind and budget
 };
-/// The eleven variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k;
+/// The twelve variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k;
 /// question and qepic: the question's attention picks the tokens, question_topk, without and
-/// with EPIC's first 2 pinned; ape: APE's grouped attention at the reader's tokens).
+/// with EPIC's first 2 pinned; ape: APE's grouped attention at the reader's tokens; seam:
+/// KVBoost's window without its check layer).
 /// first_k sets EPIC's k and KVBoost's window; topk is CacheBlend's recompute ratio. @throws
 /// relokv::error for values the strategies reject.
 std::vector<variant> default_variants(std::int32_t first_k = 16, float topk = 0.15f);
@@ -100,8 +101,16 @@ struct run_options {
   /// compile that any system prompt of the template reuses; requests name it as their
   /// span_context).
   std::string compile = "prompt";
+  /// The engine: "relokv" (the example engine) or "llama.cpp" (a relocatable_cache in charge
+  /// of a llama.cpp context, examples/llama_cpp: placement pre_rotated through llama.cpp's
+  /// K-shift, KV f16, or f32 with kv_dtype "fp32"; static strategies only).
+  std::string engine = "relokv";
+  std::string model_path;  ///< the GGUF llama.cpp loads (engine "llama.cpp")
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
+
+/// Whether this build has relokv inside llama.cpp (run_options::engine = "llama.cpp").
+bool has_llama_cpp() noexcept;
 
 /// Runs each request under every variant, interleaved, in one engine and one cache; before a
 /// request, its passages are cached (each computed on its own behind what opt.compile names)

@@ -1,0 +1,56 @@
+// The QA job on relokv inside llama.cpp (built where the llama.cpp component is).
+#include <stdexcept>
+#include <string>
+
+#include "engine.hpp"
+#include "run_engine.hpp"
+
+namespace relokv_rag::detail {
+
+namespace {
+template <class T, class F>
+std::vector<variant_result> run_on(const relokv_engine::llama_model& m, const workload& w,
+                                   const text_codec& codec, const std::vector<variant>& variants,
+                                   const run_options& opt, bool with_floor) {
+  // The longest prompt and its answer, in whole blocks, and a block to spare.
+  const auto n_ctx = std::max<std::int32_t>(
+      64, static_cast<std::int32_t>(
+              ((longest_prompt(w) + static_cast<std::size_t>(opt.max_answer)) / 16 + 2) * 16));
+  relokv_llama_cpp::engine_options eo;
+  eo.num_blocks = opt.num_blocks;
+  eo.n_ctx = n_ctx;
+  relokv_llama_cpp::engine<T> eng(opt.model_path, std::move(eo));
+  std::unique_ptr<relokv_llama_cpp::engine<F>> floor;
+  if (with_floor) {
+    relokv_llama_cpp::engine_options fo;
+    fo.num_blocks = n_ctx / 16 + 4;  // one prompt
+    fo.n_ctx = n_ctx;
+    floor = std::make_unique<relokv_llama_cpp::engine<F>>(opt.model_path, std::move(fo));
+  }
+  const auto block_bytes = static_cast<std::int64_t>(m.cfg.n_layers) * 2 * m.cfg.n_kv_heads * 16 *
+                           m.cfg.head_dim * static_cast<std::int64_t>(sizeof(T));
+  return run_engine(eng, floor.get(), eng.n_layers(), block_bytes, w, codec, variants, opt);
+}
+}  // namespace
+
+std::vector<variant_result> run_llama_cpp(std::shared_ptr<const relokv_engine::llama_model> model,
+                                          const workload& w, const text_codec& codec,
+                                          const std::vector<variant>& variants,
+                                          const run_options& opt) {
+  if (opt.model_path.empty())
+    throw std::invalid_argument(
+        "engine llama.cpp: needs a GGUF model (--model), not the "
+        "synthetic one");
+  for (const variant& v : variants) {
+    const auto& s = v.strategy;
+    if (s.dynamic() || s.probes() || s.grouped() != nullptr)
+      throw std::invalid_argument(
+          "engine llama.cpp: variant '" + v.key +
+          "' chooses or weighs tokens between layers, and llama.cpp's public API has no hook "
+          "there; with llama.cpp use full, prefix, naive, block, epic or seam");
+  }
+  if (opt.kv_dtype == "fp32") return run_on<float, float>(*model, w, codec, variants, opt, false);
+  return run_on<relokv::fp16, float>(*model, w, codec, variants, opt, opt.noise_floor);
+}
+
+}  // namespace relokv_rag::detail

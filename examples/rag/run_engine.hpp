@@ -1,0 +1,188 @@
+#pragma once
+// The QA job's loop over any engine with relokv_engine::llama_engine's request interface
+// (prefill(layout, strategy, stats), decode(token), end(commit), cache()): relokv's own engine
+// and relokv inside llama.cpp share it, so their tables mean the same. Internal to relokv_rag.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <relokv/layout/builder.hpp>
+#include <relokv/recompute/full.hpp>
+#include <relokv/recompute/none.hpp>
+
+#include "rag.hpp"
+
+namespace relokv_rag::detail {
+
+/// Scores one answer against the reference's: first-token KL, the mean KL along the
+/// reference's answer, greedy agreement (token by token, end-of-turn dropped), F1 and EM.
+void score_answer(const std::vector<std::vector<float>>& ref_steps,
+                  const std::vector<std::vector<float>>& steps,
+                  const std::vector<relokv::token_t>& ref_answer,
+                  const std::vector<relokv::token_t>& answer, relokv::token_t stop,
+                  const qa_request& r, const text_codec& codec, variant_result& out);
+/// The tokens passages are compiled behind for run_options::compile, or none for "prompt".
+/// @throws std::invalid_argument for an unknown mode
+std::optional<std::vector<relokv::token_t>> compile_context(const std::string& mode,
+                                                            const workload& w);
+/// The longest prompt of the workload, in tokens.
+std::size_t longest_prompt(const workload& w);
+/// run() on relokv inside llama.cpp (rag_llama_cpp.cpp; without llama.cpp in the build it
+/// throws std::invalid_argument saying how to build it).
+std::vector<variant_result> run_llama_cpp(std::shared_ptr<const relokv_engine::llama_model> model,
+                                          const workload& w, const text_codec& codec,
+                                          const std::vector<variant>& variants,
+                                          const run_options& opt);
+
+/// One request of the noise-floor row: full prefill on the fp32-KV engine, its greedy answer
+/// against the reference's, and its logits along the reference's answer (teacher-forced).
+template <class E>
+void add_floor(E& eng, const relokv::request_layout& flat,
+               const std::vector<std::vector<float>>& ref_steps,
+               const std::vector<relokv::token_t>& ref_answer, relokv::token_t stop,
+               const run_options& opt, const qa_request& r, const text_codec& codec,
+               variant_result& out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto logits = eng.prefill(flat, relokv::recompute::full{});
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<relokv::token_t> answer;
+  for (relokv::token_t t = relokv_engine::argmax(logits);;) {
+    answer.push_back(t);
+    if (t == stop || static_cast<std::int32_t>(answer.size()) == opt.max_answer) break;
+    t = relokv_engine::argmax(eng.decode(t));
+  }
+  eng.end(false);
+  out.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<std::vector<float>> steps{logits};
+  (void)eng.prefill(flat, relokv::recompute::full{});
+  for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i)
+    steps.push_back(eng.decode(ref_answer[i]));
+  eng.end(false);
+  out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  out.computed.push_back(double(flat.tokens.size()));
+  out.work.push_back(1.0);
+  score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
+}
+
+/// Runs every request under every variant on `eng` (and the noise-floor row on `floor_eng`,
+/// when given); n_layers and block_bytes size the work and KV memory columns.
+template <class E, class F>
+std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_layers,
+                                       std::int64_t block_bytes, const workload& w,
+                                       const text_codec& codec,
+                                       const std::vector<variant>& variants,
+                                       const run_options& opt) {
+  const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
+  const std::size_t total = w.requests.size() * (variants.size() + 1);
+  std::size_t done = 0;
+  // A question's passages are cached as spans computed after the system prompt, just before
+  // the question (as a RAG server warms what its retriever returns): whatever the corpus size,
+  // the pool needs only the recently used passages. A passage still cached costs one token.
+  // What the passages are compiled behind (run_options::compile); none: the system prompt.
+  const std::optional<std::vector<relokv::token_t>> behind = compile_context(opt.compile, w);
+  const auto warm = [&](const qa_request& r) {
+    for (std::size_t p : r.passages) {
+      relokv::layout_builder b(16);
+      if (!behind)
+        b.prefix(w.prefix);
+      else if (!behind->empty())
+        b.prefix(*behind);
+      (void)eng.prefill(b.span(w.corpus[p].tokens).build(), relokv::recompute::none{});
+      eng.end(true);
+    }
+    if (opt.progress) opt.progress(++done, total);
+  };
+  std::vector<variant_result> res(variants.size());
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    res[v].name = variants[v].name;
+    res[v].note = variants[v].note;
+    res[v].key = variants[v].key;
+  }
+  const bool floor = floor_eng != nullptr;
+  variant_result floor_row;
+  if (floor) {
+    floor_row.name = "noise floor: full, fp32 KV";
+    floor_row.note = "full prefill with fp32 KV against the reference's KV type: no reuse";
+    floor_row.key = "fp32_floor";
+  }
+  for (const qa_request& r : w.requests) {
+    warm(r);
+    relokv::layout_builder spans(16), flat(16);
+    spans.prefix(w.prefix);
+    if (behind) spans.span_context(*behind);
+    std::vector<relokv::token_t> all(w.prefix);
+    for (std::size_t p : r.passages) {
+      spans.span(w.corpus[p].tokens);
+      all.insert(all.end(), w.corpus[p].tokens.begin(), w.corpus[p].tokens.end());
+    }
+    spans.question(r.question_tokens);
+    all.insert(all.end(), r.question_tokens.begin(), r.question_tokens.end());
+    const auto l_spans = spans.build();
+    const auto l_flat = flat.prefix(all).build();
+    // Full recompute's greedy answer and the logits before each of its tokens.
+    std::vector<std::vector<float>> ref_steps;
+    std::vector<relokv::token_t> ref_answer;
+    const double layers = n_layers;
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      const variant& var = variants[v];
+      const auto& layout = var.spans ? l_spans : l_flat;
+      relokv_engine::prefill_stats st;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto logits = eng.prefill(layout, var.strategy, &st);
+      relokv::token_t t = relokv_engine::argmax(logits);  // choosing it is part of TTFT
+      const auto t1 = std::chrono::steady_clock::now();
+      const auto in_use = eng.cache().allocator().capacity() - eng.cache().allocator().num_free();
+      // Greedy answer; the logits of each step are kept while the answer follows full's (they
+      // are then the teacher-forced ones too).
+      std::vector<relokv::token_t> answer;
+      std::vector<std::vector<float>> steps;
+      for (std::int32_t i = 0; i < opt.max_answer; ++i) {
+        const bool on_ref =
+            v == 0 || (i < static_cast<std::int32_t>(ref_answer.size()) &&
+                       std::equal(answer.begin(), answer.end(), ref_answer.begin()));
+        if (on_ref) steps.push_back(logits);
+        answer.push_back(t);
+        if (t == stop || i + 1 == opt.max_answer) break;
+        logits = eng.decode(t);
+        t = relokv_engine::argmax(logits);
+      }
+      eng.end(false);  // questions are not kept: every variant meets the same cache
+      const auto t2 = std::chrono::steady_clock::now();
+      if (v == 0) {
+        ref_steps = steps;
+        ref_answer = answer;
+        if (floor)
+          add_floor(*floor_eng, l_flat, ref_steps, ref_answer, stop, opt, r, codec, floor_row);
+      } else if (steps.size() < ref_answer.size()) {
+        // The answer left full's: feed full's answer from a second, identical prefill.
+        (void)eng.prefill(layout, var.strategy);
+        steps.resize(1);
+        for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i) {
+          auto next = eng.decode(ref_answer[i]);
+          steps.push_back(std::move(next));
+        }
+        eng.end(false);
+      }
+      variant_result& out = res[v];
+      out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      out.busy_s += std::chrono::duration<double>(t2 - t0).count();
+      out.computed.push_back(st.computed);
+      out.work.push_back(double(st.token_layers) / (layers * double(std::max(st.tokens, 1))));
+      out.blocks += st.exact_hits + st.relocated_hits + st.misses;
+      out.exact += st.exact_hits;
+      out.relocated += st.relocated_hits;
+      out.peak_kv_bytes = std::max<std::int64_t>(out.peak_kv_bytes, in_use * block_bytes);
+      score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
+      if (opt.progress) opt.progress(++done, total);
+    }
+  }
+  if (floor) res.push_back(std::move(floor_row));
+  return res;
+}
+
+}  // namespace relokv_rag::detail

@@ -12,6 +12,9 @@
 #include "support/engine_figures.hpp"
 #include "support/rag_figures.hpp"
 #endif
+#if RELOKV_REPORT_LLAMA_CPP
+#include "support/llama_cpp_figures.hpp"
+#endif
 
 namespace {
 void usage() {
@@ -50,12 +53,24 @@ int main(int argc, char** argv) {
         std::printf("%s %.3g\n", name.c_str(), value);
     std::fflush(stdout);
   };
-  print(relokv_bench::core_figures(reps));
-  print(relokv_bench::attention_figures(reps));
-  print(relokv_bench::store_figures(reps));
+  // --filter llama_cpp runs that group alone (the others take minutes).
+  const bool llama_only = filter.find("llama_cpp") != std::string::npos;
+  if (!llama_only) {
+    print(relokv_bench::core_figures(reps));
+    print(relokv_bench::attention_figures(reps));
+    print(relokv_bench::store_figures(reps));
 #if RELOKV_REPORT_ENGINE
-  print(relokv_bench::engine_figures(reps));
-  print(relokv_bench::rag_figures());
+    print(relokv_bench::engine_figures(reps));
+    print(relokv_bench::rag_figures());
+#endif
+  }
+#if RELOKV_REPORT_LLAMA_CPP
+  print(relokv_bench::llama_cpp_figures(reps));
+#else
+  std::fprintf(stderr,
+               "relokv_report: llama_cpp_* skipped: this build has no llama.cpp "
+               "(scripts/get-llama-cpp, -DRELOKV_WITH_LLAMA_CPP=ON)\n");
+  print({{"llama_cpp_built", 0.0}});
 #endif
   return 0;
 }

@@ -128,6 +128,8 @@ int store_mode(int argc, char** argv, const options& o,
   (void)relokv::any_store::from_url(o.store, so.seal);
   so.placement = o.run.placement;
   so.max_answer = o.run.max_answer;
+  so.engine = o.run.engine;
+  so.model_path = o.run.model_path;
   const bool one_process = o.store == "memory:";
   if (one_process && o.role != "both")
     throw std::runtime_error("--store memory: lives in one process: use --role both");
@@ -263,11 +265,6 @@ int main(int argc, char** argv) {
           "configure with -DRELOKV_WITH_LLAMA_CPP=ON; scripts/test does)");
     if (llama && model_path.empty())
       throw std::runtime_error("--engine llama.cpp needs a GGUF model (--model)");
-    if (llama && !o.store.empty())
-      throw std::runtime_error(
-          "--engine llama.cpp: the --store demo runs on relokv's engine "
-          "only so far (the adapter itself takes a store: "
-          "engine_options::store)");
     const std::string placement = llama ? "pre_rotated (llama.cpp's K-shift)" : o.run.placement;
     const std::string kv = llama ? (o.run.kv_dtype == "fp32" ? "f32" : "f16") : o.run.kv_dtype;
     std::printf(

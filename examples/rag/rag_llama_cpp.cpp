@@ -4,6 +4,7 @@
 
 #include "engine.hpp"
 #include "run_engine.hpp"
+#include "store_loop.hpp"
 
 namespace relokv_rag::detail {
 
@@ -51,6 +52,39 @@ std::vector<variant_result> run_llama_cpp(std::shared_ptr<const relokv_engine::l
   }
   if (opt.kv_dtype == "fp32") return run_on<float, float>(*model, w, codec, variants, opt, false);
   return run_on<relokv::fp16, float>(*model, w, codec, variants, opt, opt.noise_floor);
+}
+
+namespace {
+/// The store mode's engines: the requests' longest prompt and answer fit their context.
+relokv_llama_cpp::engine_options store_engine(const workload& w, const store_mode_options& opt,
+                                              bool with_store) {
+  if (opt.model_path.empty())
+    throw std::invalid_argument("engine llama.cpp: needs a GGUF model (--model)");
+  relokv_llama_cpp::engine_options eo;
+  eo.num_blocks = opt.num_blocks;
+  eo.n_ctx = std::max<std::int32_t>(
+      64, static_cast<std::int32_t>(
+              ((longest_prompt(w) + static_cast<std::size_t>(opt.max_answer)) / 16 + 2) * 16));
+  if (with_store) eo.store = open_store(opt);
+  return eo;
+}
+}  // namespace
+
+writer_report run_writer_llama_cpp(const workload& w, const store_mode_options& opt) {
+  relokv_llama_cpp::engine<relokv::fp16> eng(opt.model_path, store_engine(w, opt, true));
+  return writer_on(eng, w);
+}
+
+reader_report run_reader_llama_cpp(const workload& w, const text_codec& codec,
+                                   const std::vector<variant>& variants,
+                                   const store_mode_options& opt) {
+  for (const variant& v : variants)
+    if (v.strategy.dynamic() || v.strategy.probes() || v.strategy.grouped() != nullptr)
+      throw std::invalid_argument("engine llama.cpp: variant '" + v.key +
+                                  "' needs a hook between layers that llama.cpp's API lacks");
+  relokv_llama_cpp::engine<relokv::fp16> full(opt.model_path, store_engine(w, opt, false));
+  relokv_llama_cpp::engine<relokv::fp16> eng(opt.model_path, store_engine(w, opt, true));
+  return reader_on(full, eng, w, codec, variants, opt);
 }
 
 }  // namespace relokv_rag::detail

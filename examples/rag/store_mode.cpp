@@ -9,17 +9,10 @@
 
 #include <relokv/layout/builder.hpp>
 
+#include "store_loop.hpp"
+
 namespace relokv_rag {
-namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-relokv::request_layout span_layout(const workload& w, const qa_request& r) {
-  relokv::layout_builder b(16);
-  b.prefix(w.prefix);
-  for (std::size_t p : r.passages) b.span(w.corpus[p].tokens);
-  return b.question(r.question_tokens).build();
-}
+namespace detail {
 
 /// The store a URL names. `memory:` is one store for the whole process, so that the writer
 /// and the reader of `--role both` share it (each URL opened anew would be a store of its own,
@@ -32,26 +25,25 @@ relokv::any_store open_store(const store_mode_options& opt) {
                            opt.url + " (sealed)");
 }
 
+#ifndef RELOKV_RAG_LLAMA_CPP
+writer_report run_writer_llama_cpp(const workload&, const store_mode_options&) {
+  throw std::invalid_argument("engine llama.cpp: this build has no llama.cpp");
+}
+reader_report run_reader_llama_cpp(const workload&, const text_codec&, const std::vector<variant>&,
+                                   const store_mode_options&) {
+  throw std::invalid_argument("engine llama.cpp: this build has no llama.cpp");
+}
+#endif
+
+}  // namespace detail
+
+namespace {
+
 template <class P>
 writer_report writer_with(std::shared_ptr<const relokv_engine::llama_model> model,
                           const workload& w, const store_mode_options& opt) {
-  relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16, open_store(opt));
-  writer_report out;
-  const auto t0 = clock_type::now();
-  std::vector<bool> done(w.corpus.size(), false);
-  for (const qa_request& r : w.requests)
-    for (std::size_t p : r.passages) {
-      if (done[p]) continue;
-      done[p] = true;
-      (void)eng.prefill(
-          relokv::layout_builder(16).prefix(w.prefix).span(w.corpus[p].tokens).build(),
-          relokv::recompute::none{});
-      eng.end(true);  // commit: the new blocks are written to the store
-      ++out.passages;
-    }
-  out.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
-  out.stats = eng.cache().stats();
-  return out;
+  relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16, detail::open_store(opt));
+  return detail::writer_on(eng, w);
 }
 
 template <class P>
@@ -59,50 +51,8 @@ reader_report reader_with(std::shared_ptr<const relokv_engine::llama_model> mode
                           const workload& w, const text_codec& codec,
                           const std::vector<variant>& variants, const store_mode_options& opt) {
   relokv_engine::llama_engine<P> full(model, opt.num_blocks);
-  relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16, open_store(opt));
-  const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
-  reader_report rep;
-  rep.rows.resize(variants.size());
-  for (std::size_t v = 0; v < variants.size(); ++v) rep.rows[v].name = variants[v].name;
-  for (const qa_request& r : w.requests) {
-    const auto layout = span_layout(w, r);
-    std::vector<float> ref_logits;
-    std::vector<relokv::token_t> ref_answer;
-    for (std::size_t v = 0; v < variants.size(); ++v) {
-      auto& e = v == 0 ? full : eng;
-      relokv_engine::prefill_stats st;
-      const auto t0 = clock_type::now();
-      auto logits = e.prefill(layout, variants[v].strategy, &st);
-      relokv::token_t t = relokv_engine::argmax(logits);
-      const auto t1 = clock_type::now();
-      std::vector<relokv::token_t> answer;
-      const auto first = logits;
-      for (std::int32_t i = 0; i < opt.max_answer; ++i) {
-        answer.push_back(t);
-        if (t == stop || i + 1 == opt.max_answer) break;
-        t = relokv_engine::argmax(e.decode(t));
-      }
-      e.end(false);  // nothing kept: the next question fetches its spans again
-      reader_row& row = rep.rows[v];
-      row.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      row.store += st.store_blocks;
-      row.pool += st.pool_blocks;
-      row.computed += st.computed_blocks;
-      if (v == 0) {
-        ref_logits = first;
-        ref_answer = answer;
-      }
-      row.kl.push_back(kl_divergence(ref_logits, first));
-      std::size_t same = 0;
-      for (std::size_t i = 0; i < std::min(answer.size(), ref_answer.size()); ++i)
-        same += answer[i] == ref_answer[i];
-      row.agreement.push_back(double(same) /
-                              double(std::max<std::size_t>({answer.size(), ref_answer.size(), 1})));
-    }
-  }
-  rep.stats = eng.cache().stats();
-  rep.counters = eng.cache().store().counters();
-  return rep;
+  relokv_engine::llama_engine<P> eng(model, opt.num_blocks, 16, detail::open_store(opt));
+  return detail::reader_on(full, eng, w, codec, variants, opt);
 }
 
 template <class F>
@@ -124,6 +74,7 @@ double mean(const std::vector<double>& v) {
 
 writer_report run_writer(std::shared_ptr<const relokv_engine::llama_model> model, const workload& w,
                          const store_mode_options& opt) {
+  if (opt.engine == "llama.cpp") return detail::run_writer_llama_cpp(w, opt);
   return by_placement(opt.placement,
                       [&](auto p) { return writer_with<decltype(p)>(model, w, opt); });
 }
@@ -135,6 +86,7 @@ reader_report run_reader(std::shared_ptr<const relokv_engine::llama_model> model
     throw std::invalid_argument("max_answer must be at least 1 (got " +
                                 std::to_string(opt.max_answer) + ")");
   if (variants.empty()) throw std::invalid_argument("run_reader needs the reference variant");
+  if (opt.engine == "llama.cpp") return detail::run_reader_llama_cpp(w, codec, variants, opt);
   return by_placement(opt.placement, [&](auto p) {
     return reader_with<decltype(p)>(model, w, codec, variants, opt);
   });

@@ -20,6 +20,8 @@ struct store_mode_options {
   std::string placement = "block_relative";
   std::int32_t num_blocks = 1024;
   std::int32_t max_answer = 16;
+  std::string engine = "relokv";  ///< or "llama.cpp" (run_options::engine)
+  std::string model_path;         ///< the GGUF llama.cpp loads
 };
 
 struct writer_report {

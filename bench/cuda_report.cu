@@ -3,6 +3,9 @@
 //                               over 8 KV heads, head_dim 128), K/V bytes per second divided by
 //                               a streaming read of the same bytes in the same run
 //   rotate_overhead_*_device    decode time divided by the same kernel on pre-rotated keys
+//   decode_split_speedup_device decode with the split-KV workspace (the kernel chooses the
+//                               splits) over one CTA per KV head (no workspace)
+//   decode_splits_device        the splits it chose
 // Exits 77 (skipped) without a device.
 #include <relokv/cuda/paged_attention.cuh>
 #include <relokv/memory/host_kv_storage.hpp>
@@ -98,10 +101,18 @@ int main() {
   p.num_q_heads = kHq;
   p.scale = 0.088f;
   p.out = dout;
+  const std::size_t ws_floats =
+      relokv::cuda::split_workspace_floats(1, kHq, kDim, relokv::cuda::kMaxSplits);
+  float* ws = nullptr;
+  cudaMalloc(&ws, ws_floats * sizeof(float));
   auto decode = [&](auto placement) {
     using P = decltype(placement);
     return median_ms([&] { (void)relokv::cuda::paged_attention<P>(p, nullptr); }, 21);
   };
+  const float t_single = decode(relokv::block_relative{});
+  p.workspace = ws;
+  p.workspace_floats = ws_floats;
+  const int splits = relokv::cuda::choose_splits(p);
   const float t_stream = median_ms(
       [&] { stream_read<<<1024, 256>>>(reinterpret_cast<const uint4*>(pool), bytes / 16, sink); },
       21);
@@ -117,9 +128,11 @@ int main() {
   std::printf("stream_gbps_device %.4g\n", static_cast<double>(bytes) / (t_stream * 1e6));
   std::printf("rotate_overhead_at_attention_device %.3g\n", t_at / t_pre);
   std::printf("rotate_overhead_block_relative_device %.3g\n", t_rel / t_pre);
+  std::printf("decode_split_speedup_device %.3g\n", t_single / t_rel);
+  std::printf("decode_splits_device %d\n", splits);
   for (void* ptr : {static_cast<void*>(pool), static_cast<void*>(dentries),
                     static_cast<void*>(dindptr), static_cast<void*>(dpos), static_cast<void*>(dq),
-                    static_cast<void*>(dout), static_cast<void*>(sink)})
+                    static_cast<void*>(dout), static_cast<void*>(sink), static_cast<void*>(ws)})
     cudaFree(ptr);
   return 0;
 }

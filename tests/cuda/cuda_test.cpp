@@ -104,19 +104,25 @@ void attention_case(int head_dim, int block_size, bool prefill) {
                                 a.q.data(), a.q_pos.data(), 8, a.scale, want.data(), {},
                                 want_lse.data());
   }
-  std::vector<float> got_lse;
-  const auto got = relokv_test::device_attention(a, &got_lse);
-  CHECK(rel_err(got, want) < 1e-4);
-  // Log-sum-exps: the host's bf16 path rounds queries and weights (see the host tests'
-  // tolerances); the scores here are O(1), so an absolute bound.
-  REQUIRE(got_lse.size() == want_lse.size());
-  for (std::size_t i = 0; i < got_lse.size(); ++i) {
-    INFO("row " << i);
-    if (std::isinf(want_lse[i])) {  // no visible key
-      CHECK(got_lse[i] == want_lse[i]);
-      continue;
+  // One CTA per (token, KV head); split over the blocks as the kernel chooses; three splits
+  // (a sequence of two entries leaves one split empty, which the merge must ignore).
+  for (const std::int32_t splits : {-1, 0, 3}) {
+    INFO("num_splits " << splits);
+    a.num_splits = splits;
+    std::vector<float> got_lse;
+    const auto got = relokv_test::device_attention(a, &got_lse);
+    CHECK(rel_err(got, want) < 1e-4);
+    // Log-sum-exps: the host's bf16 path rounds queries and weights (see the host tests'
+    // tolerances); the scores here are O(1), so an absolute bound.
+    REQUIRE(got_lse.size() == want_lse.size());
+    for (std::size_t i = 0; i < got_lse.size(); ++i) {
+      INFO("row " << i);
+      if (std::isinf(want_lse[i])) {  // no visible key
+        CHECK(got_lse[i] == want_lse[i]);
+        continue;
+      }
+      CHECK(std::fabs(got_lse[i] - want_lse[i]) < 2e-2f * std::max(1.0f, std::fabs(want_lse[i])));
     }
-    CHECK(std::fabs(got_lse[i] - want_lse[i]) < 2e-2f * std::max(1.0f, std::fabs(want_lse[i])));
   }
 }
 
@@ -199,6 +205,12 @@ TEST_CASE("cuda: unsupported shapes are rejected with a reason", "[gpu]") {
   a.q.resize(96);
   a.num_q_heads = 1;
   CHECK_THROWS_WITH(relokv_test::device_attention(a), Catch::Contains("head_dim: 96"));
+  a.rope.head_dim = a.rope.rotary_dim = 128;
+  a.shape = relokv::kv_shape{1, 1, 1, 16, 128};
+  a.pool.resize(a.shape.layer_elems() * 2);
+  a.q.resize(128);
+  a.num_splits = relokv_test::max_splits() + 1;
+  CHECK_THROWS_WITH(relokv_test::device_attention(a), Catch::Contains("num_splits"));
 }
 
 TEST_CASE("cuda: kv-append, relocation and copies match the host", "[gpu]") {

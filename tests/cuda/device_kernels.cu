@@ -108,6 +108,18 @@ std::vector<float> device_attention(const device_attention_args& a, std::vector<
       p.out = o.p;
       dbuf<float> l(lse != nullptr ? static_cast<std::size_t>(tokens) * a.num_q_heads : 0);
       p.lse = l.p;
+      dbuf<float> ws(a.num_splits < 0
+                         ? 0
+                         : relokv::cuda::split_workspace_floats(
+                               tokens, a.num_q_heads, a.shape.head_dim,
+                               a.num_splits > 0 ? a.num_splits : relokv::cuda::kMaxSplits));
+      if (a.num_splits >= 0) {
+        p.workspace = ws.p;
+        p.workspace_floats = relokv::cuda::split_workspace_floats(
+            tokens, a.num_q_heads, a.shape.head_dim,
+            a.num_splits > 0 ? a.num_splits : relokv::cuda::kMaxSplits);
+        p.num_splits = a.num_splits;
+      }
       if (auto s = relokv::cuda::can_implement(p); !s) throw std::runtime_error(s.reason);
       check(relokv::cuda::paged_attention<P, T>(p, nullptr), "paged_attention");
       check(cudaDeviceSynchronize(), "paged_attention (sync)");
@@ -117,6 +129,8 @@ std::vector<float> device_attention(const device_attention_args& a, std::vector<
   });
   return out;
 }
+
+std::int32_t max_splits() { return relokv::cuda::kMaxSplits; }
 
 std::vector<float> device_grouped_attention(const device_attention_args& a,
                                             const std::vector<relokv::attention_group>& groups) {

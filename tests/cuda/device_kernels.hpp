@@ -32,7 +32,12 @@ struct device_attention_args {
   std::vector<std::int32_t> q_indptr;  // empty: decode
   std::int32_t num_q_heads = 0;
   float scale = 1.0f;
+  std::int32_t num_splits = -1;  // -1: no workspace (one CTA per token and KV head); 0: the
+                                 // kernel chooses; n: n splits
 };
+
+/// relokv::cuda::kMaxSplits (the .cuh is not included by the host-compiled tests).
+std::int32_t max_splits();
 
 /// Runs the device paged attention; throws with the CUDA error text on failure. lse (when
 /// given) receives the rows' log-sum-exps.

@@ -12,6 +12,7 @@
 /// @endcode
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -46,7 +47,28 @@ struct attention_params {
   float scale = 1.0f;
   float* out = nullptr;
   float* lse = nullptr;
+  /// Optional split-KV workspace (FlashDecoding): with it, each (token, KV head) is spread over
+  /// num_splits CTAs that each walk a share of the sequence's blocks, and a second kernel
+  /// merges their states. Without it, one CTA per (token, KV head), which leaves most of a large
+  /// GPU idle in decode (8 KV heads: 8 CTAs). split_workspace_floats() gives its size.
+  float* workspace = nullptr;
+  std::size_t workspace_floats = 0;
+  /// Splits per (token, KV head): 0 chooses from the device's multiprocessor count and the
+  /// workspace's size; n > 0 asks for n (the workspace must hold them).
+  std::int32_t num_splits = 0;
 };
+
+inline constexpr int kMaxSplits = 256;  ///< splits per (token, KV head) at most
+
+/// Floats of workspace that `num_splits` splits need: a partial output row and its
+/// log-sum-exp per split, token and query head.
+[[nodiscard]] inline std::size_t split_workspace_floats(std::int32_t num_tokens,
+                                                        std::int32_t num_q_heads,
+                                                        std::int32_t head_dim,
+                                                        std::int32_t num_splits) {
+  return static_cast<std::size_t>(num_splits) * static_cast<std::size_t>(num_tokens) *
+         static_cast<std::size_t>(num_q_heads) * (static_cast<std::size_t>(head_dim) + 1);
+}
 
 template <class T>
 support can_implement(const attention_params<T>& p) {
@@ -57,7 +79,39 @@ support can_implement(const attention_params<T>& p) {
     return {false, "GQA group of " + std::to_string(p.num_q_heads / p.kv.num_kv_heads) +
                        " query heads per KV head; at most " + std::to_string(kMaxGroup)};
   if (p.rope.pairs * 2 > p.kv.head_dim) return {false, "rotary_dim exceeds head_dim"};
+  if (p.num_splits < 0 || p.num_splits > kMaxSplits)
+    return {false, "num_splits " + std::to_string(p.num_splits) + " outside [0, " +
+                       std::to_string(kMaxSplits) + "]"};
+  if (p.num_splits > 1) {
+    const std::size_t need =
+        split_workspace_floats(p.num_tokens, p.num_q_heads, p.kv.head_dim, p.num_splits);
+    if (p.workspace == nullptr || p.workspace_floats < need)
+      return {false, std::to_string(p.num_splits) + " splits need a workspace of " +
+                         std::to_string(need) + " floats; it holds " +
+                         std::to_string(p.workspace == nullptr ? 0 : p.workspace_floats)};
+  }
   return {};
+}
+
+/// The splits a launch uses: 1 without a workspace; else the requested number, or (0) enough
+/// CTAs for about four per multiprocessor, as many as the workspace holds.
+template <class T>
+[[nodiscard]] std::int32_t choose_splits(const attention_params<T>& p) {
+  if (p.workspace == nullptr) return 1;
+  if (p.num_splits > 0) return p.num_splits;
+  const long long ctas = static_cast<long long>(p.num_tokens) * p.kv.num_kv_heads;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 1;
+  if (ctas <= 0 || ctas >= 2LL * sms) return 1;
+  auto s =
+      static_cast<std::int32_t>(std::min<long long>((4LL * sms + ctas - 1) / ctas, kMaxSplits));
+  const std::size_t per_split =
+      split_workspace_floats(p.num_tokens, p.num_q_heads, p.kv.head_dim, 1);
+  s = static_cast<std::int32_t>(
+      std::min<std::size_t>(static_cast<std::size_t>(s), p.workspace_floats / per_split));
+  return std::max<std::int32_t>(s, 1);
 }
 
 namespace detail {
@@ -70,13 +124,18 @@ struct device_log {
   __device__ float operator()(float x) const { return logf(x); }
 };
 
-/// One CTA per (query token, KV head): kWarps warps split the sequence's blocks, each lane
-/// owns D/64 element pairs (so rotations stay in registers), warps merge online-softmax
-/// states through shared memory at the end.
+/// One CTA per (query token, KV head, split): kWarps warps walk the split's share of the
+/// sequence's blocks, kUnroll tokens at a time (their K/V rows loaded before any is used, so
+/// several loads are in flight per warp); each lane owns D/64 element pairs (rotations stay in
+/// registers); the GQA group's loops run to kMaxGroup, guarded by g < G, so that their state
+/// stays in registers rather than in local memory. Warps merge their online-softmax states
+/// through shared memory; with one split the CTA writes the result, with several it writes a
+/// normalised partial row and its log-sum-exp to the workspace (merge_splits_kernel).
 template <class P, class T, int D, int BS>
 __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const attention_params<T> p) {
   constexpr int kPairs = D / 2 / 32;  // pairs per lane
-  const int t = blockIdx.x, h = blockIdx.y;
+  constexpr int kUnroll = 4;
+  const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = p.num_q_heads / p.kv.num_kv_heads;
   int seq = t;
@@ -95,11 +154,15 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
 
   int ea[kPairs], eb[kPairs];
   bool rot[kPairs];
+#pragma unroll
   for (int i = 0; i < kPairs; ++i) pair_elems(p.rope, lane * kPairs + i, ea[i], eb[i], rot[i]);
 
   float q1[kMaxGroup][kPairs], q2[kMaxGroup][kPairs];  // unrotated (block_relative) or at m
-  for (int g = 0; g < G; ++g) {
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= G) break;
     const float* qg = p.q + (static_cast<long long>(t) * p.num_q_heads + h * G + g) * D;
+#pragma unroll
     for (int i = 0; i < kPairs; ++i) {
       q1[g][i] = qg[ea[i]];
       q2[g][i] = qg[eb[i]];
@@ -112,19 +175,27 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
   }
 
   float mx[kMaxGroup], sum[kMaxGroup], a1[kMaxGroup][kPairs], a2[kMaxGroup][kPairs];
+#pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
     mx[g] = -INFINITY;
     sum[g] = 0.0f;
+#pragma unroll
     for (int i = 0; i < kPairs; ++i) a1[g][i] = a2[g][i] = 0.0f;
   }
 
-  const int e0 = p.table.indptr[seq], e1 = p.table.indptr[seq + 1];
+  // This split's share of the sequence's block entries.
+  const int s0 = p.table.indptr[seq], s1 = p.table.indptr[seq + 1];
+  const int share = (s1 - s0 + splits - 1) / splits;
+  const int e0 = s0 + split * share, e1 = min(s1, e0 + share);
   for (int e = e0 + warp; e < e1; e += kWarps) {
     const block_entry be = p.table.entries[e];
     if (be.pos0 > m || be.len <= 0) continue;
     const int valid = min(be.len, m - be.pos0 + 1);
     float r1[kMaxGroup][kPairs], r2[kMaxGroup][kPairs];  // queries as this block needs them
-    for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= G) break;
+#pragma unroll
       for (int i = 0; i < kPairs; ++i) {
         r1[g][i] = q1[g][i];
         r2[g][i] = q2[g][i];
@@ -134,31 +205,60 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
           rotate_pair(r1[g][i], r2[g][i], c, s);
         }
       }
+    }
     const T* kt = p.kv.k(be.block, h);
     const T* vt = p.kv.v(be.block, h);
-    for (int j = 0; j < valid; ++j) {
-      float k1[kPairs], k2[kPairs], v1[kPairs], v2[kPairs];
-      for (int i = 0; i < kPairs; ++i) {
-        k1[i] = to_f32(kt[j * D + ea[i]]);
-        k2[i] = to_f32(kt[j * D + eb[i]]);
-        v1[i] = to_f32(vt[j * D + ea[i]]);
-        v2[i] = to_f32(vt[j * D + eb[i]]);
-        if (P::kind == placement_kind::kAtAttention && rot[i]) {
-          float c, s;
-          rope_angle(p.rope, static_cast<long long>(be.pos0) + j, lane * kPairs + i, false, c, s);
-          rotate_pair(k1[i], k2[i], c, s);
+    for (int j0 = 0; j0 < valid; j0 += kUnroll) {
+      float k1[kUnroll][kPairs], k2[kUnroll][kPairs], v1[kUnroll][kPairs], v2[kUnroll][kPairs];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = min(j0 + u, valid - 1);  // rows past the end repeat the last, unused
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          k1[u][i] = to_f32(kt[j * D + ea[i]]);
+          k2[u][i] = to_f32(kt[j * D + eb[i]]);
+          v1[u][i] = to_f32(vt[j * D + ea[i]]);
+          v2[u][i] = to_f32(vt[j * D + eb[i]]);
         }
       }
-      for (int g = 0; g < G; ++g) {
-        float part = 0.0f;
-        for (int i = 0; i < kPairs; ++i) part += r1[g][i] * k1[i] + r2[g][i] * k2[i];
-        const float score = warp_sum(part) * p.scale;
-        const float corr = online_softmax_step(mx[g], sum[g], score, fast_exp{});
-        const float w = __expf(score - mx[g]);
-        sum[g] += w;
-        for (int i = 0; i < kPairs; ++i) {
-          a1[g][i] = a1[g][i] * corr + w * v1[i];
-          a2[g][i] = a2[g][i] * corr + w * v2[i];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j0 + u >= valid) break;
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i)
+          if (P::kind == placement_kind::kAtAttention && rot[i]) {
+            float c, s;
+            rope_angle(p.rope, static_cast<long long>(be.pos0) + j0 + u, lane * kPairs + i, false,
+                       c, s);
+            rotate_pair(k1[u][i], k2[u][i], c, s);
+          }
+        float score[kMaxGroup];
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g >= G) break;
+          float part = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) part += r1[g][i] * k1[u][i] + r2[g][i] * k2[u][i];
+          score[g] = part;
+        }
+        // The group's reductions interleave (independent shuffle chains).
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g)
+            if (g < G) score[g] += __shfl_xor_sync(0xffffffffu, score[g], o);
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          if (g >= G) break;
+          const float sc = score[g] * p.scale;
+          const float corr = online_softmax_step(mx[g], sum[g], sc, fast_exp{});
+          const float w = __expf(sc - mx[g]);
+          sum[g] += w;
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) {
+            a1[g][i] = a1[g][i] * corr + w * v1[u][i];
+            a2[g][i] = a2[g][i] * corr + w * v2[u][i];
+          }
         }
       }
     }
@@ -167,11 +267,14 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
   // Merge the warps' states.
   __shared__ float s_mx[kWarps][kMaxGroup], s_sum[kWarps][kMaxGroup];
   __shared__ float s_acc[kWarps][kMaxGroup][D];
-  for (int g = 0; g < G; ++g) {
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= G) break;
     if (lane == 0) {
       s_mx[warp][g] = mx[g];
       s_sum[warp][g] = sum[g];
     }
+#pragma unroll
     for (int i = 0; i < kPairs; ++i) {
       s_acc[warp][g][ea[i]] = a1[g][i];
       s_acc[warp][g][eb[i]] = a2[g][i];
@@ -190,24 +293,64 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
         o += s_acc[w][g][d] * f;
       }
     const long long row = static_cast<long long>(t) * p.num_q_heads + h * G + g;
-    p.out[row * D + d] = total > 0.0f ? o / total : 0.0f;
-    if (p.lse != nullptr && d == 0) p.lse[row] = softmax_lse(M, total, device_log{});
+    const float value = total > 0.0f ? o / total : 0.0f;
+    const float lse = softmax_lse(M, total, device_log{});
+    if (splits == 1) {
+      p.out[row * D + d] = value;
+      if (p.lse != nullptr && d == 0) p.lse[row] = lse;
+    } else {
+      const long long rows = static_cast<long long>(p.num_tokens) * p.num_q_heads;
+      const long long prow = split * rows + row;
+      p.workspace[prow * D + d] = value;
+      if (d == 0) p.workspace[splits * rows * D + prow] = lse;
+    }
   }
+}
+
+/// Merges the splits' partial rows: one CTA of D threads per (token, query head).
+template <class T, int D>
+__global__ void __launch_bounds__(D) merge_splits_kernel(const attention_params<T> p, int splits) {
+  const long long row = blockIdx.x, rows = static_cast<long long>(p.num_tokens) * p.num_q_heads;
+  const int d = threadIdx.x;
+  const float* part = p.workspace;
+  const float* lse = p.workspace + splits * rows * D;
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, lse[s * rows + row]);
+  float total = 0.0f, o = 0.0f;
+  if (M != -INFINITY)
+    for (int s = 0; s < splits; ++s) {
+      const float l = lse[s * rows + row];
+      if (l == -INFINITY) continue;
+      const float w = expf(l - M);
+      total += w;
+      o += w * part[(s * rows + row) * D + d];
+    }
+  p.out[row * D + d] = total > 0.0f ? o / total : 0.0f;
+  if (p.lse != nullptr && d == 0) p.lse[row] = M == -INFINITY ? -INFINITY : M + logf(total);
 }
 
 }  // namespace detail
 
-/// Paged attention (decode when q_indptr is null, prefill otherwise). Checks the launch with
-/// cudaPeekAtLastError; does not synchronize.
+/// Paged attention (decode when q_indptr is null, prefill otherwise), split over the blocks
+/// when a workspace is given (choose_splits). Checks the launches with cudaPeekAtLastError;
+/// does not synchronize.
 template <class P, class T>
 [[nodiscard]] cudaError_t paged_attention(const attention_params<T>& p, cudaStream_t stream) {
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   if (!can_implement(p)) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
+  const std::int32_t splits = choose_splits(p);
   return dispatch_shape(p.kv.head_dim, p.kv.block_size, [&](auto d, auto bs) {
-    const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.kv.num_kv_heads));
-    detail::paged_attention_kernel<P, T, decltype(d)::value, decltype(bs)::value>
+    constexpr int D = decltype(d)::value;
+    const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.kv.num_kv_heads),
+                    static_cast<unsigned>(splits));
+    detail::paged_attention_kernel<P, T, D, decltype(bs)::value>
         <<<grid, kWarps * 32, 0, stream>>>(p);
+    if (splits > 1) {
+      if (cudaError_t e = cudaPeekAtLastError(); e != cudaSuccess) return e;
+      const auto rows = static_cast<unsigned>(p.num_tokens * p.num_q_heads);
+      detail::merge_splits_kernel<T, D><<<rows, D, 0, stream>>>(p, splits);
+    }
     return cudaPeekAtLastError();
   });
 }

@@ -44,7 +44,7 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 
 /// Host pool written at original positions, read through a table that relocates its blocks.
 template <class P, class T>
-void attention_case(int head_dim, int block_size, bool prefill) {
+void attention_case(int head_dim, int block_size, bool prefill, int heads) {
   std::mt19937 rng(17);
   relokv::rope_config cfg;
   cfg.head_dim = cfg.rotary_dim = head_dim;
@@ -82,26 +82,27 @@ void attention_case(int head_dim, int block_size, bool prefill) {
   std::memcpy(a.pool.data(), pool.data(), pool.bytes());
   a.entries = entries;
   a.indptr = indptr;
-  a.num_q_heads = 8;
+  a.num_q_heads = heads;
   a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const relokv::block_table_view table{entries.data(), indptr.data(), 2};
   std::vector<float> want, want_lse;
   if (prefill) {
     a.q_pos = {0, 5, 2 * block_size, 3 * block_size - 4, 3, 2 * block_size - 1};  // scattered
     a.q_indptr = {0, 4, 6};
-    a.q = randn(a.q_pos.size() * 8 * static_cast<std::size_t>(head_dim), rng);
+    a.q = randn(
+        a.q_pos.size() * static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim), rng);
     want.resize(a.q.size());
-    want_lse.resize(a.q_pos.size() * 8);
+    want_lse.resize(a.q_pos.size() * static_cast<std::size_t>(heads));
     relokv::prefill_attention<P>(rope, relokv::paged_kv_view<const T>(pool.layer(0)), table,
-                                 a.q.data(), a.q_pos.data(), a.q_indptr.data(), 8, a.scale,
+                                 a.q.data(), a.q_pos.data(), a.q_indptr.data(), heads, a.scale,
                                  want.data(), {}, want_lse.data());
   } else {
     a.q_pos = {3 * block_size - 4, 2 * block_size - 1};
-    a.q = randn(2 * 8 * static_cast<std::size_t>(head_dim), rng);
+    a.q = randn(2 * static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim), rng);
     want.resize(a.q.size());
-    want_lse.resize(a.q_pos.size() * 8);
+    want_lse.resize(a.q_pos.size() * static_cast<std::size_t>(heads));
     relokv::decode_attention<P>(rope, relokv::paged_kv_view<const T>(pool.layer(0)), table,
-                                a.q.data(), a.q_pos.data(), 8, a.scale, want.data(), {},
+                                a.q.data(), a.q_pos.data(), heads, a.scale, want.data(), {},
                                 want_lse.data());
   }
   // One CTA per (token, KV head); split over the blocks as the kernel chooses; three splits
@@ -130,8 +131,14 @@ template <class P>
 void placement_cases() {
   for (bool prefill : {false, true}) {
     INFO("prefill " << prefill);
-    attention_case<P, relokv::bf16>(128, 16, prefill);
-    attention_case<P, relokv::fp16>(64, 32, prefill);
+    // GQA groups 4, 4, 7, 1, 3 and 2 over two KV heads: every group width the kernel has (1,
+    // 2, 4, 8; 3 and 7 rounded up, with masked query heads).
+    attention_case<P, relokv::bf16>(128, 16, prefill, 8);
+    attention_case<P, relokv::fp16>(64, 32, prefill, 8);
+    attention_case<P, relokv::bf16>(128, 32, prefill, 14);
+    attention_case<P, relokv::fp16>(64, 16, prefill, 2);
+    attention_case<P, relokv::bf16>(64, 16, prefill, 6);
+    attention_case<P, relokv::bf16>(128, 16, prefill, 4);
   }
 }
 

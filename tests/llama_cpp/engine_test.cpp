@@ -9,6 +9,11 @@
 #include <relokv/recompute/none.hpp>
 #include <relokv/recompute/seam_window.hpp>
 #include <relokv/store/file_store.hpp>
+#ifdef RELOKV_TEST_REDIS
+#include <relokv/store/redis_store.hpp>
+
+#include "support/redis_server.hpp"
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -161,22 +166,23 @@ TEST_CASE("llama.cpp: naive, EPIC and the seam window agree with relokv's engine
   }
 }
 
-TEST_CASE("llama.cpp: a span from the store equals the span held in the pool", "[llama_cpp]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("relokv-llama-cpp-store-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+/// A span written to a store by one adapter and fetched by a second (an empty pool: another
+/// process) gives the same logits as the span held in the pool; an fp16 adapter (another
+/// fingerprint) finds none of the fp32 spans. `store` makes a fresh handle on the same store.
+template <class MakeStore>
+void store_round_trip(MakeStore&& store) {
   const auto layout = spans_layout({0, 2, 1});
   std::vector<float> held;
   {
     auto o = small();
-    o.store = relokv::any_store(relokv::file_store(dir.string()));
+    o.store = store();
     adapter writer(g_model, std::move(o));
     warm(writer);  // commits write the spans to the store
     held = writer.prefill(layout, relokv::recompute::none{});
     writer.end(false);
   }
   auto o = small();
-  o.store = relokv::any_store(relokv::file_store(dir.string()));
+  o.store = store();
   adapter reader(g_model, std::move(o));  // a second process: an empty pool
   relokv_engine::prefill_stats st;
   // Naive reuse: the store classes a span found by its content as relocated even where it sits
@@ -188,14 +194,37 @@ TEST_CASE("llama.cpp: a span from the store equals the span held in the pool", "
   CHECK(fetched == held);
   // Another KV type is another fingerprint: the fp32 spans are not an fp16 engine's.
   auto o16 = small();
-  o16.store = relokv::any_store(relokv::file_store(dir.string()));
+  o16.store = store();
   adapter16 other(g_model, std::move(o16));
   relokv_engine::prefill_stats s16;
   (void)other.prefill(layout, relokv::recompute::first_k{2}, &s16);
   other.end(false);
   CHECK(s16.store_hits == 0);
+}
+
+TEST_CASE("llama.cpp: a span from the store equals the span held in the pool", "[llama_cpp]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("relokv-llama-cpp-store-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  store_round_trip([&] { return relokv::any_store(relokv::file_store(dir.string())); });
   std::filesystem::remove_all(dir);
 }
+
+#ifdef RELOKV_TEST_REDIS
+TEST_CASE("llama.cpp: a span from Redis equals the span held in the pool", "[llama_cpp]") {
+  if (relokv_test::find_redis_server().empty()) {
+    // scripts/test installs redis-server; under CI=true its absence fails (skip.hpp).
+    if (relokv_test::in_ci()) FAIL("CI=true and no redis-server on PATH");
+    WARN("no redis-server on PATH: the Redis round trip did not run");
+    return;
+  }
+  relokv_test::redis_server server;
+  store_round_trip([&] {
+    return relokv::any_store(
+        relokv::redis_store(relokv::redis_store_options::from_url(server.url())));
+  });
+}
+#endif
 
 TEST_CASE("llama.cpp: bad input is refused and loses nothing", "[llama_cpp]") {
   adapter e(g_model, small(40));

@@ -112,7 +112,7 @@ int main() {
   const float t_single = decode(relokv::block_relative{});
   p.workspace = ws;
   p.workspace_floats = ws_floats;
-  const int splits = relokv::cuda::choose_splits(p);
+  const int splits = relokv::cuda::choose_splits<relokv::block_relative>(p);
   const float t_stream = median_ms(
       [&] { stream_read<<<1024, 256>>>(reinterpret_cast<const uint4*>(pool), bytes / 16, sink); },
       21);

@@ -106,8 +106,9 @@ void attention_case(int head_dim, int block_size, bool prefill, int heads) {
                                 want_lse.data());
   }
   // One CTA per (token, KV head); split over the blocks as the kernel chooses; three splits
-  // (a sequence of two entries leaves one split empty, which the merge must ignore).
-  for (const std::int32_t splits : {-1, 0, 3}) {
+  // (a sequence of two entries leaves one split empty, which the merge must ignore); 200
+  // splits, more than a merge CTA has threads, nearly all of them empty.
+  for (const std::int32_t splits : {-1, 0, 3, 200}) {
     INFO("num_splits " << splits);
     a.num_splits = splits;
     std::vector<float> got_lse;

@@ -53,8 +53,8 @@ struct attention_params {
   /// GPU idle in decode (8 KV heads: 8 CTAs). split_workspace_floats() gives its size.
   float* workspace = nullptr;
   std::size_t workspace_floats = 0;
-  /// Splits per (token, KV head): 0 chooses from the device's multiprocessor count and the
-  /// workspace's size; n > 0 asks for n (the workspace must hold them).
+  /// Splits per (token, KV head): 0 fills one wave of the kernel's resident CTAs, as far as
+  /// the workspace allows (choose_splits); n > 0 asks for n (the workspace must hold them).
   std::int32_t num_splits = 0;
 };
 
@@ -93,10 +93,14 @@ support can_implement(const attention_params<T>& p) {
   return {};
 }
 
-/// The splits a launch uses: 1 without a workspace; else the requested number, or (0) enough
-/// CTAs for about four per multiprocessor, as many as the workspace holds.
+namespace detail {
+
+/// The split count for `resident` CTAs per multiprocessor (what the kernel's registers and
+/// shared memory allow): 1 without a workspace; else the requested number, or (0) as many
+/// as fill the device's CTA slots in one wave (a partial second wave costs up to half the
+/// kernel's time on a short decode), capped by kMaxSplits and by what the workspace holds.
 template <class T>
-[[nodiscard]] std::int32_t choose_splits(const attention_params<T>& p) {
+[[nodiscard]] std::int32_t split_count(const attention_params<T>& p, int resident) {
   if (p.workspace == nullptr) return 1;
   if (p.num_splits > 0) return p.num_splits;
   const long long ctas = static_cast<long long>(p.num_tokens) * p.kv.num_kv_heads;
@@ -104,17 +108,15 @@ template <class T>
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return 1;
-  if (ctas <= 0 || ctas >= 2LL * sms) return 1;
-  auto s =
-      static_cast<std::int32_t>(std::min<long long>((4LL * sms + ctas - 1) / ctas, kMaxSplits));
+  const long long slots = static_cast<long long>(std::max(resident, 1)) * sms;
+  if (ctas <= 0 || 2 * ctas > slots) return 1;
+  auto s = static_cast<std::int32_t>(std::min<long long>(slots / ctas, kMaxSplits));
   const std::size_t per_split =
       split_workspace_floats(p.num_tokens, p.num_q_heads, p.kv.head_dim, 1);
   s = static_cast<std::int32_t>(
       std::min<std::size_t>(static_cast<std::size_t>(s), p.workspace_floats / per_split));
   return std::max<std::int32_t>(s, 1);
 }
-
-namespace detail {
 
 /// __expf and logf as the functors of softmax.hpp's state arithmetic (shared with the host).
 struct fast_exp {
@@ -124,17 +126,50 @@ struct device_log {
   __device__ float operator()(float x) const { return logf(x); }
 };
 
+template <int V>
+inline constexpr int kLog2 = V <= 1 ? 0 : 1 + kLog2<V / 2>;
+
+/// Stages St.. of the transposed reduction of V values per lane: at stage St, lanes whose bit
+/// (16 >> St) is set keep the upper half of the values they still hold, the others the lower
+/// half, each adding its partner's copy of what it keeps. After log2(V) stages lane l holds the
+/// sum, over the lanes that differ from it in bits 16 .. 32 / V, of value l / (32 / V), in
+/// sc[0]. (Recursion, not a loop, so that every index is a constant and sc stays in registers.)
+template <int V, int St, int N>
+__device__ __forceinline__ void transposed_reduce(float (&sc)[V], int lane) {
+  if constexpr (St < N) {
+    constexpr int o = 16 >> St, half = V >> (St + 1);
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float send = upper ? sc[i] : sc[i + half];
+      const float keep = upper ? sc[i + half] : sc[i];
+      sc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    transposed_reduce<V, St + 1, N>(sc, lane);
+  }
+}
+
 /// One CTA per (query token, KV head, split): kWarps warps walk the split's share of the
-/// sequence's blocks, kUnroll tokens at a time (their K/V rows loaded before any is used, so
-/// several loads are in flight per warp); each lane owns D/64 element pairs (rotations stay in
-/// registers); the GQA group's loops run to kMaxGroup, guarded by g < G, so that their state
-/// stays in registers rather than in local memory. Warps merge their online-softmax states
-/// through shared memory; with one split the CTA writes the result, with several it writes a
-/// normalised partial row and its log-sum-exp to the workspace (merge_splits_kernel).
-template <class P, class T, int D, int BS>
+/// sequence's blocks a tile of C tokens at a time. Lanes own D/64 element pairs of every row
+/// (so rotations stay in registers). A tile's kG x C partial dot products are reduced across the
+/// warp by a transposed butterfly (each stage exchanges half of the values still held, 31
+/// shuffles for 32 scores instead of 5 per score), after which lane l holds score l / kRep;
+/// the softmax then takes one step per tile and query head, and P.V broadcasts each
+/// probability from the lane that holds it. kG is the GQA group rounded up to a power of two
+/// (query heads g >= G are masked), so that the group's state stays in registers. Warps merge
+/// their states through shared memory; with one split the CTA writes the result, with several
+/// a normalised partial row and its log-sum-exp to the workspace (merge_splits_kernel).
+template <class P, class T, int D, int BS, int kG>
 __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const attention_params<T> p) {
   constexpr int kPairs = D / 2 / 32;  // pairs per lane
-  constexpr int kUnroll = 4;
+  // Tokens per tile: up to 32 scores, at most 64 floats of K/V per lane, dividing BS.
+  constexpr int C0 = 32 / kG < BS ? 32 / kG : BS;
+  constexpr int C = C0 < 16 / kPairs ? C0 : 16 / kPairs;
+  constexpr int V = kG * C;             // scores per tile, at most 32
+  constexpr int kScatter = kLog2<V>;    // transposed-reduction stages
+  constexpr int kRep = 32 / V;          // lanes that end with the same score
+  constexpr int kGroupLanes = 32 / kG;  // lanes holding one query head's scores
+  static_assert((1 << kScatter) == V && BS % C == 0);
   const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = p.num_q_heads / p.kv.num_kv_heads;
@@ -151,21 +186,22 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
     seq = lo;
   }
   const pos_t m = p.q_pos[t];
+  const int mine = lane / kRep;  // the score this lane holds after the reduction
+  const int my_g = mine / C, my_c = mine % C;
 
   int ea[kPairs], eb[kPairs];
   bool rot[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) pair_elems(p.rope, lane * kPairs + i, ea[i], eb[i], rot[i]);
 
-  float q1[kMaxGroup][kPairs], q2[kMaxGroup][kPairs];  // unrotated (block_relative) or at m
+  float q1[kG][kPairs], q2[kG][kPairs];  // unrotated (block_relative) or at m; 0 for g >= G
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g >= G) break;
+  for (int g = 0; g < kG; ++g) {
     const float* qg = p.q + (static_cast<long long>(t) * p.num_q_heads + h * G + g) * D;
 #pragma unroll
     for (int i = 0; i < kPairs; ++i) {
-      q1[g][i] = qg[ea[i]];
-      q2[g][i] = qg[eb[i]];
+      q1[g][i] = g < G ? qg[ea[i]] : 0.0f;
+      q2[g][i] = g < G ? qg[eb[i]] : 0.0f;
       if (P::kind != placement_kind::kBlockRelative && rot[i]) {
         float c, s;
         rope_angle(p.rope, m, lane * kPairs + i, false, c, s);
@@ -174,9 +210,9 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
     }
   }
 
-  float mx[kMaxGroup], sum[kMaxGroup], a1[kMaxGroup][kPairs], a2[kMaxGroup][kPairs];
+  float mx[kG], sum[kG], a1[kG][kPairs], a2[kG][kPairs];  // the same in every lane
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < kG; ++g) {
     mx[g] = -INFINITY;
     sum[g] = 0.0f;
 #pragma unroll
@@ -191,10 +227,9 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
     const block_entry be = p.table.entries[e];
     if (be.pos0 > m || be.len <= 0) continue;
     const int valid = min(be.len, m - be.pos0 + 1);
-    float r1[kMaxGroup][kPairs], r2[kMaxGroup][kPairs];  // queries as this block needs them
+    float r1[kG][kPairs], r2[kG][kPairs];  // queries as this block needs them
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g >= G) break;
+    for (int g = 0; g < kG; ++g)
 #pragma unroll
       for (int i = 0; i < kPairs; ++i) {
         r1[g][i] = q1[g][i];
@@ -205,59 +240,84 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
           rotate_pair(r1[g][i], r2[g][i], c, s);
         }
       }
-    }
     const T* kt = p.kv.k(be.block, h);
     const T* vt = p.kv.v(be.block, h);
-    for (int j0 = 0; j0 < valid; j0 += kUnroll) {
-      float k1[kUnroll][kPairs], k2[kUnroll][kPairs], v1[kUnroll][kPairs], v2[kUnroll][kPairs];
+    for (int j0 = 0; j0 < valid; j0 += C) {
+      float k1[C][kPairs], k2[C][kPairs], v1[C][kPairs], v2[C][kPairs];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int j = min(j0 + u, valid - 1);  // rows past the end repeat the last, unused
+      for (int c = 0; c < C; ++c) {
+        const int j = min(j0 + c, valid - 1);  // rows past the end repeat the last, masked
 #pragma unroll
         for (int i = 0; i < kPairs; ++i) {
-          k1[u][i] = to_f32(kt[j * D + ea[i]]);
-          k2[u][i] = to_f32(kt[j * D + eb[i]]);
-          v1[u][i] = to_f32(vt[j * D + ea[i]]);
-          v2[u][i] = to_f32(vt[j * D + eb[i]]);
+          k1[c][i] = to_f32(kt[j * D + ea[i]]);
+          k2[c][i] = to_f32(kt[j * D + eb[i]]);
+          v1[c][i] = to_f32(vt[j * D + ea[i]]);
+          v2[c][i] = to_f32(vt[j * D + eb[i]]);
         }
       }
+      if constexpr (P::kind == placement_kind::kAtAttention) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (j0 + u >= valid) break;
+        for (int c = 0; c < C; ++c) {
+          const long long pos = static_cast<long long>(be.pos0) + min(j0 + c, valid - 1);
 #pragma unroll
-        for (int i = 0; i < kPairs; ++i)
-          if (P::kind == placement_kind::kAtAttention && rot[i]) {
-            float c, s;
-            rope_angle(p.rope, static_cast<long long>(be.pos0) + j0 + u, lane * kPairs + i, false,
-                       c, s);
-            rotate_pair(k1[u][i], k2[u][i], c, s);
-          }
-        float score[kMaxGroup];
+          for (int i = 0; i < kPairs; ++i)
+            if (rot[i]) {
+              float cs, sn;
+              rope_angle(p.rope, pos, lane * kPairs + i, false, cs, sn);
+              rotate_pair(k1[c][i], k2[c][i], cs, sn);
+            }
+        }
+      }
+      // Partial dot products, then the transposed reduction.
+      float sc[V];
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          if (g >= G) break;
+      for (int g = 0; g < kG; ++g)
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
           float part = 0.0f;
 #pragma unroll
-          for (int i = 0; i < kPairs; ++i) part += r1[g][i] * k1[u][i] + r2[g][i] * k2[u][i];
-          score[g] = part;
+          for (int i = 0; i < kPairs; ++i) part += r1[g][i] * k1[c][i] + r2[g][i] * k2[c][i];
+          sc[g * C + c] = part;
         }
-        // The group's reductions interleave (independent shuffle chains).
+      transposed_reduce<V, 0, kScatter>(sc, lane);
+      float score = sc[0];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
+      for (int o = 16 >> kScatter; o > 0; o >>= 1) score += __shfl_xor_sync(0xffffffffu, score, o);
+      score = (my_g < G && j0 + my_c < valid) ? score * p.scale : -INFINITY;
+
+      // One softmax step per query head and tile.
+      float tmax = score;
 #pragma unroll
-          for (int g = 0; g < kMaxGroup; ++g)
-            if (g < G) score[g] += __shfl_xor_sync(0xffffffffu, score[g], o);
+      for (int o = 1; o < kGroupLanes; o <<= 1)
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      float corr[kG], m_mine = -INFINITY;
 #pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          if (g >= G) break;
-          const float sc = score[g] * p.scale;
-          const float corr = online_softmax_step(mx[g], sum[g], sc, fast_exp{});
-          const float w = __expf(sc - mx[g]);
-          sum[g] += w;
+      for (int g = 0; g < kG; ++g) {
+        const float tm = __shfl_sync(0xffffffffu, tmax, g * kGroupLanes);
+        const float m_new = fmaxf(mx[g], tm);
+        corr[g] = softmax_rescale(mx[g], m_new, fast_exp{});
+        mx[g] = m_new;
+        if (g == my_g) m_mine = m_new;
+      }
+      const float prob = score == -INFINITY ? 0.0f : __expf(score - m_mine);
+      float psum = lane % kRep == 0 ? prob : 0.0f;  // each score counted once
+#pragma unroll
+      for (int o = 1; o < kGroupLanes; o <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        sum[g] = sum[g] * corr[g] + __shfl_sync(0xffffffffu, psum, g * kGroupLanes);
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          a1[g][i] *= corr[g];
+          a2[g][i] *= corr[g];
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          const float w = __shfl_sync(0xffffffffu, prob, (g * C + c) * kRep);
 #pragma unroll
           for (int i = 0; i < kPairs; ++i) {
-            a1[g][i] = a1[g][i] * corr + w * v1[u][i];
-            a2[g][i] = a2[g][i] * corr + w * v2[u][i];
+            a1[g][i] += w * v1[c][i];
+            a2[g][i] += w * v2[c][i];
           }
         }
       }
@@ -265,11 +325,10 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
   }
 
   // Merge the warps' states.
-  __shared__ float s_mx[kWarps][kMaxGroup], s_sum[kWarps][kMaxGroup];
-  __shared__ float s_acc[kWarps][kMaxGroup][D];
+  __shared__ float s_mx[kWarps][kG], s_sum[kWarps][kG];
+  __shared__ float s_acc[kWarps][kG][D];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g >= G) break;
+  for (int g = 0; g < kG; ++g) {
     if (lane == 0) {
       s_mx[warp][g] = mx[g];
       s_sum[warp][g] = sum[g];
@@ -307,29 +366,80 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
   }
 }
 
-/// Merges the splits' partial rows: one CTA of D threads per (token, query head).
+/// Merges the splits' partial rows: one CTA of D threads per (token, query head). The
+/// splits' log-sum-exps are read once, in parallel, into shared weights; each thread then
+/// issues its splits' independent loads of its column.
 template <class T, int D>
 __global__ void __launch_bounds__(D) merge_splits_kernel(const attention_params<T> p, int splits) {
+  static_assert(D % 32 == 0);
+  __shared__ float weight[kMaxSplits];
+  __shared__ float warp_max[D / 32];
   const long long row = blockIdx.x, rows = static_cast<long long>(p.num_tokens) * p.num_q_heads;
   const int d = threadIdx.x;
   const float* part = p.workspace;
   const float* lse = p.workspace + splits * rows * D;
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, lse[s * rows + row]);
+  float m = -INFINITY;
+  for (int s = d; s < splits; s += D) {
+    weight[s] = lse[s * rows + row];
+    m = fmaxf(m, weight[s]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (d % 32 == 0) warp_max[d / 32] = m;
+  __syncthreads();
+  float M = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < D / 32; ++w) M = fmaxf(M, warp_max[w]);
+  for (int s = d; s < splits; s += D)  // an empty split (-inf) weighs 0, even when all are
+    weight[s] = weight[s] == -INFINITY ? 0.0f : expf(weight[s] - M);
+  __syncthreads();
   float total = 0.0f, o = 0.0f;
-  if (M != -INFINITY)
-    for (int s = 0; s < splits; ++s) {
-      const float l = lse[s * rows + row];
-      if (l == -INFINITY) continue;
-      const float w = expf(l - M);
-      total += w;
-      o += w * part[(s * rows + row) * D + d];
-    }
+#pragma unroll 8
+  for (int s = 0; s < splits; ++s) {
+    total += weight[s];
+    o += weight[s] * part[(s * rows + row) * D + d];
+  }
   p.out[row * D + d] = total > 0.0f ? o / total : 0.0f;
-  if (p.lse != nullptr && d == 0) p.lse[row] = M == -INFINITY ? -INFINITY : M + logf(total);
+  if (p.lse != nullptr && d == 0) p.lse[row] = total > 0.0f ? M + logf(total) : -INFINITY;
+}
+
+/// Calls f(kernel, head_dim constant) with the decode/prefill kernel instantiated for p's
+/// shape and GQA group.
+template <class P, class T, class F>
+cudaError_t with_kernel(const attention_params<T>& p, F&& f) {
+  const int group = p.num_q_heads / p.kv.num_kv_heads;
+  return dispatch_shape(p.kv.head_dim, p.kv.block_size, [&](auto d, auto bs) -> cudaError_t {
+    constexpr int D = decltype(d)::value, BS = decltype(bs)::value;
+    using std::integral_constant;
+    if (group <= 1) return f(&paged_attention_kernel<P, T, D, BS, 1>, d);
+    if (group <= 2) return f(&paged_attention_kernel<P, T, D, BS, 2>, d);
+    if (group <= 4) return f(&paged_attention_kernel<P, T, D, BS, 4>, d);
+    return f(&paged_attention_kernel<P, T, D, BS, 8>, d);
+  });
+}
+
+/// CTAs of `kernel` resident per multiprocessor (1 when the query fails).
+template <class K>
+int resident_ctas(K kernel) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 0) != cudaSuccess)
+    return 1;
+  return n;
 }
 
 }  // namespace detail
+
+/// The splits paged_attention<P> uses for p: 1 without a workspace; else p.num_splits, or (0)
+/// as many as fill the device's CTA slots for this kernel in one wave, as the workspace allows.
+template <class P, class T>
+[[nodiscard]] std::int32_t choose_splits(const attention_params<T>& p) {
+  std::int32_t splits = 1;
+  (void)detail::with_kernel<P>(p, [&](auto kernel, auto) {
+    splits = detail::split_count(p, detail::resident_ctas(kernel));
+    return cudaSuccess;
+  });
+  return splits;
+}
 
 /// Paged attention (decode when q_indptr is null, prefill otherwise), split over the blocks
 /// when a workspace is given (choose_splits). Checks the launches with cudaPeekAtLastError;
@@ -339,13 +449,12 @@ template <class P, class T>
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   if (!can_implement(p)) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
-  const std::int32_t splits = choose_splits(p);
-  return dispatch_shape(p.kv.head_dim, p.kv.block_size, [&](auto d, auto bs) {
+  return detail::with_kernel<P>(p, [&](auto kernel, auto d) -> cudaError_t {
     constexpr int D = decltype(d)::value;
+    const std::int32_t splits = detail::split_count(p, detail::resident_ctas(kernel));
     const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.kv.num_kv_heads),
                     static_cast<unsigned>(splits));
-    detail::paged_attention_kernel<P, T, D, decltype(bs)::value>
-        <<<grid, kWarps * 32, 0, stream>>>(p);
+    kernel<<<grid, kWarps * 32, 0, stream>>>(p);
     if (splits > 1) {
       if (cudaError_t e = cudaPeekAtLastError(); e != cudaSuccess) return e;
       const auto rows = static_cast<unsigned>(p.num_tokens * p.num_q_heads);

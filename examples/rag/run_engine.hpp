@@ -86,6 +86,13 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
   // What the passages are compiled behind (run_options::compile); none: the system prompt.
   const std::optional<std::vector<relokv::token_t>> behind = compile_context(opt.compile, w);
   const auto warm = [&](const qa_request& r) {
+    // Passages compiled behind something other than the system prompt do not cache it: keep
+    // it as a server keeps its system prompt, so that requests meet it as exact hits.
+    if (behind) {
+      (void)eng.prefill(relokv::layout_builder(16).prefix(w.prefix).build(),
+                        relokv::recompute::none{});
+      eng.end(true);
+    }
     for (std::size_t p : r.passages) {
       relokv::layout_builder b(16);
       if (!behind)

@@ -287,6 +287,9 @@ TEST_CASE("rag: passages compiled behind an absorber or alone are reused as span
     // the first passage of a question is an exact hit).
     CHECK(res[1].relocated + res[1].exact >= 9);
     CHECK(res[1].relocated >= 6);
+    // The system prompt is cached whatever the passages are compiled behind: each request
+    // meets its full blocks as exact hits (an absorber once made every request compute it).
+    CHECK(res[1].exact >= static_cast<std::int64_t>(w.requests.size() * (w.prefix.size() / 16)));
   }
   for (const std::string bad : {"absorber:0", "absorber:999", "absorber:", "absorber:2x", "x"}) {
     o.compile = bad;

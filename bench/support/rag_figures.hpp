@@ -5,6 +5,7 @@
 // ($RELOKV_RAG_DATA, or the sample next to the source tree at configure time; rag_on_real_data
 // says which), else from the generator (random passages, which a real model cannot answer).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -98,6 +99,13 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
       {"rag_question_epic_work", mean(res[7].work)},
       {"rag_on_real_model", path.empty() ? 0.0 : 1.0},
       {"rag_on_real_data", real_data ? 1.0 : 0.0}};
+  // Which model the rag_* figures are for (RELOKV_MODEL chooses): its file name, as a name.
+  std::string model_name = path.empty() ? "synthetic" : path.substr(path.find_last_of('/') + 1);
+  if (const auto dot = model_name.rfind(".gguf"); dot != std::string::npos)
+    model_name.erase(dot);
+  for (char& c : model_name)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  out.emplace_back("rag_model_is_" + model_name, 1.0);
   // The provenance policy's cost in reuse, over more of the same questions (no model runs).
   const auto wide = real_data ? relokv_rag::load_jsonl(data, 64, 1, codec)
                               : relokv_rag::generate(64, 30, 10, 1.0, 7, model->cfg.vocab);

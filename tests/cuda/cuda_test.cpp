@@ -43,11 +43,21 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 /// Host pool written at original positions, read through a table that relocates its blocks.
+/// `scaled`: YaRN (a magnitude on cos and sin), GPT-J pairs, half the dimensions rotated.
 template <class P, class T>
-void attention_case(int head_dim, int block_size, bool prefill, int heads) {
+void attention_case(int head_dim, int block_size, bool prefill, int heads, bool scaled = false) {
+  INFO("head_dim " << head_dim << ", block " << block_size << ", heads " << heads
+                   << (scaled ? ", YaRN, GPT-J, half rotated" : ""));
   std::mt19937 rng(17);
   relokv::rope_config cfg;
   cfg.head_dim = cfg.rotary_dim = head_dim;
+  if (scaled) {
+    cfg.rotary_dim = head_dim / 2;
+    cfg.layout = relokv::rope_layout::kGPTJ;
+    cfg.scaling = relokv::rope_scaling::kYaRN;
+    cfg.factor = 4.0;
+    cfg.original_max_position = 256;
+  }
   const relokv::rope_table rope(cfg, 4096);
   const relokv::kv_shape shape{1, 16, 2, block_size, head_dim};
   relokv::host_kv_storage<T> pool(shape);
@@ -140,6 +150,8 @@ void placement_cases() {
     attention_case<P, relokv::fp16>(64, 16, prefill, 2);
     attention_case<P, relokv::bf16>(64, 16, prefill, 6);
     attention_case<P, relokv::bf16>(128, 16, prefill, 4);
+    attention_case<P, relokv::bf16>(128, 16, prefill, 8, true);
+    attention_case<P, relokv::fp16>(64, 32, prefill, 2, true);
   }
 }
 

@@ -194,7 +194,8 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) pair_elems(p.rope, lane * kPairs + i, ea[i], eb[i], rot[i]);
 
-  float q1[kG][kPairs], q2[kG][kPairs];  // unrotated (block_relative) or at m; 0 for g >= G
+  // Queries unrotated (rotated per block, below) or at m (pre_rotated); 0 for g >= G.
+  float q1[kG][kPairs], q2[kG][kPairs];
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
     const float* qg = p.q + (static_cast<long long>(t) * p.num_q_heads + h * G + g) * D;
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
     for (int i = 0; i < kPairs; ++i) {
       q1[g][i] = g < G ? qg[ea[i]] : 0.0f;
       q2[g][i] = g < G ? qg[eb[i]] : 0.0f;
-      if (P::kind != placement_kind::kBlockRelative && rot[i]) {
+      if (P::kind == placement_kind::kPreRotated && rot[i]) {
         float c, s;
         rope_angle(p.rope, m, lane * kPairs + i, false, c, s);
         rotate_pair(q1[g][i], q2[g][i], c, s);
@@ -234,8 +235,11 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
       for (int i = 0; i < kPairs; ++i) {
         r1[g][i] = q1[g][i];
         r2[g][i] = q2[g][i];
-        if (P::kind == placement_kind::kBlockRelative && rot[i]) {
-          float c, s;  // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k)
+        // (R(m) q) . (R(pos0 + j) k) = (R(m - pos0) q) . (R(j) k): block_relative stored
+        // R(j) k; at_attention applies R(j) below, from the table's first BS rows (which stay
+        // in L1), instead of reading a row per key position.
+        if (P::kind != placement_kind::kPreRotated && rot[i]) {
+          float c, s;
           rope_angle(p.rope, static_cast<long long>(m) - be.pos0, lane * kPairs + i, false, c, s);
           rotate_pair(r1[g][i], r2[g][i], c, s);
         }
@@ -258,12 +262,12 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
       if constexpr (P::kind == placement_kind::kAtAttention) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-          const long long pos = static_cast<long long>(be.pos0) + min(j0 + c, valid - 1);
+          const int j = min(j0 + c, valid - 1);  // the offset in the block
 #pragma unroll
           for (int i = 0; i < kPairs; ++i)
             if (rot[i]) {
               float cs, sn;
-              rope_angle(p.rope, pos, lane * kPairs + i, false, cs, sn);
+              rope_angle(p.rope, j, lane * kPairs + i, false, cs, sn);
               rotate_pair(k1[c][i], k2[c][i], cs, sn);
             }
         }

@@ -22,7 +22,8 @@ void usage() {
       "usage: relokv_report [--reps N] [--filter SUBSTRING]\n"
       "  Prints one `name value` line per headline figure.\n"
       "  --reps N     repetitions per figure; the median is reported (default 15)\n"
-      "  --filter S   only figures whose name contains S\n");
+      "  --filter S   only figures whose name contains S (llama_cpp: that group alone;\n"
+      "               a filter starting with rag_: the QA group alone)\n");
 }
 }  // namespace
 
@@ -53,9 +54,14 @@ int main(int argc, char** argv) {
         std::printf("%s %.3g\n", name.c_str(), value);
     std::fflush(stdout);
   };
-  // --filter llama_cpp runs that group alone (the others take minutes).
+  // --filter llama_cpp runs that group alone, --filter rag_... the QA group alone (the others
+  // take minutes).
   const bool llama_only = filter.find("llama_cpp") != std::string::npos;
-  if (!llama_only) {
+  const bool rag_only = filter.rfind("rag_", 0) == 0;
+#if RELOKV_REPORT_ENGINE
+  if (rag_only) print(relokv_bench::rag_figures());
+#endif
+  if (!llama_only && !rag_only) {
     print(relokv_bench::core_figures(reps));
     print(relokv_bench::attention_figures(reps));
     print(relokv_bench::store_figures(reps));
@@ -64,6 +70,7 @@ int main(int argc, char** argv) {
     print(relokv_bench::rag_figures());
 #endif
   }
+  if (rag_only) return 0;
 #if RELOKV_REPORT_LLAMA_CPP
   print(relokv_bench::llama_cpp_figures(reps));
 #else

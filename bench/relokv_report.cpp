@@ -57,11 +57,13 @@ int main(int argc, char** argv) {
   // --filter llama_cpp runs that group alone, --filter rag_... the QA group alone (the others
   // take minutes).
   const bool llama_only = filter.find("llama_cpp") != std::string::npos;
-  const bool rag_only = filter.rfind("rag_", 0) == 0;
+  if (filter.rfind("rag_", 0) == 0) {
 #if RELOKV_REPORT_ENGINE
-  if (rag_only) print(relokv_bench::rag_figures());
+    print(relokv_bench::rag_figures());
 #endif
-  if (!llama_only && !rag_only) {
+    return 0;
+  }
+  if (!llama_only) {
     print(relokv_bench::core_figures(reps));
     print(relokv_bench::attention_figures(reps));
     print(relokv_bench::store_figures(reps));
@@ -70,7 +72,6 @@ int main(int argc, char** argv) {
     print(relokv_bench::rag_figures());
 #endif
   }
-  if (rag_only) return 0;
 #if RELOKV_REPORT_LLAMA_CPP
   print(relokv_bench::llama_cpp_figures(reps));
 #else

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -407,28 +408,43 @@ __global__ void __launch_bounds__(D) merge_splits_kernel(const attention_params<
   if (p.lse != nullptr && d == 0) p.lse[row] = total > 0.0f ? M + logf(total) : -INFINITY;
 }
 
-/// Calls f(kernel, head_dim constant) with the decode/prefill kernel instantiated for p's
-/// shape and GQA group.
+/// CTAs of paged_attention_kernel<P, T, D, BS, kG> resident per multiprocessor (1 when the
+/// query fails). The answer depends only on the kernel and the device, so it is asked once per
+/// device (the first 16) rather than on every launch.
+template <class P, class T, int D, int BS, int kG>
+int resident_ctas() {
+  static std::atomic<int> known[16] = {};  // 0: not asked yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  const bool cached = device >= 0 && device < 16;
+  if (cached)
+    if (const int n = known[device].load(std::memory_order_relaxed); n > 0) return n;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_attention_kernel<P, T, D, BS, kG>,
+                                                    kWarps * 32, 0) != cudaSuccess ||
+      n < 1)
+    return 1;
+  if (cached) known[device].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+/// Calls f(kernel, head_dim constant, resident CTAs per SM) with the decode/prefill kernel
+/// instantiated for p's shape and GQA group (rounded up to 1, 2, 4 or 8).
 template <class P, class T, class F>
 cudaError_t with_kernel(const attention_params<T>& p, F&& f) {
   const int group = p.num_q_heads / p.kv.num_kv_heads;
   return dispatch_shape(p.kv.head_dim, p.kv.block_size, [&](auto d, auto bs) -> cudaError_t {
     constexpr int D = decltype(d)::value, BS = decltype(bs)::value;
+    auto go = [&](auto kg) {
+      constexpr int kG = decltype(kg)::value;
+      return f(&paged_attention_kernel<P, T, D, BS, kG>, d, resident_ctas<P, T, D, BS, kG>());
+    };
     using std::integral_constant;
-    if (group <= 1) return f(&paged_attention_kernel<P, T, D, BS, 1>, d);
-    if (group <= 2) return f(&paged_attention_kernel<P, T, D, BS, 2>, d);
-    if (group <= 4) return f(&paged_attention_kernel<P, T, D, BS, 4>, d);
-    return f(&paged_attention_kernel<P, T, D, BS, 8>, d);
+    if (group <= 1) return go(integral_constant<int, 1>{});
+    if (group <= 2) return go(integral_constant<int, 2>{});
+    if (group <= 4) return go(integral_constant<int, 4>{});
+    return go(integral_constant<int, 8>{});
   });
-}
-
-/// CTAs of `kernel` resident per multiprocessor (1 when the query fails).
-template <class K>
-int resident_ctas(K kernel) {
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 0) != cudaSuccess)
-    return 1;
-  return n;
 }
 
 }  // namespace detail
@@ -438,8 +454,8 @@ int resident_ctas(K kernel) {
 template <class P, class T>
 [[nodiscard]] std::int32_t choose_splits(const attention_params<T>& p) {
   std::int32_t splits = 1;
-  (void)detail::with_kernel<P>(p, [&](auto kernel, auto) {
-    splits = detail::split_count(p, detail::resident_ctas(kernel));
+  (void)detail::with_kernel<P>(p, [&](auto, auto, int resident) {
+    splits = detail::split_count(p, resident);
     return cudaSuccess;
   });
   return splits;
@@ -453,9 +469,9 @@ template <class P, class T>
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   if (!can_implement(p)) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
-  return detail::with_kernel<P>(p, [&](auto kernel, auto d) -> cudaError_t {
+  return detail::with_kernel<P>(p, [&](auto kernel, auto d, int resident) -> cudaError_t {
     constexpr int D = decltype(d)::value;
-    const std::int32_t splits = detail::split_count(p, detail::resident_ctas(kernel));
+    const std::int32_t splits = detail::split_count(p, resident);
     const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.kv.num_kv_heads),
                     static_cast<unsigned>(splits));
     kernel<<<grid, kWarps * 32, 0, stream>>>(p);

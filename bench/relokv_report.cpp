@@ -3,11 +3,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "support/attention_figures.hpp"
 #include "support/core_figures.hpp"
 #include "support/store_figures.hpp"
+#if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
+#include "support/cluster_figures.hpp"
+#endif
 #if RELOKV_REPORT_ENGINE
 #include "support/engine_figures.hpp"
 #include "support/rag_figures.hpp"
@@ -23,7 +27,9 @@ void usage() {
       "  Prints one `name value` line per headline figure.\n"
       "  --reps N     repetitions per figure; the median is reported (default 15)\n"
       "  --filter S   only figures whose name contains S (llama_cpp: that group alone;\n"
-      "               a filter starting with rag_: the QA group alone)\n");
+      "               a filter starting with rag_: the QA group alone; server_: relokv_server\n"
+      "               side by side with llama-server, bench/serve_compare, tens of minutes;\n"
+      "               store_cluster: the Redis Cluster group alone)\n");
 }
 }  // namespace
 
@@ -57,6 +63,40 @@ int main(int argc, char** argv) {
   // --filter llama_cpp runs that group alone, --filter rag_... the QA group alone (the others
   // take minutes).
   const bool llama_only = filter.find("llama_cpp") != std::string::npos;
+  if (filter.rfind("server_", 0) == 0) {
+    // Two servers under load for minutes: a script (bench/serve_compare), its server_ lines.
+    FILE* p = popen(RELOKV_SERVE_COMPARE, "r");
+    if (p == nullptr) {
+      std::fprintf(stderr, "relokv_report: cannot run %s\n", RELOKV_SERVE_COMPARE);
+      return 1;
+    }
+    char line[512];
+    while (std::fgets(line, sizeof line, p) != nullptr)
+      if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
+    return pclose(p) == 0 ? 0 : 1;
+  }
+  // The Redis Cluster figures start a 6-node cluster on loopback ports (and stop it).
+  const auto cluster = [&] {
+#if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
+    if (!relokv_test::find_redis_server().empty() &&
+        std::system("redis-cli --version >/dev/null 2>&1") == 0) {
+      try {
+        print(relokv_bench::cluster_figures(reps, RELOKV_QA_SAMPLE));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "relokv_report: store_cluster_* skipped: no cluster started (%s)\n",
+                     e.what());
+      }
+      return;
+    }
+#endif
+    std::fprintf(stderr,
+                 "relokv_report: store_cluster_* skipped: no redis-server and redis-cli here, or a "
+                 "build without hiredis\n");
+  };
+  if (filter.rfind("store_cluster", 0) == 0) {
+    cluster();
+    return 0;
+  }
   if (filter.rfind("rag_", 0) == 0) {
 #if RELOKV_REPORT_ENGINE
     print(relokv_bench::rag_figures());
@@ -67,6 +107,7 @@ int main(int argc, char** argv) {
     print(relokv_bench::core_figures(reps));
     print(relokv_bench::attention_figures(reps));
     print(relokv_bench::store_figures(reps));
+    if (filter.empty() || filter.find("store") != std::string::npos) cluster();
 #if RELOKV_REPORT_ENGINE
     print(relokv_bench::engine_figures(reps));
     print(relokv_bench::rag_figures());

@@ -6,7 +6,7 @@ RELOKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # the exact command is printed and the script stops.
 RELOKV_DEB_PACKAGES=(cmake ninja-build g++ clang libclang-rt-dev clang-format libxxhash-dev
   catch2 libbenchmark-dev libssl-dev libopenblas-dev ccache
-  nlohmann-json3-dev libcli11-dev libhiredis-dev redis-server python3 python3-pip python3-numpy)
+  nlohmann-json3-dev libcli11-dev libhiredis-dev libcpp-httplib-dev redis-server python3 python3-pip python3-numpy)
 
 relokv_ensure_packages() {
   local missing=() p
@@ -33,6 +33,14 @@ relokv_ensure_numpy() {
   echo "relokv: installing numpy for $(command -v python3) (pip)" >&2
   python3 -m pip install -q numpy >&2 ||
     echo "relokv: could not install numpy; the numpy reference tests will report skipped" >&2
+}
+
+# The server tests drive relokv_server with OpenAI's Python client and pytest (PyPI).
+relokv_ensure_server_clients() {
+  python3 -c 'import openai, pytest' 2>/dev/null && return 0
+  echo "relokv: installing openai and pytest for $(command -v python3) (pip)" >&2
+  python3 -m pip install -q openai pytest >&2 ||
+    echo "relokv: could not install openai/pytest; the server tests will report skipped" >&2
 }
 
 # relokv_configure <build dir> [cmake args...]: configures once, reconfigures only when asked.

@@ -1,9 +1,6 @@
 // The engine's two lanes (see lanes.hpp).
 #include "lanes.hpp"
 
-// OpenBLAS's thread control, when the BLAS is OpenBLAS (weak: other BLAS libraries link too).
-extern "C" void openblas_set_num_threads(int) __attribute__((weak));
-
 namespace relokv_engine {
 namespace {
 
@@ -20,10 +17,7 @@ constexpr int kSpin = 1 << 16;  // pauses before the helper sleeps or the caller
 }  // namespace
 
 lanes& lanes::get() {
-  static lanes* const l = [] {
-    if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
-    return new lanes(std::thread::hardware_concurrency() >= 2);
-  }();
+  static lanes* const l = new lanes(std::thread::hardware_concurrency() >= 2);
   return *l;
 }
 

@@ -10,10 +10,8 @@
 namespace relokv_engine {
 
 /// Two lanes of work, the calling thread and one persistent helper, between which the engine
-/// splits its GEMMs and its prefill attention. The process-wide pair (get()) runs BLAS
-/// single-threaded inside each lane: with OpenBLAS's own pool, its idle worker spun in
-/// sched_yield whenever the engine ran anything else, and a quarter of a prefill's CPU time
-/// went to the scheduler.
+/// splits its GEMMs and its prefill attention. (The engine's products are its own, sgemm.hpp
+/// and qgemm.hpp: no library thread pool competes with the lanes.)
 class lanes {
  public:
   /// The process-wide pair: two lanes when the machine has two cores, else one that runs both

@@ -40,18 +40,16 @@ struct kv_map {
   }
 };
 
-/// Calls of fewer queries than this split the keys between the lanes: decode's one query only.
-constexpr int kKeySplitBelow = 2;
-
 /// Attention of n queries (prefill, or decode's one) on the two lanes. A prefill's queries are
 /// independent, so many are cut where the causal work (each query's visible positions) is
 /// halved, and a few split the KV heads. Decode's one query splits the keys instead: each lane
 /// attends over half of the blocks, and the two states are merged by their log-sum-exp. No
-/// prefill row's result depends on the rows computed with it, so an exact hit is exact.
+/// prefill row's result depends on the rows computed with it, so an exact hit is exact (one
+/// prefill row alone takes the prefill kernels too: `decode` says which call this is).
 template <class P, class T>
 void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv,
                relokv::block_table_view view, const float* q, const std::int32_t* pos, int n,
-               int num_q_heads, float scale, float* out,
+               int num_q_heads, float scale, float* out, bool decode,
                const std::array<relokv::attention_group, 3>* groups = nullptr,
                std::int32_t query_start = 0) {
   const std::size_t row = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
@@ -60,7 +58,7 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
     // them plainly. Few rows: the KV heads split between the lanes.
     int i0 = 0;
     while (pos[i0] < query_start) ++i0;
-    if (i0 > 0) attention<P>(rope, kv, view, q, pos, i0, num_q_heads, scale, out);
+    if (i0 > 0) attention<P>(rope, kv, view, q, pos, i0, num_q_heads, scale, out, decode);
     const int m = n - i0;
     const std::int32_t qind[2] = {0, m};
     const auto call = [&](relokv::kv_head_range heads) {
@@ -70,7 +68,7 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
       p.table = view;
       p.q = q + static_cast<std::size_t>(i0) * row;
       p.q_pos = pos + i0;
-      p.q_indptr = m == 1 ? nullptr : qind;
+      p.q_indptr = decode ? nullptr : qind;
       p.num_tokens = m;
       p.num_q_heads = num_q_heads;
       p.scale = scale;
@@ -98,8 +96,9 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
     p.table = v;
     p.q = q + static_cast<std::size_t>(begin) * row;
     p.q_pos = pos + begin;
-    // One query is decode's call: the decode kernels (bf16 spans), not prefill's groups.
-    p.q_indptr = end - begin == 1 ? nullptr : qind;
+    // Decode's one query takes the decode kernels (bf16 spans); a prefill row takes prefill's
+    // groups even alone (a prompt's last chunk, an exact hit's one row), as it does among many.
+    p.q_indptr = decode ? nullptr : qind;
     p.num_tokens = end - begin;
     p.num_q_heads = num_q_heads;
     p.scale = scale;
@@ -118,7 +117,7 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
   // Decode's one query splits the keys. A prefill never does: each of its rows must come out
   // the same whatever other rows are computed with it (an exact hit is then exact), and a
   // key split merges two partial softmax states, which rounds differently from one pass.
-  if (n < kKeySplitBelow) {
+  if (decode) {
     const std::int32_t half = blocks / 2;
     const relokv::block_entry* e = view.entries + view.indptr[0];
     const std::int32_t ind_a[2] = {0, half}, ind_b[2] = {0, blocks - half};
@@ -139,7 +138,7 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
     relokv::merge_attention_states(rows, kv.head_dim, out, la, ob->data(), lb);
     return;
   }
-  if (n > 1 && n < 64 && kv.num_kv_heads >= 2) {
+  if (n < 64 && kv.num_kv_heads >= 2) {
     const std::int32_t mid = kv.num_kv_heads / 2;
     lanes::get().run([&](int lane) {
       lane == 0 ? call(view, 0, n, out, nullptr, {0, mid})

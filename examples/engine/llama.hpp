@@ -3,8 +3,10 @@
 // plans from relocatable_cache honoured (only the masked tokens are computed; dynamic strategies
 // refined layer by layer), fp32 activations, weights in their GGUF types (qgemm.hpp).
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -84,7 +86,21 @@ struct prefill_stats {
   std::int32_t pool_blocks = 0, store_blocks = 0, computed_blocks = 0;
 };
 
+/// The pool cannot hold what a request asks for now: a scheduler waits for blocks to come
+/// back (or preempts a sequence) and asks again; nothing of the request was kept.
+struct out_of_blocks : std::runtime_error {
+  out_of_blocks(const std::string& what, std::int32_t more)
+      : std::runtime_error(what), blocks_short(more) {}
+  std::int32_t blocks_short;  ///< blocks missing (0: unknown)
+};
+
 /// One engine instance: a model, a paged KV pool and a relocatable_cache over it.
+///
+/// Many requests may be live at once (a server's batch), each a sequence: open() plans one
+/// and loads its reused blocks, prefill_step() computes its prompt in chunks, append() and
+/// decode_step() advance any set of sequences by one token in one forward, close() commits or
+/// releases it. prefill(), decode() and end() are the one-request loop over the same calls.
+/// One thread drives an engine (it owns the cache); the forward passes use the two lanes.
 /// @tparam P RoPE placement of the stored keys
 /// @tparam T the KV pool's element type: bf16 (the default: the host attention's fast path,
 ///           half the bytes) or float
@@ -102,11 +118,47 @@ class llama_engine {
   llama_engine(const llama_engine&) = delete;
   llama_engine& operator=(const llama_engine&) = delete;
 
+  using seq_id = std::int32_t;
+
+  /// Plans a request (reuse by `strategy`), fetches and copies its reused blocks, computes
+  /// nothing yet; the sequence is live until close(). `extras` salt its keys (tenant, adapter)
+  /// and `principal` names its sender for the provenance policy, as relocatable_cache::plan
+  /// takes them. `stats`, when given, gets the plan's counts (prefill_step adds the work).
+  /// @throws out_of_blocks when the pool cannot hold it now (nothing kept);
+  ///         std::out_of_range for a token outside the vocabulary
+  seq_id open(const relokv::request_layout& layout, const relokv::recompute::any_strategy& strategy,
+              prefill_stats* stats = nullptr, const relokv::extra_keys& extras = {},
+              std::uint64_t principal = 0);
+  /// Computes up to `max_rows` more of the sequence's prompt rows (all of them for a strategy
+  /// that measures or probes across the whole prompt: dynamic, question_topk, APE) and returns
+  /// the last token's logits once the prompt is done, else an empty vector. Chunks are exact:
+  /// a static strategy's prompt in chunks gives the bits it gives at once.
+  std::vector<float> prefill_step(seq_id s, std::int32_t max_rows, prefill_stats* stats = nullptr);
+  /// Prompt rows the sequence still has to compute (0 once its logits were returned).
+  [[nodiscard]] std::int32_t prefill_remaining(seq_id s) const;
+  /// Reserves the next position of a prefilled sequence for `token`. False when the pool has
+  /// no block for it now (nothing changed: preempt or wait, then call again).
+  [[nodiscard]] bool append(seq_id s, relokv::token_t token);
+  /// Computes the appended token of every sequence in `seqs` in one forward (one product per
+  /// weight matrix over all rows, attention per sequence) and returns their logits, in order.
+  /// A row's logits are the bits its sequence decoded alone would give.
+  std::vector<std::vector<float>> decode_step(std::span<const seq_id> seqs);
+  /// Ends a sequence: `commit` registers its blocks for reuse (and writes new ones to the
+  /// store), then they are released. Unknown ids are ignored.
+  void close(seq_id s, bool commit);
+  /// Live sequences.
+  [[nodiscard]] std::int32_t live() const noexcept {
+    return static_cast<std::int32_t>(seqs_.size());
+  }
+
   /// Prefills a request (planning reuse with `strategy`) and returns the logits of its last
-  /// token; the request stays live for decode until end().
+  /// token; the request stays live for decode until end(). `extras` salt its keys (tenant,
+  /// adapter) and `principal` names its sender for the provenance policy, as
+  /// relocatable_cache::plan takes them.
   std::vector<float> prefill(const relokv::request_layout& layout,
                              const relokv::recompute::any_strategy& strategy,
-                             prefill_stats* stats = nullptr);
+                             prefill_stats* stats = nullptr, const relokv::extra_keys& extras = {},
+                             std::uint64_t principal = 0);
   /// Appends one token to the live request and returns the next logits.
   std::vector<float> decode(relokv::token_t token);
   /// Greedy generation: up to max_tokens, stopping after `stop` (if >= 0).
@@ -124,12 +176,15 @@ class llama_engine {
 
  private:
   struct live_request;
+  live_request& seq(seq_id s, const char* what) const;
 
   std::shared_ptr<const llama_model> model_;
   relokv::rope_table rope_;
   relokv::host_kv_storage<T> kv_;
   cache_type cache_;
-  std::unique_ptr<live_request> live_;
+  std::map<seq_id, std::unique_ptr<live_request>> seqs_;
+  seq_id next_ = 0;
+  seq_id current_ = -1;  ///< the one-request loop's sequence (prefill, decode, end)
 };
 
 // Instantiated in llama.cpp for the three shipped placements, KV in bf16 and in fp32.

@@ -1,13 +1,22 @@
 #pragma once
 // Matrix products straight from GGUF weights, in their own types: no fp32 copy of the model.
-// Decode (at most kIntegerMaxRows activation rows) runs on integer dot products for every
-// quantized type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K): the activations are quantized to int8
-// per 32 elements with an fp32 scale, as the formats intend, and multiplied with AVX-512 VNNI
-// (AVX-512 kernels for Q4_1 and Q8_0, SmolLM2's types, and for Q5_0, most of Qwen2.5's, where
-// the host has AVX512_BITALG; 256-bit block kernels for the others, qgemm_blocks.hpp), AVX2
-// (VPMADDUBSW) or portable loops. Prefill runs on int16 tiles
-// (tile_matmul_rows: int16 activations, VPDPWSSD or VPMADDWD). F32 weights go to BLAS as they are;
-// F16 and BF16 are dequantized a lane's panel (at most 4 MiB) at a time and multiplied with BLAS.
+//
+// Which kernel runs where (the one place that says it; RELOKV_ISA=amx|avx512|avx2|portable
+// caps the choice, isa.hpp):
+//
+//   product                        kernel, best first                          file
+//   decode (<= 8 rows; a server's  Q4_1, Q8_0, Q5_0*: AVX-512 VNNI paired      qgemm_paired.cpp
+//   batch in groups of 8), int8    other quantized types: 256-bit VNNI blocks  qgemm_blocks.cpp
+//   activations per 32 elements    AVX2 blocks (VPMADDUBSW); portable loops    qgemm_blocks.cpp
+//   prefill, any row count         AMX tiles, bf16 hi + lo terms (AMX hosts)   qgemm_amx.cpp
+//                                  int16 tiles: VPDPWSSD (AVX-512) or VPMADDWD qgemm_tiles.cpp
+//   F32/F16/BF16 weights, the      dequantized panels (~128 KiB) times the     qgemm.cpp,
+//   logits row, integer kernels    batch-invariant fp32 kernel                 sgemm.cpp
+//   switched off
+//
+//   * paired kernels need AVX512_VBMI (Q5_0's also AVX512_BITALG): Ice Lake and later, Zen 4.
+// Every path is batch-invariant: a row's outputs do not depend on how many rows come with it
+// (exact hits and a server's batches rely on it; forward.cpp's matmuls chooses per product).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -111,7 +120,7 @@ struct q16_activations {
 
 /// Whether products of many rows with w's type run on the int16 tiles (Q4_0, Q4_1, Q5_0,
 /// Q8_0, Q4_K, Q6_K, unless use_integer_kernels(false)). Not where the tiles would run their
-/// portable loops: BLAS on dequantized panels is faster than those.
+/// portable loops: dequantized fp32 panels are faster than those.
 [[nodiscard]] bool has_tile_kernel(ggml_type t) noexcept;
 /// The largest |integer| the tiles multiply for t (K-quants fold sub-block scales in).
 [[nodiscard]] std::int32_t tile_weight_bound(ggml_type t) noexcept;
@@ -168,8 +177,8 @@ void amx_matmul_rows(const qmatrix& w, const bf16_activations& x, float* y, std:
 
 /// y[i][r] = dot(x[i], w[r]) for i < n and r in [r0, r1), y's rows `ldy` floats apart.
 /// With `xq` (x quantized by q8_activations::quantize) and integer_product(w, n): the integer
-/// kernels. Otherwise x in fp32: Q4_1 and Q8_0 blocks dequantized in registers for up to
-/// kIntegerMaxRows rows, dequantized panels and BLAS beyond (and for the other types).
+/// kernels. Otherwise x in fp32: dequantized panels and sgemm_nt, for every n (batch-invariant:
+/// a row's outputs do not depend on n).
 void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, std::int32_t n,
                   float* y, std::int32_t ldy, std::int32_t r0, std::int32_t r1);
 
@@ -177,7 +186,8 @@ void qmatmul_rows(const qmatrix& w, const float* x, const q8_activations* xq, st
 /// (what the fast kernels are tested against).
 [[nodiscard]] float qdot_portable(const qmatrix& w, std::int32_t r, const q8_activations& xq,
                                   std::int32_t i);
-/// The same with fp32 activations x (cols floats), Q4_1 or Q8_0 weights.
+/// The same with fp32 activations x (cols floats): the row dequantized, then sgemm_dot, the
+/// sum every fp32 product computes (bit for bit what qmatmul_rows gives without xq).
 [[nodiscard]] float qdot_fp32_portable(const qmatrix& w, std::int32_t r, const float* x);
 
 }  // namespace relokv_engine

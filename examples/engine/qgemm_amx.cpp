@@ -5,6 +5,7 @@
 // activations too, so the products carry ~2^-17 relative error per term, less than the int16
 // tiles' and far less than plain bf16's 2^-9 (which would flip near-tied logits).
 #include "gguf.hpp"
+#include "isa.hpp"
 #include "qgemm.hpp"
 
 #include <algorithm>
@@ -250,7 +251,7 @@ void steps(const std::uint16_t* a, std::size_t ld, std::size_t cols, const amx_p
 bool has_amx_tiles() noexcept {
 #if RELOKV_ENGINE_AMX
   return g_amx.load(std::memory_order_relaxed) && integer_kernels_on() &&
-         relokv::detail::amx::granted();
+         isa_cap() >= isa_level::kAmx && relokv::detail::amx::granted();
 #else
   return false;
 #endif

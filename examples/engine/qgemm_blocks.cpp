@@ -4,6 +4,8 @@
 // or VPMADDUBSW + VPMADDWD (AVX2), scaled per half block in fp32.
 #include "qgemm_blocks.hpp"
 
+#include "isa.hpp"
+
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -367,9 +369,9 @@ bool block_isa_available(block_isa isa) noexcept {
     case block_isa::kPortable:
       return true;
     case block_isa::kAvx2:
-      return RELOKV_ENGINE_AVX2 != 0;
+      return RELOKV_ENGINE_AVX2 != 0 && isa_cap() >= isa_level::kAvx2;
     case block_isa::kVnni256:
-      return RELOKV_ENGINE_VNNI256 != 0;
+      return RELOKV_ENGINE_VNNI256 != 0 && isa_cap() >= isa_level::kAvx512;
   }
   return false;
 }

@@ -2,6 +2,7 @@
 // panels, activations in int16 blocks of 32, multiplied with AVX-512 VNNI (VPDPWSSD) in
 // register tiles of 4 activation rows by 48 weight rows, or with AVX2 (VPMADDWD + VPADDD) in
 // register tiles of 3 by 16, scaled per block in fp32.
+#include "isa.hpp"
 #include "qgemm.hpp"
 #include "qgemm_blocks.hpp"
 
@@ -372,9 +373,13 @@ constexpr const char* name_of(tile_isa isa) noexcept {
   return "portable";
 }
 constexpr tile_isa kTileIsas[] = {tile_isa::kVnni, tile_isa::kAvx2, tile_isa::kPortable};
-constexpr tile_isa best_tile_isa() noexcept {
+/// The best the build has under isa_cap().
+tile_isa best_tile_isa() {
+  const isa_level cap = isa_cap();
   for (const tile_isa isa : kTileIsas)
-    if (available(isa)) return isa;
+    if (available(isa) && (isa != tile_isa::kVnni || cap >= isa_level::kAvx512) &&
+        (isa != tile_isa::kAvx2 || cap >= isa_level::kAvx2))
+      return isa;
   return tile_isa::kPortable;
 }
 std::atomic<tile_isa> g_tile_isa{best_tile_isa()};

@@ -98,6 +98,12 @@ struct engine<T>::impl {
       throw std::invalid_argument(
           "llama.cpp engine: n_ctx >= 16, n_batch, num_blocks and "
           "block_size >= 1 are needed");
+    // llama.cpp reserves an output row per sequence (kSeqs of them: the request's and one per
+    // loaded run) and aborts when a batch holds fewer rows than that.
+    if (opt.n_batch < kSeqs)
+      throw std::invalid_argument("llama.cpp engine: n_batch must be at least " +
+                                  std::to_string(kSeqs) + " (one output row per sequence), got " +
+                                  std::to_string(opt.n_batch));
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
     model = llama_model_load_from_file(path.c_str(), mp);
@@ -408,7 +414,8 @@ engine<T>::~engine() {
 template <class T>
 std::vector<float> engine<T>::prefill(const relokv::request_layout& layout,
                                       const relokv::recompute::any_strategy& strategy,
-                                      relokv_engine::prefill_stats* stats) {
+                                      relokv_engine::prefill_stats* stats,
+                                      const relokv::extra_keys& extras, std::uint64_t principal) {
   impl& m = *p_;
   if (m.live) throw std::logic_error("llama.cpp engine: end() the live request first");
   if (layout.tokens.empty()) throw std::invalid_argument("llama.cpp engine: an empty request");
@@ -424,7 +431,7 @@ std::vector<float> engine<T>::prefill(const relokv::request_layout& layout,
         "deviation, the question's attention, APE's groups); llama.cpp's public API computes a "
         "batch through every layer with no hook between them. Use none, first_k, seam_window "
         "or full");
-  relokv::reuse_plan plan = m.cache->plan(layout, strategy);
+  relokv::reuse_plan plan = m.cache->plan(layout, strategy, extras, principal);
   if (!plan.ok())
     throw std::runtime_error("llama.cpp engine: out of KV blocks (" +
                              std::to_string(plan.blocks_short) + " more needed)");

@@ -63,13 +63,17 @@ class engine {
   engine& operator=(const engine&) = delete;
 
   /// Prefills a request (reuse planned with `strategy`) and returns its last token's logits;
-  /// the request stays live for decode until end().
+  /// the request stays live for decode until end(). `extras` salt its keys (a tenant, a
+  /// LoRA: relokv::extra_keys), `principal` is who sent it (the provenance policy serves a
+  /// span computed in another's context only to that principal): both as relocatable_cache::plan
+  /// takes them.
   /// @throws std::invalid_argument for a strategy that needs a per-layer hook, a token outside
   ///         the vocabulary or a request longer than the context (nothing is planned then);
   ///         std::runtime_error when the pool has too few free blocks (nothing was taken)
   std::vector<float> prefill(const relokv::request_layout& layout,
                              const relokv::recompute::any_strategy& strategy,
-                             relokv_engine::prefill_stats* stats = nullptr);
+                             relokv_engine::prefill_stats* stats = nullptr,
+                             const relokv::extra_keys& extras = {}, std::uint64_t principal = 0);
   /// Appends one token to the live request and returns the next logits.
   std::vector<float> decode(relokv::token_t token);
   /// Commits the live request's prompt blocks (reusable by later requests, written to the

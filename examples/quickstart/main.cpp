@@ -6,7 +6,7 @@
 // The "model" is a toy: a token's Q, K and V are fixed pseudo-random vectors of its id and the
 // layer, the same in any context. A real model's K/V depend on the context (which is what the
 // recompute strategies correct for); here reuse is exact, so the check can demand agreement to
-// rounding. README "Writing an engine loop" is this program's core.
+// rounding. docs/integrating.md, "Writing an engine loop", is this program's core.
 #include <relokv/relokv.hpp>
 
 #include <algorithm>
@@ -77,8 +77,9 @@ using cache_type = relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block
                                              relokv::at_attention, relokv::recompute::any_strategy>;
 float worst = 0.0f;  // largest difference from the reference, over every output
 
-// --- the engine loop (README "Writing an engine loop") ---------------------------------------
-// Runs one request: prefill through every layer, then `decode` decode steps.
+// --- the engine loop (docs/integrating.md, "Writing an engine loop")
+// --------------------------------------- Runs one request: prefill through every layer, then
+// `decode` decode steps.
 void serve(cache_type& cache, relokv::host_kv_storage<float>& storage,
            const relokv::rope_table& rope, const relokv::request_layout& layout,
            const relokv::recompute::any_strategy& strategy, int decode) {

@@ -142,6 +142,7 @@ int store_mode(int argc, char** argv, const options& o,
         static_cast<int>(getpid()), wr.passages, wr.seconds, static_cast<long long>(s.store_writes),
         relokv::redact_url(o.store).c_str(), double(s.store_bytes_written) / (1 << 20),
         static_cast<long long>(s.store_write_failures));
+    relokv_rag::print_nodes("written", wr.nodes);
     if (o.role == "writer") return 0;
   }
   if (o.role == "both" && !one_process) {

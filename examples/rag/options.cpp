@@ -61,6 +61,13 @@ void add_options(CLI::App& app, options& o) {
                  "static strategies; default variants prefix,naive,epic,seam)")
       ->check(CLI::IsMember({"relokv", "llama.cpp"}))
       ->capture_default_str();
+  app.add_option("--tenant", o.run.tenant,
+                 "every request's tenant salt (its keys: tenants share no cached block)")
+      ->capture_default_str();
+  app.add_option("--principal", o.run.principal,
+                 "every request's sender, for the provenance policy (a span computed in "
+                 "another's context is served relocated only to the principal who computed it)")
+      ->capture_default_str();
   app.add_option("--kv-dtype", o.run.kv_dtype,
                  "the KV pool's element type: bf16 or fp32 (llama.cpp: bf16 means its f16)")
       ->check(CLI::IsMember({"bf16", "fp32"}))
@@ -100,7 +107,8 @@ void add_options(CLI::App& app, options& o) {
   app.add_option("--store", o.store,
                  "share spans through a store: redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]"
                  "[?prefix=P] (USER@HOST: the password from $RELOKV_REDIS_PASSWORD), "
-                 "unix:///SOCKET, file:DIR[?prefix=TENANT] or memory:. A "
+                 "unix:///SOCKET, redis-cluster://HOST:PORT[,HOST:PORT...][?prefix=P] (a Redis "
+                 "Cluster), file:DIR[?prefix=TENANT] or memory:. A "
                  "writer instance caches every question's passages into it, then a reader "
                  "instance with an empty pool answers the questions reusing them (variants "
                  "default to full,naive,epic)");

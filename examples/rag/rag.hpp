@@ -106,6 +106,9 @@ struct run_options {
   /// K-shift, KV f16, or f32 with kv_dtype "fp32"; static strategies only).
   std::string engine = "relokv";
   std::string model_path;  ///< the GGUF llama.cpp loads (engine "llama.cpp")
+  /// Every request's tenant salt (relokv::extra_keys::tenant_salt: tenants share no block) and
+  /// principal (the provenance policy's sender), on either engine.
+  std::uint64_t tenant = 0, principal = 0;
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
 

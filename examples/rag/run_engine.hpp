@@ -39,6 +39,13 @@ std::vector<variant_result> run_llama_cpp(std::shared_ptr<const relokv_engine::l
                                           const std::vector<variant>& variants,
                                           const run_options& opt);
 
+/// The keys' salt every request of a run carries (run_options::tenant).
+inline relokv::extra_keys tenant_keys(const run_options& opt) {
+  relokv::extra_keys k;
+  k.tenant_salt = opt.tenant;
+  return k;
+}
+
 /// One request of the noise-floor row: full prefill on the fp32-KV engine, its greedy answer
 /// against the reference's, and its logits along the reference's answer (teacher-forced).
 template <class E>
@@ -47,8 +54,9 @@ void add_floor(E& eng, const relokv::request_layout& flat,
                const std::vector<relokv::token_t>& ref_answer, relokv::token_t stop,
                const run_options& opt, const qa_request& r, const text_codec& codec,
                variant_result& out) {
+  const auto keys = tenant_keys(opt);
   const auto t0 = std::chrono::steady_clock::now();
-  auto logits = eng.prefill(flat, relokv::recompute::full{});
+  auto logits = eng.prefill(flat, relokv::recompute::full{}, nullptr, keys, opt.principal);
   const auto t1 = std::chrono::steady_clock::now();
   std::vector<relokv::token_t> answer;
   for (relokv::token_t t = relokv_engine::argmax(logits);;) {
@@ -59,7 +67,7 @@ void add_floor(E& eng, const relokv::request_layout& flat,
   eng.end(false);
   out.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<std::vector<float>> steps{logits};
-  (void)eng.prefill(flat, relokv::recompute::full{});
+  (void)eng.prefill(flat, relokv::recompute::full{}, nullptr, keys, opt.principal);
   for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i)
     steps.push_back(eng.decode(ref_answer[i]));
   eng.end(false);
@@ -85,12 +93,13 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
   // the pool needs only the recently used passages. A passage still cached costs one token.
   // What the passages are compiled behind (run_options::compile); none: the system prompt.
   const std::optional<std::vector<relokv::token_t>> behind = compile_context(opt.compile, w);
+  const auto keys = tenant_keys(opt);
   const auto warm = [&](const qa_request& r) {
     // Passages compiled behind something other than the system prompt do not cache it: keep
     // it as a server keeps its system prompt, so that requests meet it as exact hits.
     if (behind) {
       (void)eng.prefill(relokv::layout_builder(16).prefix(w.prefix).build(),
-                        relokv::recompute::none{});
+                        relokv::recompute::none{}, nullptr, keys, opt.principal);
       eng.end(true);
     }
     for (std::size_t p : r.passages) {
@@ -99,7 +108,8 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
         b.prefix(w.prefix);
       else if (!behind->empty())
         b.prefix(*behind);
-      (void)eng.prefill(b.span(w.corpus[p].tokens).build(), relokv::recompute::none{});
+      (void)eng.prefill(b.span(w.corpus[p].tokens).build(), relokv::recompute::none{}, nullptr,
+                        keys, opt.principal);
       eng.end(true);
     }
     if (opt.progress) opt.progress(++done, total);
@@ -140,7 +150,7 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
       const auto& layout = var.spans ? l_spans : l_flat;
       relokv_engine::prefill_stats st;
       const auto t0 = std::chrono::steady_clock::now();
-      auto logits = eng.prefill(layout, var.strategy, &st);
+      auto logits = eng.prefill(layout, var.strategy, &st, keys, opt.principal);
       relokv::token_t t = relokv_engine::argmax(logits);  // choosing it is part of TTFT
       const auto t1 = std::chrono::steady_clock::now();
       const auto in_use = eng.cache().allocator().capacity() - eng.cache().allocator().num_free();
@@ -167,7 +177,7 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
           add_floor(*floor_eng, l_flat, ref_steps, ref_answer, stop, opt, r, codec, floor_row);
       } else if (steps.size() < ref_answer.size()) {
         // The answer left full's: feed full's answer from a second, identical prefill.
-        (void)eng.prefill(layout, var.strategy);
+        (void)eng.prefill(layout, var.strategy, nullptr, keys, opt.principal);
         steps.resize(1);
         for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i) {
           auto next = eng.decode(ref_answer[i]);

@@ -45,6 +45,7 @@ writer_report writer_on(E& eng, const workload& w) {
     }
   out.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   out.stats = eng.cache().stats();
+  out.nodes = eng.cache().store().node_stats();
   return out;
 }
 
@@ -95,6 +96,7 @@ reader_report reader_on(E& full, E& eng, const workload& w, const text_codec& co
   }
   rep.stats = eng.cache().stats();
   rep.counters = eng.cache().store().counters();
+  rep.nodes = eng.cache().store().node_stats();
   return rep;
 }
 

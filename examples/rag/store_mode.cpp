@@ -119,6 +119,22 @@ void print_reader(const reader_report& r, const std::string& url) {
       static_cast<long long>(s.store_rejected[static_cast<int>(relokv::block_check::kProvenance)]),
       static_cast<long long>(r.counters.open_failures), static_cast<long long>(s.store_unavailable),
       static_cast<long long>(r.counters.reconnects), double(s.store_bytes_read) / (1 << 20));
+  print_nodes("read", r.nodes);
+}
+
+void print_nodes(const char* what, const std::vector<relokv::store_node_stats>& nodes) {
+  if (nodes.empty()) return;
+  std::printf("blocks %s per node:", what);
+  const bool read = std::string(what) == "read";
+  for (const relokv::store_node_stats& n : nodes) {
+    const std::int64_t count = read ? n.keys_read : n.keys_written;
+    if (!n.master && count == 0 && n.failures == 0) continue;  // an idle replica
+    std::printf(
+        " %s %lld (%s%s)", n.name.c_str(), static_cast<long long>(count),
+        n.master ? "master" : "replica",
+        n.failures > 0 ? (", " + std::to_string(n.failures) + " failed calls").c_str() : "");
+  }
+  std::printf("\n");
 }
 
 }  // namespace relokv_rag

@@ -28,6 +28,7 @@ struct writer_report {
   std::size_t passages = 0;
   relokv::cache_stats stats;
   double seconds = 0;
+  std::vector<relokv::store_node_stats> nodes;  ///< per server, for a Redis Cluster
 };
 /// Caches each request's passages (each on its own after the system prompt, as the QA run
 /// does) and writes the blocks through to the store.
@@ -43,6 +44,7 @@ struct reader_report {
   std::vector<reader_row> rows;  ///< rows[0]: full prefill (no cache, no store)
   relokv::cache_stats stats;     ///< the reuse engine's cache
   relokv::store_counters counters;
+  std::vector<relokv::store_node_stats> nodes;  ///< per server, for a Redis Cluster
 };
 /// Answers every request with each variant: full prefill on an engine without store (the
 /// reference), the others on one engine whose pool starts empty and keeps nothing between
@@ -52,5 +54,7 @@ reader_report run_reader(std::shared_ptr<const relokv_engine::llama_model> model
                          const store_mode_options& opt);
 
 void print_reader(const reader_report& r, const std::string& url);
+/// "blocks <what> per node: HOST:PORT N (master), ..." for a store spread over servers.
+void print_nodes(const char* what, const std::vector<relokv::store_node_stats>& nodes);
 
 }  // namespace relokv_rag

@@ -131,3 +131,98 @@ TEST_CASE("provenance: what counts as canonical", "[cache][provenance]") {
     CHECK_FALSE(c.origin_of(p.blocks[3].physical).canonical);
   }
 }
+
+// Issue 45, item 1: canonical must hold transitively. K/V computed over a span that was reused
+// from a poisoned compile carry the poison, whatever the tokens say: such blocks are not
+// canonical, so another principal never gets them relocated.
+namespace {
+const auto kDep = seq(5000, 32);  // a dependent segment: two blocks
+
+/// Principal 1 poisons kDoc (computed after an injection), then reads it (reused, its own) and
+/// computes kDep over it.
+relokv::reuse_plan launder(cache_t& c) {
+  (void)serve(c, poisoned(), 1);
+  const auto p =
+      serve(c, relokv::layout_builder(16).prefix(kSys).span(kDoc).dependent(kDep, 1000).build(), 1);
+  // prefix: blocks 0-1, kDoc: 2-3 (reused, poisoned), kDep: 4-5 (computed over kDoc)
+  REQUIRE(p.blocks[2].status == block_status::kRelocatedHit);
+  REQUIRE(p.blocks[4].status == block_status::kMiss);
+  return p;
+}
+}  // namespace
+
+TEST_CASE("provenance: a dependent window over a poisoned span is not canonical",
+          "[cache][provenance]") {
+  cache_t c(relokv::lru_block_pool(64), 16);
+  const auto p1 = launder(c);
+  CHECK_FALSE(c.origin_of(p1.blocks[4].physical).canonical);
+  CHECK_FALSE(c.origin_of(p1.blocks[5].physical).canonical);
+  const auto victim_layout =
+      relokv::layout_builder(16).prefix(kSys).span(kDoc).dependent(kDep, 1000).build();
+  SECTION("default policy: principal 2 computes kDoc and kDep itself") {
+    const auto p = serve(c, victim_layout, 2);
+    CHECK(p.blocks[2].status == block_status::kMiss);
+    CHECK(p.blocks[4].status != block_status::kRelocatedHit);
+    CHECK(p.blocks[4].source != p1.blocks[4].physical);
+    CHECK(p.blocks[5].source != p1.blocks[5].physical);
+  }
+  SECTION("permissive policy (the control): the laundered block reaches principal 2") {
+    c.set_provenance_policy(relokv::provenance_policy::kPermissive);
+    const auto p = serve(c, victim_layout, 2);
+    CHECK(p.blocks[4].status == block_status::kRelocatedHit);
+    CHECK(p.blocks[4].source == p1.blocks[4].physical);
+  }
+  SECTION("a question computed over the poisoned span is not canonical either") {
+    const auto q =
+        serve(c, relokv::layout_builder(16).prefix(kSys).span(kDoc).question(kQ).build(), 1);
+    REQUIRE(q.blocks[2].status == block_status::kRelocatedHit);
+    CHECK_FALSE(c.origin_of(q.blocks[4].physical).canonical);
+  }
+  SECTION("over a canonical compile of the span, the dependent window is canonical") {
+    cache_t clean(relokv::lru_block_pool(64), 16);
+    (void)serve(clean, relokv::layout_builder(16).prefix(kSys).span(kDoc).build(), 3);
+    const auto p = serve(clean, victim_layout, 1);
+    REQUIRE(p.blocks[2].status != block_status::kMiss);  // the compile, reused in place
+    REQUIRE(p.blocks[4].status == block_status::kMiss);
+    CHECK(clean.origin_of(p.blocks[4].physical).canonical);
+  }
+}
+
+TEST_CASE(
+    "provenance: a span behind a span_context whose leading span was poisoned is not "
+    "canonical",
+    "[cache][provenance]") {
+  cache_t c(relokv::lru_block_pool(64), 16);
+  const auto absorber = seq(7000, 16);  // one block
+  // Principal 1 compiles the absorber as a span after an injection: its K/V carry it.
+  const auto poisoned_absorber = serve(
+      c,
+      relokv::layout_builder(16).prefix(kInjection).span_context(absorber).span(absorber).build(),
+      1);
+  REQUIRE_FALSE(c.origin_of(poisoned_absorber.blocks[1].physical).canonical);
+  // Then reads it at the front, its span_context, and compiles kDoc right behind it: kDoc's
+  // context is what precedes it by its tokens, but those K/V were the poisoned ones.
+  const auto p1 = serve(
+      c, relokv::layout_builder(16).span_context(absorber).span(absorber).span(kDoc).build(), 1);
+  REQUIRE(p1.blocks[0].status == block_status::kRelocatedHit);
+  REQUIRE(p1.blocks[1].status == block_status::kMiss);
+  CHECK_FALSE(c.origin_of(p1.blocks[1].physical).canonical);
+  CHECK_FALSE(c.origin_of(p1.blocks[2].physical).canonical);
+  const auto reader = relokv::layout_builder(16)
+                          .prefix(kSys)
+                          .span_context(absorber)
+                          .span(kDoc)
+                          .question(kQ)
+                          .build();
+  SECTION("default policy: principal 2 computes kDoc") {
+    const auto p = serve(c, reader, 2);
+    CHECK(p.blocks[2].status == block_status::kMiss);
+    CHECK(p.blocks[3].status == block_status::kMiss);
+  }
+  SECTION("permissive policy (the control): principal 2 gets principal 1's kDoc") {
+    c.set_provenance_policy(relokv::provenance_policy::kPermissive);
+    const auto p = serve(c, reader, 2);
+    CHECK(p.blocks[2].status == block_status::kRelocatedHit);
+    CHECK(p.blocks[2].source == p1.blocks[1].physical);
+  }
+}

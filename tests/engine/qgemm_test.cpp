@@ -391,3 +391,63 @@ TEST_CASE("qgemm: AMX activations reject rows that are not whole steps", "[qgemm
   relokv_engine::bf16_activations xb;
   CHECK_THROWS_AS(xb.size(4, 48), std::logic_error);
 }
+
+// Issue 45, item 0: every fp32 product the engine can take must be batch-invariant (a row's
+// outputs the same bits whatever the number of rows computed with it), or exact cache hits,
+// which leave fewer rows to compute, are not exact. OpenBLAS's AVX2 SGEMM was not.
+#include "sgemm.hpp"
+
+TEST_CASE("qgemm: the fp32 product is batch-invariant and the same sum on every path", "[qgemm]") {
+  std::mt19937 rng(45);
+  std::normal_distribution<float> nd;
+  INFO("sgemm: " << relokv_engine::sgemm_isa());
+  for (const int k : {8, 13, 64, 576, 1000}) {
+    const int m = 23, nmax = 41;
+    std::vector<float> x(static_cast<std::size_t>(nmax * k)), w(static_cast<std::size_t>(m * k));
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : w) v = nd(rng);
+    // The reference: each element alone.
+    std::vector<float> ref(static_cast<std::size_t>(nmax * m));
+    for (int i = 0; i < nmax; ++i)
+      for (int r = 0; r < m; ++r)
+        ref[static_cast<std::size_t>(i * m + r)] =
+            relokv_engine::sgemm_dot(x.data() + i * k, w.data() + r * k, k);
+    for (const int n : {1, 2, 3, 4, 5, 7, 8, 9, 13, 41}) {
+      // Rows [nmax - n, nmax): the last rows of the batch, at a different tile position in
+      // every n; and rows of w from an odd offset.
+      const int i0 = nmax - n, r0 = 1;
+      std::vector<float> y(static_cast<std::size_t>(n * m), -1.0f);
+      relokv_engine::sgemm_nt(x.data() + i0 * k, k, n, w.data() + r0 * k, k, m - r0, k,
+                              y.data() + r0, m);
+      std::size_t differing = 0;
+      for (int i = 0; i < n; ++i)
+        for (int r = r0; r < m; ++r)
+          differing += std::memcmp(&y[static_cast<std::size_t>(i * m + r)],
+                                   &ref[static_cast<std::size_t>((i0 + i) * m + r)], 4) != 0;
+      INFO("k " << k << ", n " << n);
+      CHECK(differing == 0);
+      for (int i = 0; i < n; ++i) CHECK(y[static_cast<std::size_t>(i * m)] == -1.0f);  // r < r0
+    }
+  }
+  // Through qmatmul_rows: fp32 activations against every type's dequantized panels, with the
+  // integer kernels off (the path OpenBLAS served), for n = 1 ... 20 rows.
+  relokv_engine::use_integer_kernels(false);
+  for (const ggml_type t :
+       {ggml_type::kF32, ggml_type::kQ4_1, ggml_type::kQ8_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
+    const int cols = 256, rows = 37, nmax = 20;
+    const auto bytes = random_blocks(t, rows, cols, rng);
+    const qmatrix w = matrix_of(t, rows, cols, bytes);
+    std::vector<float> x(static_cast<std::size_t>(nmax * cols));
+    for (auto& v : x) v = nd(rng);
+    std::vector<float> all(static_cast<std::size_t>(nmax * rows));
+    relokv_engine::qmatmul_rows(w, x.data(), nullptr, nmax, all.data(), rows, 0, rows);
+    for (int n = 1; n < nmax; ++n) {
+      std::vector<float> y(static_cast<std::size_t>(n * rows));
+      const int i0 = nmax - n;
+      relokv_engine::qmatmul_rows(w, x.data() + i0 * cols, nullptr, n, y.data(), rows, 0, rows);
+      INFO("type " << static_cast<int>(t) << ", n " << n);
+      CHECK(std::memcmp(y.data(), all.data() + i0 * rows, y.size() * sizeof(float)) == 0);
+    }
+  }
+  relokv_engine::use_integer_kernels(true);
+}

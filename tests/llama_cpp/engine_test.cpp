@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine.hpp"
@@ -128,6 +129,57 @@ TEST_CASE("llama.cpp: full through relokv equals llama.cpp's own prefill", "[lla
   CHECK(got == ref);  // the same decode calls: bit for bit
 }
 
+TEST_CASE("llama.cpp: tenants and principals reach the cache (the provenance attack)",
+          "[llama_cpp]") {
+  // Issue 45, item 2: the adapter planned every request as tenant 0, principal 0, so the
+  // provenance policy and the tenant salts did nothing through it.
+  adapter e(g_model, small());
+  const auto& w = words();
+  // Principal 1 computes span 0 after other text of its own (the attack's injected
+  // instruction): its K/V carry that text, so they are not canonical.
+  const auto poisoned = relokv::layout_builder(16)
+                            .prefix(w.prefix)
+                            .dependent(w.spans[1])
+                            .span(w.spans[0])
+                            .question(w.question)
+                            .build();
+  (void)e.prefill(poisoned, relokv::recompute::none{}, nullptr, {}, 1);
+  e.end(true);
+  const auto victim = spans_layout({2, 0});
+  SECTION("another principal computes the poisoned span itself") {
+    relokv_engine::prefill_stats st;
+    (void)e.prefill(victim, relokv::recompute::none{}, &st, {}, 2);
+    e.end(false);
+    CHECK(st.relocated_hits == 0);
+    CHECK(e.cache().stats().provenance_denied > 0);
+  }
+  SECTION("the principal who computed it reuses it") {
+    relokv_engine::prefill_stats st;
+    (void)e.prefill(victim, relokv::recompute::none{}, &st, {}, 1);
+    e.end(false);
+    CHECK(st.relocated_hits > 0);
+    CHECK(e.cache().stats().provenance_denied == 0);
+  }
+  SECTION("tenants share no block") {
+    relokv::extra_keys a, b;
+    a.tenant_salt = 7;
+    b.tenant_salt = 8;
+    for (const auto& sp : w.spans) {
+      (void)e.prefill(relokv::layout_builder(16).prefix(w.prefix).span(sp).build(),
+                      relokv::recompute::none{}, nullptr, a);
+      e.end(true);
+    }
+    relokv_engine::prefill_stats other, same;
+    (void)e.prefill(spans_layout({1, 2}), relokv::recompute::none{}, &other, b);
+    e.end(false);
+    CHECK(other.relocated_hits == 0);
+    CHECK(other.exact_hits == 0);
+    (void)e.prefill(spans_layout({1, 2}), relokv::recompute::none{}, &same, a);
+    e.end(false);
+    CHECK(same.relocated_hits > 0);
+  }
+}
+
 TEST_CASE("llama.cpp: naive, EPIC and the seam window agree with relokv's engine", "[llama_cpp]") {
   // The same GGUF, placement (pre_rotated) and KV type (fp32) on both sides; the plans are the
   // same (the same cache code), so the engines differ by their kernels' rounding only: each
@@ -160,10 +212,99 @@ TEST_CASE("llama.cpp: naive, EPIC and the seam window agree with relokv's engine
     const double d = max_rel(le, lr);
     const double moved = max_rel(le, e_full);  // what reuse changes, for scale
     INFO("llama.cpp vs relokv: " << d << ", reuse moved the logits by " << moved);
-    CHECK(d < 2 * floor + 1e-2);
+    // Tied to the measured floor (about 2% of the largest logit on SmolLM2): the engines'
+    // own difference, plus a little for reuse compounding it.
+    CHECK(d <= 1.5 * floor + 2e-3);
     CHECK(moved > d);  // the reuse effect is what both engines share
     CHECK(argmax(le) == argmax(lr));
   }
+}
+
+TEST_CASE("llama.cpp: exact hits are loaded from the pool, and load what was computed",
+          "[llama_cpp]") {
+  // Issue 45, item 10: the full-recompute test loads nothing (full reuses nothing), so it
+  // passed with the loader deleted. Here every full block of the prompt is an exact hit that
+  // the loader must place: with it broken, the last tokens see no context.
+  adapter e(g_model, small());
+  const auto flat = relokv::layout_builder(16).prefix(spans_layout({0, 1, 2}).tokens).build();
+  (void)e.prefill(flat, relokv::recompute::none{});
+  e.end(true);
+  relokv_engine::prefill_stats st;
+  const auto got = e.prefill(flat, relokv::recompute::none{}, &st);
+  e.end(false);
+  const auto full_blocks = static_cast<std::int32_t>(flat.tokens.size() / 16);
+  CHECK(st.exact_hits >= full_blocks - 1);
+  CHECK(st.computed <= 16);
+  const auto ref = e.plain_prefill(flat.tokens);
+  // llama.cpp's own floor: the same tokens prefilled in batches of another size.
+  auto o = small();
+  o.n_batch = 96;
+  adapter other(g_model, std::move(o));
+  const double floor = max_rel(other.plain_prefill(flat.tokens), ref);
+  const double d = max_rel(got, ref);
+  INFO("loaded exact hits vs plain prefill: " << d << "; llama.cpp's batching floor: " << floor);
+  CHECK(d <= 2 * floor + 1e-4);
+  CHECK(argmax(got) == argmax(ref));
+}
+
+TEST_CASE("llama.cpp: more than 64 alternating cached and computed runs (load waves)",
+          "[llama_cpp]") {
+  // Each cached run is loaded as a sequence of its own, at most 63 at a time (a wave): 70 runs
+  // take two waves. Against relokv's engine on the same plans, within the engines' floor.
+  // The waves are the adapter's, whatever the model: on SmolLM2 only, since the 2,300-token
+  // prompt's five full prefills on Qwen2.5-0.5B took most of the test's 900 s limit in CI.
+  if (g_name != "smollm2") {
+    WARN("load waves: run on smollm2 only (model-independent; slow on " << g_name << ")");
+    return;
+  }
+  auto o = small(1024);
+  o.n_ctx = 4096;
+  o.n_batch = 256;
+  adapter e(g_model, std::move(o));
+  relokv_engine::llama_engine<relokv::pre_rotated, float> r(relokv_model(), 1024);
+  const auto& w = words();
+  constexpr int kRuns = 70;
+  std::vector<std::vector<token_t>> cached(kRuns), fresh(kRuns);
+  for (int i = 0; i < kRuns; ++i)
+    for (int j = 0; j < 16; ++j) {
+      cached[static_cast<std::size_t>(i)].push_back(1000 + 16 * i + j);
+      fresh[static_cast<std::size_t>(i)].push_back(5000 + 16 * i + j);
+    }
+  for (const auto& c : cached) {
+    const auto l = relokv::layout_builder(16).prefix(w.prefix).span(c).build();
+    (void)e.prefill(l, relokv::recompute::none{});
+    e.end(true);
+    (void)r.prefill(l, relokv::recompute::none{});
+    r.end(true);
+  }
+  relokv::layout_builder b(16);
+  b.prefix(w.prefix);
+  for (int i = 0; i < kRuns; ++i)
+    b.span(cached[static_cast<std::size_t>(i)]).span(fresh[static_cast<std::size_t>(i)]);
+  const auto layout = b.question(w.question).build();
+  const auto e_full = e.plain_prefill(layout.tokens);
+  const auto r_full = r.prefill(layout, relokv::recompute::full{});
+  r.end(false);
+  const double floor = max_rel(e_full, r_full);
+  relokv_engine::prefill_stats se, sr;
+  const auto le = e.prefill(layout, relokv::recompute::none{}, &se);
+  e.end(false);
+  const auto lr = r.prefill(layout, relokv::recompute::none{}, &sr);
+  r.end(false);
+  // The first run sits where it was compiled (right after the prefix): an exact hit, loaded in
+  // place; the other 69 move.
+  CHECK(se.relocated_hits == kRuns - 1);
+  CHECK(se.relocated_hits == sr.relocated_hits);
+  CHECK(se.computed == sr.computed);
+  const double d = max_rel(le, lr), moved = max_rel(le, e_full);
+  INFO("llama.cpp vs relokv with 70 loaded runs: " << d << "; full prefill floor " << floor
+                                                   << "; reuse moved llama.cpp's by " << moved);
+  // Measured: SmolLM2 within 1.5 x its floor; Qwen2.5-0.5B 0.038 against a floor of 0.016,
+  // while reuse moved its logits by 0.47. Seventy loaded runs compound the engines' rounding;
+  // a loader that misplaced a run would move them by the reuse effect's order.
+  CHECK(d <= 3 * floor + 2e-3);
+  CHECK(moved > 5 * d);
+  CHECK(argmax(le) == argmax(lr));
 }
 
 /// A span written to a store by one adapter and fetched by a second (an empty pool: another
@@ -225,6 +366,14 @@ TEST_CASE("llama.cpp: a span from Redis equals the span held in the pool", "[lla
   });
 }
 #endif
+
+TEST_CASE("llama.cpp: a batch smaller than the sequences is refused, not an abort", "[llama_cpp]") {
+  // llama.cpp asserts (GGML_ASSERT: the process aborts) when a batch has fewer output rows
+  // than the context has sequences; the adapter uses 64.
+  auto o = small();
+  o.n_batch = 16;
+  CHECK_THROWS_WITH(adapter(g_model, std::move(o)), Catch::Contains("n_batch must be at least 64"));
+}
 
 TEST_CASE("llama.cpp: bad input is refused and loses nothing", "[llama_cpp]") {
   adapter e(g_model, small(40));

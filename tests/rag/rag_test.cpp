@@ -149,7 +149,7 @@ TEST_CASE("rag: a run needs at least one answer token", "[rag]") {
 }
 
 TEST_CASE("rag: exact hits agree with the reference; the fp32 noise floor is a row of its own",
-          "[rag]") {
+          "[rag][exact]") {
   const auto m =
       std::make_shared<const relokv_engine::llama_model>(relokv_engine::llama_model::synthetic());
   const relokv_rag::text_codec codec{nullptr, m->cfg.vocab};

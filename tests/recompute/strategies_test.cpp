@@ -414,3 +414,89 @@ TEST_CASE("question_topk: candidates, the question's rows, then the top r% by at
   CHECK_THROWS_AS(relokv::recompute::any_strategy().choose(mass, reused, m2), relokv::error);
   CHECK_THROWS_AS(relokv::recompute::any_strategy().query_rows(l, rows), relokv::error);
 }
+
+// Issue 45, item 9: APE's groups and the question's rows follow the segments' kinds, not their
+// places in the layout.
+#include <relokv/recompute/ape.hpp>
+
+namespace {
+std::vector<token_t> toks(token_t first, int n) { return relokv_test::iota_tokens(first, n); }
+struct group_shape {
+  std::int32_t first, blocks;
+  float t, s;
+};
+std::vector<group_shape> shapes(const std::array<relokv::attention_group, 3>& g) {
+  std::vector<group_shape> out;
+  for (const auto& x : g) out.push_back({x.first_block, x.num_blocks, x.temperature, x.scale});
+  return out;
+}
+bool operator==(const group_shape& a, const group_shape& b) {
+  return a.first == b.first && a.blocks == b.blocks && a.t == b.t && a.s == b.s;
+}
+}  // namespace
+
+TEST_CASE("ape: the groups by segment kind, whatever the layout's shape", "[recompute][ape]") {
+  const relokv::recompute::ape a(0.5f, 2.0f);
+  const auto sys = toks(100, 20), d1 = toks(200, 32), d2 = toks(300, 16), q = toks(400, 5);
+  SECTION("prefix, two spans, a question: 2 | 3 | the rest") {
+    const auto l = relokv::layout_builder(16).prefix(sys).span(d1).span(d2).question(q).build();
+    CHECK(shapes(a.groups(l, 10)) ==
+          std::vector<group_shape>{{0, 2, 1, 1}, {2, 3, 0.5f, 2.0f}, {5, 5, 1, 1}});
+    CHECK(relokv::recompute::ape::query_start(l) == 20 + 32 + 16);
+  }
+  SECTION("no prefix: the first span is a span, not the prefix") {
+    const auto l = relokv::layout_builder(16).span(d1).span(d2).question(q).build();
+    CHECK(shapes(a.groups(l, 4)) ==
+          std::vector<group_shape>{{0, 0, 1, 1}, {0, 3, 0.5f, 2.0f}, {3, 1, 1, 1}});
+    CHECK(relokv::recompute::ape::query_start(l) == 48);
+  }
+  SECTION("a span last: the question is not that span; decode reads by the groups") {
+    const auto l = relokv::layout_builder(16).prefix(sys).span(d1).span(d2).build();
+    CHECK(shapes(a.groups(l, 6)) ==
+          std::vector<group_shape>{{0, 2, 1, 1}, {2, 3, 0.5f, 2.0f}, {5, 1, 1, 1}});
+    CHECK(relokv::recompute::ape::query_start(l) == l.num_tokens());
+  }
+  SECTION("no span: plain attention") {
+    const auto l = relokv::layout_builder(16).prefix(sys).question(q).build();
+    CHECK(shapes(a.groups(l, 3)) ==
+          std::vector<group_shape>{{0, 0, 1, 1}, {0, 0, 0.5f, 2.0f}, {0, 3, 1, 1}});
+    CHECK(relokv::recompute::ape::query_start(l) == l.num_tokens());
+  }
+  SECTION("a table shorter than the layout") {
+    const auto l = relokv::layout_builder(16).prefix(sys).span(d1).question(q).build();
+    CHECK_THROWS_WITH(a.groups(l, 2), Catch::Contains("a table of 2 blocks"));
+  }
+}
+
+TEST_CASE("question_topk: the question's rows are what follows the last span",
+          "[recompute][question_topk]") {
+  const relokv::recompute::question_topk s(0.2f);
+  const auto sys = toks(100, 20), d1 = toks(200, 32), q = toks(400, 5), tail = toks(500, 3);
+  const auto rows_of = [&](const relokv::request_layout& l) {
+    std::vector<std::uint8_t> rows(static_cast<std::size_t>(l.num_tokens()));
+    s.query_rows(l, rows);
+    std::vector<int> out;
+    for (std::size_t t = 0; t < rows.size(); ++t)
+      if (rows[t]) out.push_back(static_cast<int>(t));
+    return out;
+  };
+  const auto range = [](int a, int n) {
+    std::vector<int> v(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = a + i;
+    return v;
+  };
+  SECTION("a dependent segment and the question after the last span: both ask") {
+    const auto l =
+        relokv::layout_builder(16).prefix(sys).span(d1).dependent(tail).question(q).build();
+    CHECK(rows_of(l) == range(20 + 32, 3 + 5));
+  }
+  SECTION("a layout that ends with a span: a clear error, not the span as its question") {
+    const auto l = relokv::layout_builder(16).prefix(sys).span(d1).build();
+    std::vector<std::uint8_t> rows(static_cast<std::size_t>(l.num_tokens()));
+    CHECK_THROWS_WITH(s.query_rows(l, rows), Catch::Contains("ends with a span"));
+  }
+  SECTION("no span: the last segment") {
+    const auto l = relokv::layout_builder(16).prefix(sys).question(q).build();
+    CHECK(rows_of(l) == range(20, 5));
+  }
+}

@@ -104,19 +104,43 @@ TEST_CASE("sealed blocks: a writer without the key can neither read nor forge", 
       CHECK(p.store_hits == static_cast<std::int32_t>(stored.size()));
       CHECK(reader.cache.store().counters().open_failures == 0);
     }
-    SECTION("another key opens none") {
+    SECTION("another key finds none: its keyed names differ") {
+      // (A memory_store's counters are shared by its handles: count this reader's finds.)
+      const auto before = shared.counters().keys_found;
+      instance<sealed_t> reader(sealed_t(shared, key_of(2)));
+      const auto p = reader.serve(request);
+      CHECK(p.store_hits == 0);
+      CHECK(shared.counters().keys_found == before);
+      CHECK(reader.cache.store().counters().open_failures == 0);
+    }
+    SECTION("another key opens none, even filed under its own names") {
+      // The store keys of the request, from an unsealed writer elsewhere (deterministic).
+      relokv::memory_store scratch;
+      std::vector<relokv::store_key> plain_keys;
+      instance<recording_store> w(recording_store(scratch, &plain_keys));
+      (void)w.serve(request);
+      REQUIRE(plain_keys.size() == stored.size());
+      sealed_t first(relokv::memory_store{}, key_of(1)), other(relokv::memory_store{}, key_of(2));
+      for (const auto& k : plain_keys) {
+        std::vector<relokv::store_blob> got;
+        const relokv::store_key n1 = first.keyed_name(k), n2 = other.keyed_name(k);
+        REQUIRE(shared.get(std::span(&n1, 1), got) == relokv::store_status::kOk);
+        REQUIRE_FALSE(got[0].empty());
+        const std::span<const std::byte> v = got[0].bytes();
+        REQUIRE(shared.put(std::span(&n2, 1), std::span(&v, 1)) == relokv::store_status::kOk);
+      }
       instance<sealed_t> reader(sealed_t(shared, key_of(2)));
       const auto p = reader.serve(request);
       CHECK(p.store_hits == 0);
       CHECK(reader.cache.store().counters().open_failures ==
             static_cast<std::int64_t>(stored.size()));
     }
-    SECTION("a reader without a key uses none (kSealed)") {
+    SECTION("a reader without a key finds none") {
+      const auto before = shared.counters().keys_found;
       instance<relokv::memory_store> reader(shared);
-      const auto p = reader.serve(request);
+      const auto p = reader.serve(request, false);
       CHECK(p.store_hits == 0);
-      CHECK(reader.cache.stats().store_rejected[static_cast<int>(block_check::kSealed)] ==
-            static_cast<std::int64_t>(stored.size()));
+      CHECK(shared.counters().keys_found == before);
     }
     SECTION("forgeries by a co-tenant without the key: 0 served") {
       // (a) the unsealed forgery of the no-key section; (b) the sealed entry with its
@@ -255,4 +279,103 @@ TEST_CASE("provenance through a store: in-context spans of another principal are
     const auto p = b.serve(other, true, {}, 2);
     CHECK(p.blocks[2].tier == block_tier::kStore);
   }
+}
+
+TEST_CASE(
+    "provenance through a store: K/V computed over a reused poisoned span are not "
+    "canonical",
+    "[store][provenance]") {
+  // Issue 45, item 1, through the store tier: principal 1 computes kB after an injection, then
+  // reads kB (its own) and computes kA as a dependent window over it. kA's entries must not
+  // say canonical, or another instance serves them to principal 2.
+  const auto injection = seq(9000, 16);
+  relokv::memory_store shared;
+  instance<relokv::memory_store> a(shared);
+  (void)a.serve(relokv::layout_builder(16).prefix(kSys).dependent(injection).span(kB).build(), true,
+                {}, 1);
+  const auto layout = relokv::layout_builder(16).prefix(kSys).span(kB).dependent(kA, 1000).build();
+  const auto laundered = a.serve(layout, true, {}, 1);
+  // prefix: blocks 0-1; kB: 2-3 (reused); kA: 4-5 (computed over the poisoned kB)
+  REQUIRE(laundered.blocks[2].tier != block_tier::kComputed);
+  REQUIRE(laundered.blocks[4].tier == block_tier::kComputed);
+  CHECK_FALSE(a.cache.origin_of(laundered.blocks[4].physical).canonical);
+  SECTION("default: principal 2 computes kB and kA") {
+    instance<relokv::memory_store> b(shared);
+    const auto p = b.serve(layout, true, {}, 2);
+    CHECK(p.blocks[2].tier == block_tier::kComputed);
+    CHECK(p.blocks[4].tier == block_tier::kComputed);
+    CHECK(p.blocks[5].tier == block_tier::kComputed);
+    CHECK(b.cache.stats().store_rejected[static_cast<int>(block_check::kProvenance)] >= 4);
+  }
+  SECTION("permissive (the control): principal 2 fetches principal 1's kA") {
+    instance<relokv::memory_store> b(shared);
+    b.cache.set_provenance_policy(relokv::provenance_policy::kPermissive);
+    const auto p = b.serve(layout, true, {}, 2);
+    CHECK(p.blocks[4].tier == block_tier::kStore);
+  }
+}
+
+TEST_CASE("sealed blocks: entries are named by a keyed hash, not by the guessable store key",
+          "[store][seal]") {
+  // Issue 45, item 3. The store key is an unkeyed hash of the tokens and their context: anyone
+  // who can list the store's names (or read a header) could test a guessed passage. With a
+  // key, names and the header's key field are HMAC-SHA256 under a naming key.
+  relokv::memory_store plain_store, sealed_store_;
+  std::vector<relokv::store_key> plain_names, sealed_names;
+  const auto request = rag({&kA});
+  instance<recording_store> plain(recording_store(plain_store, &plain_names));
+  (void)plain.serve(request);
+  instance<relokv::sealed_store<recording_store>> sealed(relokv::sealed_store<recording_store>(
+      recording_store(sealed_store_, &sealed_names), key_of(1)));
+  (void)sealed.serve(request);
+  REQUIRE(plain_names.size() == sealed_names.size());
+  REQUIRE_FALSE(plain_names.empty());
+  for (const auto& k : plain_names) {
+    // The guessable key is no name the sealed store used...
+    CHECK(std::find(sealed_names.begin(), sealed_names.end(), k) == sealed_names.end());
+    // ...and each sealed name is that key's keyed name.
+    CHECK(std::find(sealed_names.begin(), sealed_names.end(), sealed.cache.store().keyed_name(k)) !=
+          sealed_names.end());
+  }
+  for (const auto& [name, b] : entries(sealed_store_, sealed_names)) {
+    // The cleartext header carries the name, not the store key.
+    const relokv::store_key in_header{relokv::detail::get_le<std::uint64_t>(b.data() + 16),
+                                      relokv::detail::get_le<std::uint64_t>(b.data() + 24)};
+    CHECK(in_header == name);
+    CHECK(std::find(plain_names.begin(), plain_names.end(), in_header) == plain_names.end());
+  }
+  // Another master key names the same block differently; the same key, the same way.
+  CHECK(sealed_t(relokv::memory_store{}, key_of(2)).keyed_name(plain_names[0]) !=
+        sealed.cache.store().keyed_name(plain_names[0]));
+  CHECK(sealed_t(relokv::memory_store{}, key_of(1)).keyed_name(plain_names[0]) ==
+        sealed.cache.store().keyed_name(plain_names[0]));
+  // And a reader with the key finds every block by those names (the store key restored).
+  instance<sealed_t> reader(sealed_t(sealed_store_, key_of(1)));
+  const auto p = reader.serve(request);
+  CHECK(p.store_hits == static_cast<std::int32_t>(sealed_names.size()));
+}
+
+TEST_CASE("sealed blocks: opened plaintext is wiped when its last holder lets it go",
+          "[store][seal]") {
+  // Issue 45, item 4: a wiping pool zeroes a buffer as it returns, so the next take() of it
+  // (or a heap scan) sees no plaintext of the block it held.
+  relokv::detail::buffer_pool pool(/*wipe=*/true);
+  std::byte* where = nullptr;
+  {
+    auto b = pool.take(64);
+    where = b->bytes.get();
+    std::fill_n(where, 64, std::byte{0x5a});
+  }
+  auto again = pool.take(64);
+  REQUIRE(again->bytes.get() == where);  // the same buffer, reused
+  CHECK(std::all_of(where, where + 64, [](std::byte c) { return c == std::byte{0}; }));
+  relokv::detail::buffer_pool plain;
+  std::byte* p2 = nullptr;
+  {
+    auto b = plain.take(64);
+    p2 = b->bytes.get();
+    std::fill_n(p2, 64, std::byte{0x5a});
+  }
+  CHECK(plain.take(64)->bytes.get() == p2);
+  CHECK(p2[0] == std::byte{0x5a});  // the control: a non-wiping pool keeps the bytes
 }

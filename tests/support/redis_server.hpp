@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -44,7 +46,13 @@ class redis_server {
  public:
   explicit redis_server(std::vector<std::string> extra = {})
       : bin_(find_redis_server()), extra_(std::move(extra)) {
-    port_ = free_port();
+    // A cluster node also listens on its port + 10000 (the cluster bus): both must be free.
+    const bool cluster =
+        std::find(extra_.begin(), extra_.end(), "--cluster-enabled") != extra_.end();
+    for (int tries = 0; tries < 100; ++tries) {
+      port_ = free_port();
+      if (!cluster || (port_ + 10000 <= 65535 && port_free(port_ + 10000))) break;
+    }
     start();
   }
   ~redis_server() { stop(); }
@@ -71,7 +79,11 @@ class redis_server {
                                      "yes",
                                      "--dir",
                                      std::filesystem::temp_directory_path().string()};
-    args.insert(args.end(), extra_.begin(), extra_.end());
+    // "{port}" in an extra argument is this server's port (a cluster node's config file).
+    for (std::string a : extra_) {
+      if (const auto at = a.find("{port}"); at != std::string::npos) a.replace(at, 6, port);
+      args.push_back(std::move(a));
+    }
     pid_ = ::fork();
     if (pid_ == 0) {
       std::vector<char*> argv;
@@ -132,6 +144,16 @@ class redis_server {
   bool ping() const { return run({"PING"}); }
 
  private:
+  static bool port_free(int port) {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool ok = s >= 0 && ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (s >= 0) ::close(s);
+    return ok;
+  }
   static int free_port() {
     const int s = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};

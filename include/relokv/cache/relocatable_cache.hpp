@@ -36,7 +36,8 @@ RELOKV_NAMESPACE_BEGIN
 /// Protocol for one request: plan (exact hit, relocated hit or miss per block; kOutOfBlocks
 /// takes nothing), the engine computes what the plan masks, commit (the new blocks become
 /// reusable), decode (extend), release (refcounts drop, blocks join the LRU queue).
-/// engine/request_kv.hpp drives it for an engine loop; see README "Writing an engine loop".
+/// engine/request_kv.hpp drives it for an engine loop; see docs/integrating.md, "Writing an engine
+/// loop".
 ///
 /// Correctness does not rest on the hash: every hit compares the stored tokens and segment
 /// structure of the block, and the identity of what precedes it (for an exact hit, the physical
@@ -155,187 +156,7 @@ class relocatable_cache {
   /// state). Whatever `p` held before is overwritten, its id first: a plan that fails (by
   /// exception or kOutOfBlocks) never keeps an earlier request's id.
   void plan_into(const request_layout& layout, const RecomputeStrategy& strategy,
-                 const extra_keys& extras, reuse_plan& p, std::uint64_t principal = 0) {
-    p.id = kNoRequest;
-    p.exact_hits = p.relocated_hits = p.misses = p.tokens_to_compute = p.store_hits = 0;
-    p.fetches.clear();
-    if (layout.block_size != block_size_)
-      throw error("plan: layout block_size " + std::to_string(layout.block_size) +
-                  " differs from the cache's " + std::to_string(block_size_));
-    check_layout(layout);
-    const std::int32_t nb = layout.num_blocks();
-    derive_block_keys(hash_, layout, extras, keys_);
-    request_state& rs = new_state();
-    rs.extras = extras;
-    rs.principal = principal;
-    rs.tokens.assign(layout.tokens.begin(), layout.tokens.end());
-    rs.blocks.assign(layout.blocks.begin(), layout.blocks.end());
-    rs.segments.assign(layout.segments.begin(), layout.segments.end());
-    rs.has_span_context = layout.span_context.has_value();
-    if (layout.span_context)
-      rs.span_context.assign(layout.span_context->begin(), layout.span_context->end());
-    else
-      rs.span_context.clear();
-    rs.context_key = keys_.context;
-    rs.content_key = keys_.content;
-    rs.segment_context = keys_.segment_context;
-    rs.ident.assign(static_cast<std::size_t>(nb), kNoBlock);
-    rs.exact.assign(static_cast<std::size_t>(nb), 0);
-    rs.canonical.assign(static_cast<std::size_t>(nb), 0);
-    if constexpr (kHasStore) {
-      rs.src_pos0.assign(static_cast<std::size_t>(nb), 0);
-      rs.keep_out.assign(static_cast<std::size_t>(nb), 0);
-      rs.fetched_origin.assign(static_cast<std::size_t>(nb), block_origin{});
-      rs.id_ready = false;
-    }
-    rs.held.clear();
-
-    // Context identities of relocatable segments, verified by their tokens.
-    rs.segment_entry.assign(layout.segments.size(), -1);
-    for (std::size_t s = 0; s < layout.segments.size(); ++s)
-      if (detail::relocatable(layout.segments[s]))
-        rs.segment_entry[s] = contexts_.find(rs, static_cast<std::int32_t>(s));
-
-    p.status = plan_status::kOk;
-    p.blocks_short = 0;
-    p.copies.clear();
-    p.blocks.assign(static_cast<std::size_t>(nb), planned_block{});
-    status_.assign(static_cast<std::size_t>(nb), block_status::kMiss);
-    p.compute.assign(layout.tokens.size(), 0);
-
-    // 1. Lookup.
-    bool chain_exact = true;
-    std::int64_t denied = 0;
-    for (std::int32_t b = 0; b < nb; ++b) {
-      const auto bi = static_cast<std::size_t>(b);
-      const block_extent& e = layout.blocks[bi];
-      const segment& seg = layout.segments[static_cast<std::size_t>(e.segment)];
-      planned_block& pb = p.blocks[bi];
-      pb.pos0 = e.pos0;
-      pb.len = e.len;
-      block_id hit = kNoBlock;
-      if (e.sealed && chain_exact) {
-        hit = lookup(ctx_index_, keys_.context[bi]);
-        if (hit != kNoBlock && !verify_chain(rs, b, hit, true)) hit = kNoBlock;
-        if (hit != kNoBlock) status_[bi] = block_status::kExactHit;
-      }
-      if (hit == kNoBlock && e.sealed && detail::relocatable(seg)) {
-        hit = lookup(content_index_, keys_.content[bi]);
-        if (hit != kNoBlock && !verify_chain(rs, b, hit, false)) hit = kNoBlock;
-        if (hit != kNoBlock && !serves(provenance_, meta_of(hit).origin, principal)) {
-          hit = kNoBlock;
-          ++denied;
-        }
-        if (hit != kNoBlock) status_[bi] = block_status::kRelocatedHit;
-      }
-      // Exact lookups continue only along an unbroken chain of exact hits: the chain walk's
-      // shortcut (parent == the block resolved for b-1) is a proof only for exact parents.
-      if (status_[bi] != block_status::kExactHit) chain_exact = false;
-      pb.physical = hit;
-      pb.source = hit;
-      pb.status = status_[bi];
-      pb.tier = hit == kNoBlock ? block_tier::kComputed : block_tier::kPool;
-      rs.ident[bi] = hit;
-      if (status_[bi] == block_status::kMiss)
-        std::fill_n(p.compute.begin() + e.pos0, e.len, std::uint8_t{1});
-    }
-    if constexpr (kHasStore) {
-      if (tier_.opts.read)
-        tier_.fetch(layout, strategy, rs, p, status_, stats_, block_size_, RopePlacement::kind,
-                    provenance_);
-    }
-
-    // 2. Strategy.
-    strategy.select(layout, std::span<const block_status>(status_), std::span(p.compute));
-
-    // 3. Decide fresh / shared / copy-on-write, and count what must be allocated.
-    std::int32_t need = 0, hits_now_free = 0;
-    for (std::int32_t b = 0; b < nb; ++b) {
-      const auto bi = static_cast<std::size_t>(b);
-      planned_block& pb = p.blocks[bi];
-      const block_extent& e = layout.blocks[bi];
-      const auto first = p.compute.begin() + e.pos0;
-      const std::int32_t computed = detail::count_ones(&*first, e.len);
-      // A dynamic or probing strategy's first mask is only its candidates: its reused tokens
-      // mostly stay, so their blocks are copied, never rebuilt from nothing.
-      pb.fresh = pb.status == block_status::kMiss || (computed == e.len && !narrows_mask(strategy));
-      pb.copy_on_write = !pb.fresh && (computed > 0 || needs_rotation(pb, src_pos0_of(rs, bi, pb)));
-      // A fetch the request recomputes whole is not written at all.
-      if (pb.fresh) pb.tier = block_tier::kComputed;
-      // Hits the request reads are held; a hit it recomputes whole only names its source.
-      if (pb.tier == block_tier::kPool) {
-        if (alloc_.ref_count(pb.physical) == 0 && !counted_free(pb.physical)) ++hits_now_free;
-      }
-      // A fetched block takes a block for its bytes (and another for a private copy).
-      if constexpr (kHasStore) need += pb.tier == block_tier::kStore ? 1 : 0;
-      if (pb.fresh || pb.copy_on_write) ++need;
-    }
-    clear_counted(p);
-    if (alloc_.num_free() - hits_now_free < need) {
-      p.status = plan_status::kOutOfBlocks;
-      p.blocks_short = need - (alloc_.num_free() - hits_now_free);
-      ++stats_.out_of_blocks;
-      free_states_.push_back(rs_index_);
-      return;
-    }
-
-    // 4. Take the blocks: shared ones first (so that allocation cannot evict them).
-    for (planned_block& pb : p.blocks)
-      if (pb.tier == block_tier::kPool) {
-        alloc_.retain(pb.physical);
-        rs.held.push_back(pb.physical);
-      }
-    bool exact_so_far = true;
-    for (std::int32_t b = 0; b < nb; ++b) {
-      const auto bi = static_cast<std::size_t>(b);
-      planned_block& pb = p.blocks[bi];
-      if constexpr (kHasStore) {
-        if (pb.tier == block_tier::kStore) {
-          // The fetched bytes go into a block of their own, which commit registers.
-          const block_id dst = take_block(rs);
-          pb.physical = pb.source = dst;
-          rs.ident[bi] = dst;
-          tier_.fetched[bi].dst = dst;
-          p.fetches.push_back(std::move(tier_.fetched[bi]));
-          ++p.store_hits;
-        }
-      }
-      const block_id shared = pb.physical;
-      if (pb.fresh || pb.copy_on_write) {
-        const block_id mine = take_block(rs);
-        pb.physical = mine;
-        if (pb.copy_on_write) p.copies.push_back({shared, mine, src_pos0_of(rs, bi, pb), pb.pos0});
-        // A block the request writes whole is what its successors chain to from now on (for a
-        // hit recomputed whole, not the cached source it was found in).
-        if (pb.fresh) rs.ident[bi] = mine;
-      }
-      exact_so_far =
-          exact_so_far && (pb.status == block_status::kExactHit ? !pb.copy_on_write : pb.fresh);
-      rs.exact[bi] = exact_so_far ? 1 : 0;
-    }
-
-    p.exact_hits = p.relocated_hits = p.misses = 0;
-    for (const planned_block& pb : p.blocks) {
-      p.exact_hits += pb.status == block_status::kExactHit;
-      p.relocated_hits += pb.status == block_status::kRelocatedHit;
-      p.misses += pb.status == block_status::kMiss;
-    }
-    p.tokens_to_compute =
-        detail::count_ones(p.compute.data(), static_cast<std::int32_t>(p.compute.size()));
-    rs.plan_blocks.assign(p.blocks.begin(), p.blocks.end());
-    rs.ctx_link = rs.ident;
-    rs.content_link = rs.ident;
-    rs.live = true;
-    p.id = next_id_++;
-    live_.emplace(p.id, rs_index_);
-    ++stats_.requests;
-    stats_.blocks_looked_up += nb;
-    stats_.exact_hits += p.exact_hits;
-    stats_.relocated_hits += p.relocated_hits;
-    stats_.misses += p.misses;
-    stats_.store_hits += p.store_hits;
-    stats_.provenance_denied += denied;
-  }
+                 const extra_keys& extras, reuse_plan& p, std::uint64_t principal = 0);
 
   /// Registers the request's new, sealed blocks under their keys so that later requests reuse
   /// them. Call once the engine has written them. A cache that writes to a store needs the
@@ -370,92 +191,7 @@ class relocatable_cache {
     void write_block(block_id, std::int32_t, std::span<const std::byte>) noexcept {}
   };
   template <class Storage>
-  void commit_impl(request_id id, const Storage* storage) {
-    request_state& rs = state_of(id, "commit");
-    if (rs.committed) throw error("commit: request " + std::to_string(id) + " already committed");
-    rs.committed = true;
-    // Context entries may have died since plan() and their slots been reused for another
-    // context: re-derive them (by tokens and extra keys, never by slot) before linking.
-    for (std::size_t s = 0; s < rs.segments.size(); ++s)
-      rs.segment_entry[s] = detail::relocatable(rs.segments[s])
-                                ? contexts_.find(rs, static_cast<std::int32_t>(s))
-                                : -1;
-    const auto nb = rs.blocks.size();
-    mark_canonical(rs);
-    for (std::size_t bi = 0; bi < nb; ++bi) {
-      const planned_block& pb = rs.plan_blocks[bi];
-      const block_extent& e = rs.blocks[bi];
-      // What the request registers: the blocks it wrote whole, and those it fetched.
-      const block_id reg = pb.fresh                        ? pb.physical
-                           : pb.tier == block_tier::kStore ? pb.source
-                                                           : kNoBlock;
-      if (reg == kNoBlock || !e.sealed) continue;
-      const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
-      const auto b = static_cast<std::int32_t>(bi);
-      block_meta& m = meta_[static_cast<std::size_t>(reg)];
-      m.len = e.len;
-      m.tag = block_tag(seg, b == seg.first_block);
-      m.stored_pos0 = pb.fresh ? e.pos0 : rs.src_pos0[bi];
-      m.extras = rs.extras;
-      m.origin = origin_of(rs, bi);
-      std::copy_n(rs.tokens.begin() + e.pos0, e.len, block_tokens(reg));
-      bool cached = false;
-      // Children link to the indexed copy of their parent when there is one (the canonical
-      // block), so that a duplicate computed concurrently does not orphan them when it is freed.
-      if (rs.exact[bi]) {
-        m.ctx_parent = bi == 0 ? kNoBlock : rs.ctx_link[bi - 1];
-        m.ctx_parent_gen = bi == 0 ? 0 : meta_of(m.ctx_parent).generation;
-        const auto [it, inserted] = ctx_index_.try_emplace(rs.context_key[bi], reg);
-        if (inserted) {
-          m.in_ctx = true;
-          m.ctx_key = rs.context_key[bi];
-          cached = true;
-        } else if (verify_chain(rs, b, it->second, true)) {
-          rs.ctx_link[bi] = it->second;
-        }
-      }
-      if (detail::relocatable(seg)) {
-        // Content links are recorded even when the key is taken, so that a chain walk through
-        // this block (reached as an exact parent) can still prove the span's content.
-        const bool first = b == seg.first_block;
-        if (first) {
-          const std::int32_t entry = contexts_.intern(rs, e.segment);
-          m.content_parent = kNoBlock;
-          m.context_entry = entry;
-          if (entry >= 0) contexts_.retain(entry);
-        } else {
-          m.content_parent = rs.content_link[bi - 1];
-          m.content_parent_gen = meta_of(m.content_parent).generation;
-        }
-        if (!first || m.context_entry >= 0) {
-          const auto [it, inserted] = content_index_.try_emplace(rs.content_key[bi], reg);
-          if (inserted) {
-            m.in_content = true;
-            m.content_key = rs.content_key[bi];
-            cached = true;
-          } else if (verify_chain(rs, b, it->second, false)) {
-            block_meta& held = meta_of(it->second);
-            if (m.origin.canonical && !serves(provenance_, held.origin, rs.principal)) {
-              // A canonical compilation replaces K/V computed after other text that the policy
-              // kept from this request: from now on every principal can reuse the span (the
-              // replaced block keeps its chain links).
-              held.in_content = false;
-              it->second = reg;
-              m.in_content = true;
-              m.content_key = rs.content_key[bi];
-              cached = true;
-            } else {
-              rs.content_link[bi] = it->second;
-            }
-          }
-        }
-      }
-      if (cached) alloc_.set_cached(reg, true);
-    }
-    if constexpr (kHasStore && !std::is_same_v<Storage, no_block_io>) {
-      if (tier_.opts.write) tier_.write(rs, *storage, stats_, block_size_, RopePlacement::kind);
-    }
-  }
+  void commit_impl(request_id id, const Storage* storage);
 
  public:
   /// Gives a live request one more block (for decode, once its last block is full). The block
@@ -559,33 +295,13 @@ class relocatable_cache {
   }
   /// Whether the K/V of each block of a committed request are canonical (block_origin): a
   /// block the request computed is when its segment starts right after its own context (or
-  /// its key binds everything before it) and the blocks before it in the segment are; a reused
-  /// block keeps its source's origin (a private copy the request recomputed tokens of, only
-  /// at a canonical position).
-  void mark_canonical(request_state& rs) const {
-    for (std::size_t bi = 0; bi < rs.blocks.size(); ++bi) {
-      const planned_block& pb = rs.plan_blocks[bi];
-      const block_extent& e = rs.blocks[bi];
-      const segment& seg = rs.segments[static_cast<std::size_t>(e.segment)];
-      const auto b = static_cast<std::int32_t>(bi);
-      // In place: the segment starts right after its own context, and (for a span_context)
-      // that context is what actually precedes it.
-      const auto ctx = detail::context_tokens(rs, e.segment);
-      const bool in_place =
-          !detail::relocatable(seg) || (static_cast<std::int32_t>(ctx.size()) == seg.first_token &&
-                                        (!rs.has_span_context || seg.kind != segment_kind::kSpan ||
-                                         std::equal(ctx.begin(), ctx.end(), rs.tokens.begin())) &&
-                                        (b == seg.first_block || rs.canonical[bi - 1] != 0));
-      bool c = in_place;
-      if (!pb.fresh) {
-        const bool source = pb.tier == block_tier::kStore ? rs.fetched_origin[bi].canonical
-                            : pb.source == kNoBlock       ? false
-                                                          : meta_of(pb.source).origin.canonical;
-        c = source && (!pb.copy_on_write || in_place);
-      }
-      rs.canonical[bi] = c ? 1 : 0;
-    }
-  }
+  /// its key binds everything before it), every block before it in the request (all of which
+  /// its K/V attended to) is canonical, and so are the blocks before it in the segment; a
+  /// reused block keeps its source's origin (a private copy the request recomputed tokens of,
+  /// only at a canonical position). Transitive: K/V computed over a relocated or poisoned
+  /// block are not canonical, whatever their tokens (a dependent window over a reused span,
+  /// a span behind a span_context whose leading tokens were reused).
+  void mark_canonical(request_state& rs) const;
   /// The origin a block registered by a committed request records.
   block_origin origin_of(const request_state& rs, std::size_t bi) const {
     const planned_block& pb = rs.plan_blocks[bi];
@@ -728,3 +444,7 @@ class relocatable_cache {
 };
 
 RELOKV_NAMESPACE_END
+
+// Out of line, by role: planning, and commit with its provenance marking.
+#include "relokv/cache/detail/cache_commit.hpp"  // IWYU pragma: export
+#include "relokv/cache/detail/cache_plan.hpp"    // IWYU pragma: export

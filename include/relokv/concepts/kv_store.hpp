@@ -69,8 +69,20 @@ struct store_counters {
   std::int64_t denied = 0;     ///< keys the server refused to this user (Redis ACL NOPERM): misses
   std::int64_t timeouts = 0;   ///< calls that reached their deadline (a slow or silent server)
   std::int64_t oversized = 0;  ///< replies or entries larger than any block: refused unread
+  std::int64_t malformed = 0;  ///< replies of a shape no command sent asks for (an array)
   /// Entries a sealed_store could not open (another key, forged, edited or unsealed): misses.
   std::int64_t open_failures = 0;
+};
+
+/// What one server of a store that spreads entries over several (redis_cluster_store) served,
+/// for reports: the demo's blocks per node. Stores on one server have none.
+struct store_node_stats {
+  std::string name;  ///< host:port
+  bool master = false;
+  std::int64_t keys_read = 0;     ///< entries found on it
+  std::int64_t keys_written = 0;  ///< entries it stored
+  std::int64_t pipelines = 0;     ///< pipelines sent to it
+  std::int64_t failures = 0;      ///< calls in which it was down, slow or gone mid-reply
 };
 
 /// A store of serialized blocks by key.

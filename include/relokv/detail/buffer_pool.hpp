@@ -23,10 +23,14 @@ class buffer_pool {
     std::size_t capacity = 0;
   };
 
-  buffer_pool() = default;
-  buffer_pool(const buffer_pool&) noexcept {}
-  buffer_pool& operator=(const buffer_pool&) noexcept {
+  /// `wipe`: every buffer is zeroed (OPENSSL_cleanse-style, not elided) when the last blob
+  /// that held it lets it go, so plaintext never waits in the pool (sealed_store's opened
+  /// blocks).
+  explicit buffer_pool(bool wipe = false) noexcept : wipe_(wipe) {}
+  buffer_pool(const buffer_pool& o) noexcept : wipe_(o.wipe_) {}
+  buffer_pool& operator=(const buffer_pool& o) noexcept {
     free_.clear();
+    wipe_ = o.wipe_;
     return *this;
   }
   buffer_pool(buffer_pool&&) noexcept = default;
@@ -43,16 +47,33 @@ class buffer_pool {
           (spare == nullptr || b->capacity < (*spare)->capacity))
         spare = &b;
     }
-    if (spare != nullptr) return *spare;
-    auto b = std::make_shared<buffer>();
-    b->bytes = std::make_unique_for_overwrite<std::byte[]>(n);  // written over at once
-    b->capacity = n;
-    if (held + n <= keep) free_.push_back(b);
-    return b;
+    std::shared_ptr<buffer> b;
+    if (spare != nullptr) {
+      b = *spare;
+    } else {
+      b = std::make_shared<buffer>();
+      b->bytes = std::make_unique_for_overwrite<std::byte[]>(n);  // written over at once
+      b->capacity = n;
+      if (held + n <= keep) free_.push_back(b);
+    }
+    if (!wipe_) return b;
+    // The caller's handle: when its last copy goes, the bytes are wiped, then the pool's
+    // reference (held by the deleter) is dropped.
+    buffer* raw = b.get();
+    return std::shared_ptr<buffer>(raw, [hold = std::move(b)](buffer* p) noexcept {
+      wipe_bytes(p->bytes.get(), p->capacity);
+    });
+  }
+
+  /// Zeroes n bytes in a way the compiler may not drop as a dead store.
+  static void wipe_bytes(std::byte* p, std::size_t n) noexcept {
+    volatile std::byte* v = p;
+    for (std::size_t i = 0; i < n; ++i) v[i] = std::byte{0};
   }
 
  private:
   std::vector<std::shared_ptr<buffer>> free_;
+  bool wipe_ = false;
 };
 
 }  // namespace detail

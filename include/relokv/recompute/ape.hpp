@@ -38,16 +38,20 @@ class ape {
   [[nodiscard]] float temperature() const noexcept { return t_; }
   [[nodiscard]] float scale() const noexcept { return s_; }
 
-  /// The first position of the layout's last segment (the reader's own tokens); a layout of
-  /// one segment has no spans to group, and every position attends plainly (returns
-  /// num_tokens).
+  /// The first position after the layout's last span (the reader's own tokens: the question
+  /// and whatever follows it). A layout without a span has nothing to group, and a layout that
+  /// ends with a span has no reader tokens in its prompt: in both every prompt position
+  /// attends plainly (num_tokens; decode then attends by the groups).
   [[nodiscard]] static pos_t query_start(const request_layout& l) {
-    if (l.segments.size() < 2) return l.num_tokens();
-    return l.segments.back().first_token;
+    const std::int32_t last = last_span(l);
+    if (last < 0 || static_cast<std::size_t>(last) + 1 == l.segments.size()) return l.num_tokens();
+    return l.segments[static_cast<std::size_t>(last) + 1].first_token;
   }
   /// The groups of a table of `table_blocks` blocks whose first ones are the layout's (decode
-  /// appends after them): the first segment's blocks (the prefix), the blocks up to the last
-  /// segment (the spans, at temperature and scale), and the rest (the reader's own).
+  /// appends after them), by the segments' kinds: the blocks before the first span (the prefix
+  /// and anything else before it; none when the layout starts with a span), the blocks from
+  /// the first span to the end of the last (at temperature and scale), and the rest (the
+  /// reader's own). Without a span: one group of weight 1, plain attention.
   /// @throws error when the table is shorter than the layout
   [[nodiscard]] std::array<attention_group, 3> groups(const request_layout& l,
                                                       std::int32_t table_blocks) const {
@@ -55,15 +59,25 @@ class ape {
       throw error("ape::groups: a table of " + std::to_string(table_blocks) +
                   " blocks for a layout of " + std::to_string(l.num_blocks()));
     std::int32_t a = 0, b = 0;
-    if (l.segments.size() >= 2) {
-      a = l.segments.front().num_blocks;
-      b = l.segments.back().first_block;
+    if (const std::int32_t last = last_span(l); last >= 0) {
+      std::size_t first = 0;
+      while (l.segments[first].kind != segment_kind::kSpan) ++first;
+      const segment& end = l.segments[static_cast<std::size_t>(last)];
+      a = l.segments[first].first_block;
+      b = end.first_block + end.num_blocks;
     }
     return {attention_group{0, a, 1.0f, 1.0f}, attention_group{a, b - a, t_, s_},
             attention_group{b, table_blocks - b, 1.0f, 1.0f}};
   }
 
  private:
+  /// The index of the layout's last span segment, or -1.
+  static std::int32_t last_span(const request_layout& l) noexcept {
+    for (std::size_t i = l.segments.size(); i-- > 0;)
+      if (l.segments[i].kind == segment_kind::kSpan) return static_cast<std::int32_t>(i);
+    return -1;
+  }
+
   float t_, s_;
 };
 static_assert(recompute_strategy<ape>, "recompute::ape must model recompute_strategy");

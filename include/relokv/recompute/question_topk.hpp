@@ -81,15 +81,32 @@ class question_topk {
            std::span<std::uint8_t> pinned) const {
     if (k_ > 0) first_k(k_).select(l, status, pinned);
   }
-  /// Marks the tokens whose attention ranks: the layout's last segment (the question and
-  /// whatever follows the last span).
+  /// Marks the tokens whose attention ranks: every segment after the layout's last span (the
+  /// question and whatever follows it); without a span, the last segment.
+  /// @throws error when the layout ends with a span: nothing asks a question of the spans
   void query_rows(const request_layout& l, std::span<std::uint8_t> rows) const {
     if (rows.size() != static_cast<std::size_t>(l.num_tokens()))
       throw error("question_topk::query_rows: rows has " + std::to_string(rows.size()) +
                   " entries for " + std::to_string(l.num_tokens()) + " tokens");
     if (l.segments.empty()) return;
-    const segment& s = l.segments.back();
-    detail::mark(rows, s.first_token, s.num_tokens);
+    std::size_t last = l.segments.size();
+    for (std::size_t i = l.segments.size(); i-- > 0;)
+      if (l.segments[i].kind == segment_kind::kSpan) {
+        last = i;
+        break;
+      }
+    if (last == l.segments.size()) {  // no span: the last segment asks
+      const segment& s = l.segments.back();
+      detail::mark(rows, s.first_token, s.num_tokens);
+      return;
+    }
+    if (last + 1 == l.segments.size())
+      throw error(
+          "question_topk: the layout ends with a span, so no question follows the "
+          "spans to rank their tokens by (add a question segment, or use another "
+          "strategy)");
+    for (std::size_t i = last + 1; i < l.segments.size(); ++i)
+      detail::mark(rows, l.segments[i].first_token, l.segments[i].num_tokens);
   }
   /// After the probe: keeps every masked token that is not reused (it has no cached value) and
   /// every pinned one, and adds the ceil(ratio * candidates) masked, reused, unpinned tokens

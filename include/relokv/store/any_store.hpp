@@ -16,6 +16,7 @@
 #include "relokv/store/sealed_store.hpp"
 #include "relokv/store/store_url.hpp"
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
+#include "relokv/store/redis_cluster_store.hpp"
 #include "relokv/store/redis_store.hpp"
 #endif
 
@@ -31,7 +32,9 @@ class any_store {
       : p_(std::make_unique<holder<S>>(std::move(store))), what_(std::move(description)) {}
 
   /// `memory:`, `file:DIR[?prefix=TENANT]`, or a Redis URL (`redis://[USER[:PASSWORD]@]HOST
-  /// [:PORT][/DB][?prefix=P]`, `unix:///PATH[?db=N]`; see redis_store_options::from_url). Redis
+  /// [:PORT][/DB][?prefix=P]`, `unix:///PATH[?db=N]`; see redis_store_options::from_url), or a
+  /// Redis Cluster URL (`redis-cluster://HOST:PORT[,HOST:PORT...]`; see
+  /// redis_cluster_options::from_url). Redis
   /// needs RELOKV_WITH_REDIS, which linking relokv::redis defines. description() is the URL
   /// with any password redacted.
   /// @throws error for an unknown scheme, a bad URL or a directory that cannot be made
@@ -75,8 +78,10 @@ class any_store {
       return wrap(file_store(dir, o), url);
     }
     if (url.rfind("redis://", 0) == 0 || url.rfind("rediss://", 0) == 0 ||
-        url.rfind("unix://", 0) == 0) {
+        url.rfind("unix://", 0) == 0 || url.rfind("redis-cluster://", 0) == 0) {
 #if defined(RELOKV_WITH_REDIS) && RELOKV_WITH_REDIS
+      if (url.rfind("redis-cluster://", 0) == 0)
+        return wrap(redis_cluster_store(redis_cluster_options::from_url(url)), shown);
       return wrap(redis_store(redis_store_options::from_url(url)), shown);
 #else
       throw error("store URL '" + shown +
@@ -85,7 +90,8 @@ class any_store {
 #endif
     }
     throw error("store URL '" + shown +
-                "': expected memory:, file:DIR or redis://HOST[:PORT] (or unix:///PATH)");
+                "': expected memory:, file:DIR, redis://HOST[:PORT] (or unix:///PATH) or "
+                "redis-cluster://HOST:PORT[,HOST:PORT...]");
   }
 
  public:
@@ -111,6 +117,16 @@ class any_store {
     return p_ ? p_->erase(keys) : store_status::kOk;
   }
   [[nodiscard]] store_counters counters() const { return p_ ? p_->counters() : store_counters{}; }
+  /// What each server served, for a store spread over several (a Redis Cluster); empty for
+  /// the others.
+  [[nodiscard]] std::vector<store_node_stats> node_stats() const {
+    return p_ ? p_->node_stats() : std::vector<store_node_stats>{};
+  }
+  /// Forwards the cache's bound on one entry to a store that reads with one (redis_store,
+  /// file_store, and the adapters over them).
+  void limit_value_bytes(std::size_t n) {
+    if (p_) p_->limit_value_bytes(n);
+  }
 
  private:
   struct base {
@@ -121,6 +137,8 @@ class any_store {
     virtual store_status contains(std::span<const store_key>, std::vector<std::uint8_t>&) = 0;
     virtual store_status erase(std::span<const store_key>) = 0;
     [[nodiscard]] virtual store_counters counters() const = 0;
+    virtual void limit_value_bytes(std::size_t) = 0;
+    [[nodiscard]] virtual std::vector<store_node_stats> node_stats() const = 0;
   };
   template <class S>
   struct holder final : base {
@@ -137,6 +155,15 @@ class any_store {
     }
     store_status erase(std::span<const store_key> k) override { return s.erase(k); }
     [[nodiscard]] store_counters counters() const override { return s.counters(); }
+    void limit_value_bytes(std::size_t n) override {
+      if constexpr (requires { s.limit_value_bytes(n); }) s.limit_value_bytes(n);
+    }
+    [[nodiscard]] std::vector<store_node_stats> node_stats() const override {
+      if constexpr (requires { s.node_stats(); })
+        return s.node_stats();
+      else
+        return {};
+    }
     S s;
   };
   std::unique_ptr<base> p_;

@@ -70,6 +70,7 @@ inline constexpr std::size_t kBlockSealOffset = 60;
 inline constexpr std::size_t kBlockNonceOffset = 112;
 inline constexpr std::size_t kBlockNonceBytes = 12;
 inline constexpr std::size_t kBlockTenantSaltOffset = 88;
+inline constexpr std::size_t kBlockKeyOffset = 16;  ///< store key lo, then hi
 inline constexpr std::size_t kBlockTotalOffset = 104;
 
 /// Which key a stored block is filed under.
@@ -235,6 +236,14 @@ inline void write_identity(std::byte* p, const block_identity& id) noexcept {
 }  // namespace detail
 
 /// Bytes of a serialized block.
+/// The largest entry a block of `layout` can encode to (a full block: block_size tokens of
+/// identity and payload): what a store needs to accept, per entry, and no more.
+[[nodiscard]] inline std::size_t max_encoded_block_bytes(const kv_block_layout& layout) noexcept {
+  const auto n = static_cast<std::size_t>(layout.block_size > 0 ? layout.block_size : 0);
+  return detail::payload_offset(detail::identity_bytes(n)) +
+         layout.payload_bytes(layout.block_size) + kBlockChecksumBytes;
+}
+
 [[nodiscard]] inline std::size_t encoded_block_bytes(const block_header& h,
                                                      const block_identity& id) noexcept {
   return detail::payload_offset(detail::identity_bytes(id.tokens.size())) +

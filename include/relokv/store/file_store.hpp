@@ -30,7 +30,8 @@ struct file_store_options {
   /// fsync each entry before the rename (survives power loss, costs a disk flush per block).
   /// Without it a crash of the machine may leave an entry short; its checksum rejects it.
   bool durable = false;
-  /// The largest entry read: a file larger than any block is a miss, counted (oversized).
+  /// The largest entry read: a file larger than any block is a miss, counted (oversized). A
+  /// cache lowers it to the largest block its layout encodes to (limit_value_bytes).
   std::size_t max_entry_bytes = std::size_t{256} << 20;
   /// A tenant's own subdirectory (letters, digits, '.', '_', '-'; not "." or ".."): entries go
   /// to DIR/PREFIX/, so that an operator can give each tenant a directory of its own.
@@ -141,6 +142,11 @@ class file_store {
     return ok ? store_status::kOk : store_status::kUnavailable;
   }
   [[nodiscard]] store_counters counters() const noexcept { return *counters_; }
+  /// Lowers max_entry_bytes to n (never raises it): the cache passes the largest entry its
+  /// layout encodes to.
+  void limit_value_bytes(std::size_t n) noexcept {
+    opt_.max_entry_bytes = std::min(opt_.max_entry_bytes, n);
+  }
 
   /// The file an entry lives in.
   [[nodiscard]] std::string path_of(const store_key& k) const {

@@ -14,10 +14,20 @@
 /// master key, and the header (key, fingerprint, extras, origin) cannot be moved to another
 /// entry. Random nonces: about 2^32 blocks per tenant key before a repeat becomes plausible;
 /// rotate the master key well before that.
+///
+/// Names: the store key is an unkeyed hash of the tokens (and their context), so anyone who can
+/// list the store's names could test whether a guessed passage is cached. A sealed store files
+/// each entry under a keyed name instead, the first 128 bits of HMAC-SHA256(name key, store
+/// key), the name key HKDF-derived from the master key for naming alone ("name"); the header's
+/// key field carries that name too (authenticated), and get() puts the store key back once the
+/// entry has opened. The tenant's salt is inside the store key already, so two tenants' names
+/// never meet. What stays visible: the cleartext header (sizes, layout shape, fingerprint,
+/// extras, origin and principal, position), each entry's size and when it is read or written.
 #include <fcntl.h>
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/kdf.h>
 #include <openssl/params.h>
 #include <openssl/rand.h>
@@ -129,10 +139,21 @@ class seal_key {
   /// and the salt's 8 bytes, little-endian).
   /// @throws error when libcrypto fails (it does not for valid input)
   [[nodiscard]] std::array<unsigned char, kBytes> tenant_key(std::uint64_t tenant_salt) const {
-    static constexpr char kSalt[] = "relokv.seal.v1";
-    unsigned char info[14] = {'t', 'e', 'n', 'a', 'n', 't'};
-    std::memcpy(info + 6, &tenant_salt, 8);
     std::array<unsigned char, kBytes> out{};
+    derive("tenant", tenant_salt, out);
+    return out;
+  }
+  /// The same derivation written straight into `out` (no copy of the key left behind), with
+  /// the purpose `label` ("tenant": the AES key; "name": the key entries are named by,
+  /// keyed_name). `out` is wiped when libcrypto fails.
+  /// @throws error when libcrypto fails (it does not for valid input)
+  void derive(std::string_view label, std::uint64_t tenant_salt,
+              std::span<unsigned char, kBytes> out) const {
+    static constexpr char kSalt[] = "relokv.seal.v1";
+    unsigned char info[24] = {};
+    const std::size_t ln = std::min<std::size_t>(label.size(), 16);
+    std::memcpy(info, label.data(), ln);
+    std::memcpy(info + ln, &tenant_salt, 8);
     EVP_KDF* kdf = EVP_KDF_fetch(nullptr, "HKDF", nullptr);
     EVP_KDF_CTX* ctx = kdf ? EVP_KDF_CTX_new(kdf) : nullptr;
     char digest[] = "SHA256";
@@ -142,13 +163,15 @@ class seal_key {
                                           const_cast<unsigned char*>(master_.data()), kBytes),
         OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, const_cast<char*>(kSalt),
                                           sizeof kSalt - 1),
-        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, info, sizeof info),
+        OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, info, ln + 8),
         OSSL_PARAM_construct_end()};
     const bool ok = ctx != nullptr && EVP_KDF_derive(ctx, out.data(), out.size(), params) == 1;
     EVP_KDF_CTX_free(ctx);
     EVP_KDF_free(kdf);
-    if (!ok) throw error("seal_key: libcrypto's HKDF failed");
-    return out;
+    if (!ok) {
+      OPENSSL_cleanse(out.data(), out.size());
+      throw error("seal_key: libcrypto's HKDF failed");
+    }
   }
 
  private:
@@ -187,7 +210,10 @@ class sealed_store {
   sealed_store(S inner, const seal_key& key)
       : inner_(std::move(inner)),
         key_(std::make_unique<seal_key>(key)),
-        c_(std::make_unique<ctx>()) {}
+        c_(std::make_unique<ctx>()),
+        name_key_(std::make_unique<wiped_key>()) {
+    key_->derive("name", 0, name_key_->bytes);
+  }
   sealed_store(sealed_store&&) noexcept = default;
   sealed_store& operator=(sealed_store&&) noexcept = default;
 
@@ -195,18 +221,35 @@ class sealed_store {
   /// hands entries over as they arrive (redis_store) has each opened then, while the rest of
   /// the batch is still on its way.
   store_status get(std::span<const store_key> keys, std::vector<store_blob>& out) {
-    const auto open_one = [this](std::size_t, const store_blob& raw) { return open_blob(raw); };
-    if constexpr (requires { inner_.get(keys, out, open_one); }) {
-      return inner_.get(keys, out, open_one);
+    const std::span<const store_key> names = named(keys);
+    const auto open_one = [this, keys, names](std::size_t i, const store_blob& raw) {
+      return open_blob(raw, names[i], keys[i]);
+    };
+    if constexpr (requires { inner_.get(names, out, open_one); }) {
+      return inner_.get(names, out, open_one);
     } else {
-      const store_status st = inner_.get(keys, raw_);
+      const store_status st = inner_.get(names, raw_);
       out.assign(keys.size(), store_blob{});
       if (st != store_status::kOk) return st;
       for (std::size_t i = 0; i < keys.size() && i < raw_.size(); ++i)
-        if (!raw_[i].empty()) out[i] = open_blob(raw_[i]);
+        if (!raw_[i].empty()) out[i] = open_one(i, raw_[i]);
       raw_.clear();
       return st;
     }
+  }
+  /// The name an entry of store key `k` is filed under (see the file comment).
+  [[nodiscard]] store_key keyed_name(const store_key& k) const {
+    unsigned char in[16], mac[32];
+    std::memcpy(in, &k.lo, 8);
+    std::memcpy(in + 8, &k.hi, 8);
+    unsigned int len = 0;
+    if (HMAC(EVP_sha256(), name_key_->bytes.data(), static_cast<int>(name_key_->bytes.size()), in,
+             sizeof in, mac, &len) == nullptr)
+      throw error("sealed_store: libcrypto's HMAC-SHA256 failed");
+    store_key n;
+    std::memcpy(&n.lo, mac, 8);
+    std::memcpy(&n.hi, mac + 8, 8);
+    return n;
   }
   /// Seals and puts. A value that is no block of this format is not written (put_rejected).
   store_status put(std::span<const store_key> keys,
@@ -216,11 +259,12 @@ class sealed_store {
     keys_.clear();
     views_.clear();
     for (std::size_t i = 0; i < n; ++i) {
-      if (!seal(values[i], bufs_[i])) {
+      const store_key name = keyed_name(keys[i]);
+      if (!seal(values[i], bufs_[i], &name)) {
         ++seal_failures_;
         continue;
       }
-      keys_.push_back(keys[i]);
+      keys_.push_back(name);
       views_.emplace_back(bufs_[i].data(), bufs_[i].size());
     }
     if (keys_.empty()) return n == 0 ? store_status::kOk : store_status::kUnavailable;
@@ -230,9 +274,9 @@ class sealed_store {
                                                         : store_status::kUnavailable;
   }
   store_status contains(std::span<const store_key> keys, std::vector<std::uint8_t>& out) {
-    return inner_.contains(keys, out);
+    return inner_.contains(named(keys), out);
   }
-  store_status erase(std::span<const store_key> keys) { return inner_.erase(keys); }
+  store_status erase(std::span<const store_key> keys) { return inner_.erase(named(keys)); }
   /// The inner store's counts, plus the entries that did not open (open_failures) and the
   /// values that could not be sealed (put_rejected).
   [[nodiscard]] store_counters counters() const {
@@ -241,13 +285,25 @@ class sealed_store {
     c.put_rejected += seal_failures_;
     return c;
   }
+  /// The bound on one opened block, forwarded with the tag's 16 bytes added.
+  void limit_value_bytes(std::size_t n) {
+    if constexpr (requires { inner_.limit_value_bytes(n); })
+      inner_.limit_value_bytes(n + kSealTagBytes);
+  }
   [[nodiscard]] S& inner() noexcept { return inner_; }
   [[nodiscard]] const S& inner() const noexcept { return inner_; }
+  /// The inner store's servers, for a store spread over several (redis_cluster_store).
+  [[nodiscard]] std::vector<store_node_stats> node_stats() const requires requires(const S& s) {
+    s.node_stats();
+  }
+  { return inner_.node_stats(); }
 
   /// Seals one encoded block into `out` (resized). False, writing nothing useful, when `in`
   /// is no unsealed block of this format version (seal mark and nonce zero, its size the one
-  /// its header states) or libcrypto fails.
-  bool seal(std::span<const std::byte> in, std::vector<std::byte>& out) {
+  /// its header states) or libcrypto fails. `name`: the keyed name the header's key field
+  /// carries instead of the store key (put() passes keyed_name(key)).
+  bool seal(std::span<const std::byte> in, std::vector<std::byte>& out,
+            const store_key* name = nullptr) {
     const std::size_t n = in.size();
     if (n < kBlockHeaderBytes || n > static_cast<std::size_t>(INT_MAX) ||
         detail::get_le<std::uint32_t>(in.data()) != kBlockMagic ||
@@ -262,6 +318,10 @@ class sealed_store {
     std::byte* o = out.data();
     std::memcpy(o, in.data(), kBlockHeaderBytes);
     o[kBlockSealOffset] = std::byte{1};
+    if (name != nullptr) {
+      std::memcpy(o + kBlockKeyOffset, &name->lo, 8);
+      std::memcpy(o + kBlockKeyOffset + 8, &name->hi, 8);
+    }
     if (RAND_bytes(reinterpret_cast<unsigned char*>(o + kBlockNonceOffset), kBlockNonceBytes) != 1)
       return false;
     const auto* key = tenant_key(detail::get_le<std::uint64_t>(o + kBlockTenantSaltOffset));
@@ -286,23 +346,34 @@ class sealed_store {
     if (!sealed_size(in)) return false;
     out.resize(in.size() - kSealTagBytes);
     if (open_into(in, out.data())) return true;
-    out.clear();  // what did not authenticate is never handed on
+    OPENSSL_cleanse(out.data(), out.size());  // what did not authenticate is never handed on
+    out.clear();
     return false;
   }
 
  private:
-  /// One fetched entry opened into a pooled buffer, or empty (counted) when it does not open.
-  store_blob open_blob(const store_blob& raw) {
+  /// The keyed names of `keys`, in a buffer of this store's.
+  std::span<const store_key> named(std::span<const store_key> keys) {
+    names_.clear();
+    for (const store_key& k : keys) names_.push_back(keyed_name(k));
+    return names_;
+  }
+  /// One fetched entry opened into a pooled buffer, or empty (counted) when it does not open:
+  /// its header must name `name`, and the opened block gets `key` back in that field.
+  store_blob open_blob(const store_blob& raw, const store_key& name, const store_key& key) {
     const std::span<const std::byte> in = raw.bytes();
-    if (!sealed_size(in)) {
+    if (!sealed_size(in) || detail::get_le<std::uint64_t>(in.data() + kBlockKeyOffset) != name.lo ||
+        detail::get_le<std::uint64_t>(in.data() + kBlockKeyOffset + 8) != name.hi) {
       ++open_failures_;
       return {};
     }
-    auto buf = pool_.take(in.size() - kSealTagBytes);
+    auto buf = pool_.take(in.size() - kSealTagBytes);  // wiped when let go (pool_ wipes)
     if (!open_into(in, buf->bytes.get())) {
       ++open_failures_;
-      return {};
+      return {};  // the unauthenticated bytes are wiped as buf goes
     }
+    std::memcpy(buf->bytes.get() + kBlockKeyOffset, &key.lo, 8);
+    std::memcpy(buf->bytes.get() + kBlockKeyOffset + 8, &key.hi, 8);
     const std::span<const std::byte> view(buf->bytes.get(), in.size() - kSealTagBytes);
     return store_blob(std::move(buf), view);
   }
@@ -370,9 +441,12 @@ class sealed_store {
     auto it = keys_by_tenant_.find(salt);
     if (it == keys_by_tenant_.end()) {
       if (keys_by_tenant_.size() >= 1024) wipe_keys();
+      // Derived in place, in the map's own storage: no temporary copy of the key to wipe.
+      it = keys_by_tenant_.try_emplace(salt).first;
       try {
-        it = keys_by_tenant_.emplace(salt, key_->tenant_key(salt)).first;
+        key_->derive("tenant", salt, it->second);
       } catch (const error&) {
+        keys_by_tenant_.erase(it);  // derive() wiped it
         return nullptr;
       }
     }
@@ -391,12 +465,23 @@ class sealed_store {
     }
   };
 
+  /// The naming key, wiped when the store goes.
+  struct wiped_key {
+    std::array<unsigned char, seal_key::kBytes> bytes{};
+    wiped_key() = default;
+    wiped_key(const wiped_key&) = delete;
+    wiped_key& operator=(const wiped_key&) = delete;
+    ~wiped_key() { OPENSSL_cleanse(bytes.data(), bytes.size()); }
+  };
+
   S inner_;
   std::unique_ptr<seal_key> key_;
   std::unique_ptr<ctx> c_;
+  std::unique_ptr<wiped_key> name_key_;
+  std::vector<store_key> names_;
   wiped_map keys_by_tenant_;
   std::vector<store_blob> raw_;
-  detail::buffer_pool pool_;
+  detail::buffer_pool pool_{/*wipe=*/true};
   std::vector<std::vector<std::byte>> bufs_;
   std::vector<store_key> keys_;
   std::vector<std::span<const std::byte>> views_;

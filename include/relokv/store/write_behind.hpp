@@ -88,6 +88,10 @@ class write_behind {
     return front_.erase(keys);
   }
 
+  /// Reads go through the front store: it takes the bound.
+  void limit_value_bytes(std::size_t n) {
+    if constexpr (requires { front_.limit_value_bytes(n); }) front_.limit_value_bytes(n);
+  }
   /// The front store's counts for reads; writes as the worker has done them (keys_written
   /// grows when an entry reaches the store), plus the entries the queue dropped.
   [[nodiscard]] store_counters counters() const {

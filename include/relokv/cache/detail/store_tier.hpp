@@ -30,7 +30,14 @@ template <class KvStore>
 class store_tier {
  public:
   store_tier() = default;
-  store_tier(KvStore s, store_options o) : store(std::move(s)), opts(o) {}
+  /// Tells a store that can bound what it reads (limit_value_bytes) the largest entry this
+  /// layout encodes to (sealed_store adds its tag): one reply or file past it is refused
+  /// before its bytes are held, so a batched get of n keys holds at most n such entries.
+  store_tier(KvStore s, store_options o) : store(std::move(s)), opts(o) {
+    if constexpr (requires(KvStore & k, std::size_t n) { k.limit_value_bytes(n); }) {
+      if (opts.layout.block_size > 0) store.limit_value_bytes(max_encoded_block_bytes(opts.layout));
+    }
+  }
 
   KvStore store;
   store_options opts{};

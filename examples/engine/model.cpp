@@ -1,0 +1,245 @@
+// Model loading of the example engine (llama.hpp): GGUF and synthetic weights, checks.
+#include "isa.hpp"
+#include "llama.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include <xxhash.h>
+#include <relokv/attention/detail/amx_bf16.hpp>
+
+namespace relokv_engine {
+namespace {
+
+std::vector<float> tensor_as(const gguf_file& f, const std::string& name,
+                             std::vector<std::uint64_t> dims) {
+  const gguf_tensor& t = f.tensor(name);
+  if (t.dims != dims) {
+    std::string want, got;
+    for (auto d : dims) want += std::to_string(d) + " ";
+    for (auto d : t.dims) got += std::to_string(d) + " ";
+    throw gguf_error(f.name(), t.offset,
+                     "tensor '" + name + "' has shape [ " + got + "], expected [ " + want + "]");
+  }
+  return f.dequantize(t);
+}
+}  // namespace
+
+void check_tokens(const llama_model& m, std::span<const relokv::token_t> tokens,
+                  const char* where) {
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= m.cfg.vocab)
+      throw std::out_of_range(std::string(where) + ": token " + std::to_string(i) + " = " +
+                              std::to_string(tokens[i]) + " outside the vocabulary [0, " +
+                              std::to_string(m.cfg.vocab) + ")");
+}
+
+namespace {
+/// RELOKV_ISA, checked before a model exists; under a cap below amx the attention's AMX tiles
+/// are switched off too (the engine's own kernels ask isa_cap() themselves).
+void apply_isa_cap() {
+  check_isa_env();
+  if (isa_cap() < isa_level::kAmx) relokv::detail::amx::switched_on().store(false);
+}
+}  // namespace
+
+llama_model llama_model::from_gguf(const gguf_file& f) {
+  apply_isa_cap();
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "llama" && arch != "qwen2")
+    throw gguf_error(f.name(), 0,
+                     "architecture '" + arch + "' is not supported (llama and qwen2 are)");
+  const bool qwen2 = arch == "qwen2";
+  const std::string a = arch + ".";  // hyperparameter keys are prefixed by the architecture
+  llama_model m;
+  llama_config& c = m.cfg;
+  c.arch = arch;
+  c.name = f.has("general.name") ? f.get_string("general.name") : arch;
+  // Every hyperparameter is checked where it is read, with the key and the value it had.
+  auto bad = [&](const std::string& key, const std::string& value, const std::string& want) {
+    throw gguf_error(f.name(), 0, key + " = " + value + ": " + want);
+  };
+  auto int_key = [&](const std::string& key, std::int64_t lo, std::int64_t hi,
+                     std::optional<std::int64_t> fallback = std::nullopt) {
+    const std::int64_t v = fallback ? f.get_int(key, *fallback) : f.get_int(key);
+    if (v < lo || v > hi)
+      bad(key, std::to_string(v),
+          "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return static_cast<std::int32_t>(v);
+  };
+  auto float_key = [&](const std::string& key, double fallback, double above) {
+    const double v = f.get_float(key, fallback);
+    if (!std::isfinite(v) || !(v > above))
+      bad(key, std::to_string(v), "must be finite and > " + std::to_string(above));
+    return v;
+  };
+  constexpr std::int64_t kMaxDim = 1 << 16;
+  c.n_layers = int_key(a + "block_count", 1, 4096);
+  c.dim = int_key(a + "embedding_length", 1, kMaxDim);
+  c.n_heads = int_key(a + "attention.head_count", 1, 4096);
+  c.n_kv_heads = int_key(a + "attention.head_count_kv", 1, c.n_heads, c.n_heads);
+  c.ffn = int_key(a + "feed_forward_length", 1, 1 << 20);
+  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads)
+    throw gguf_error(f.name(), 0,
+                     "inconsistent attention head counts: embedding_length " +
+                         std::to_string(c.dim) + ", head_count " + std::to_string(c.n_heads) +
+                         ", head_count_kv " + std::to_string(c.n_kv_heads));
+  c.head_dim = c.dim / c.n_heads;
+  if (c.head_dim > relokv::kMaxHeadDim)
+    bad(a + "embedding_length / llama.attention.head_count", std::to_string(c.head_dim),
+        "head dimension above relokv::kMaxHeadDim");
+  c.rms_eps = static_cast<float>(float_key(a + "attention.layer_norm_rms_epsilon", 1e-5, 0.0));
+  const auto& emb = f.tensor("token_embd.weight");
+  if (emb.dims.size() != 2 || emb.dims[1] == 0 || emb.dims[1] > (1u << 24))
+    throw gguf_error(f.name(), emb.offset,
+                     "token_embd.weight must be [dim, vocab], vocab in [1, 2^24]");
+  c.vocab = static_cast<std::int32_t>(emb.dims[1]);
+  c.rope.head_dim = c.head_dim;
+  c.rope.rotary_dim = int_key(a + "rope.dimension_count", 2, c.head_dim, c.head_dim);
+  if (c.rope.rotary_dim % 2 != 0)
+    bad(a + "rope.dimension_count", std::to_string(c.rope.rotary_dim), "must be even");
+  c.rope.theta = float_key(a + "rope.freq_base", 10000.0, 1.0);
+  // GGUF llama checkpoints permute Q and K at conversion so that pairs are adjacent; qwen2
+  // keeps the checkpoint's layout, whose pairs are half a rotary dimension apart.
+  c.rope.layout = qwen2 ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
+  if (f.has(a + "rope.scaling.type")) {
+    const std::string t = f.get_string(a + "rope.scaling.type");
+    if (t == "linear" || t == "yarn")
+      c.rope.factor = float_key(a + "rope.scaling.factor", 1.0, 0.0);
+    if (t == "linear") {
+      c.rope.scaling = relokv::rope_scaling::kLinear;
+    } else if (t == "yarn") {
+      c.rope.scaling = relokv::rope_scaling::kYaRN;
+      c.rope.original_max_position =
+          int_key(a + "rope.scaling.original_context_length", 1, 1 << 24, 4096);
+    } else if (t != "none") {
+      bad(a + "rope.scaling.type", "'" + t + "'", "is not none, linear or yarn");
+    }
+  }
+  try {
+    c.rope.validate();
+  } catch (const relokv::error& e) {
+    throw gguf_error(f.name(), 0, e.what());
+  }
+  const auto D = static_cast<std::uint64_t>(c.dim), F = static_cast<std::uint64_t>(c.ffn);
+  const auto Q = static_cast<std::uint64_t>(c.n_heads * c.head_dim);
+  const auto K = static_cast<std::uint64_t>(c.n_kv_heads * c.head_dim);
+  const auto V = static_cast<std::uint64_t>(c.vocab);
+  // Matrices stay in the file's mapping and types; norms and biases are read as fp32.
+  const auto mat = [&](const std::string& name, std::vector<std::uint64_t> dims) {
+    const gguf_tensor& t = f.tensor(name);
+    if (t.dims != dims) (void)tensor_as(f, name, dims);  // throws, naming both shapes
+    return qmatrix::view(f, t, f.keep_alive());
+  };
+  m.tok_emb = mat("token_embd.weight", {D, V});
+  if (f.has_tensor("output.weight")) m.output = mat("output.weight", {D, V});
+  m.out_norm = tensor_as(f, "output_norm.weight", {D});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    llama_layer L;
+    L.attn_norm = tensor_as(f, p + "attn_norm.weight", {D});
+    L.wq = mat(p + "attn_q.weight", {D, Q});
+    L.wk = mat(p + "attn_k.weight", {D, K});
+    L.wv = mat(p + "attn_v.weight", {D, K});
+    if (qwen2) {
+      L.bq = tensor_as(f, p + "attn_q.bias", {Q});
+      L.bk = tensor_as(f, p + "attn_k.bias", {K});
+      L.bv = tensor_as(f, p + "attn_v.bias", {K});
+    }
+    L.wo = mat(p + "attn_output.weight", {Q, D});
+    L.ffn_norm = tensor_as(f, p + "ffn_norm.weight", {D});
+    L.w_gate = mat(p + "ffn_gate.weight", {D, F});
+    L.w_up = mat(p + "ffn_up.weight", {D, F});
+    L.w_down = mat(p + "ffn_down.weight", {F, D});
+    m.layers.push_back(std::move(L));
+  }
+  // The weights' identity for the store fingerprint: every tensor's name, type and bytes.
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  for (const gguf_tensor& t : f.tensors()) {
+    XXH3_64bits_update(h, t.name.data(), t.name.size());
+    const auto type = static_cast<std::uint32_t>(t.type);
+    XXH3_64bits_update(h, &type, sizeof type);
+    XXH3_64bits_update(h, t.data, t.bytes);
+  }
+  c.weights_id = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return m;
+}
+
+llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t seed) {
+  apply_isa_cap();
+  llama_model m;
+  m.cfg = cfg_in;
+  llama_config& c = m.cfg;
+  c.rope.head_dim = c.head_dim;
+  c.rope.rotary_dim = c.head_dim;
+  // arch "qwen2": NeoX pairs and Q/K/V biases, as from_gguf reads a qwen2 file.
+  const bool qwen2 = c.arch == "qwen2";
+  c.rope.layout = qwen2 ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  auto vec = [&](int out, int in, float gain = 1.0f) {
+    std::vector<float> w(static_cast<std::size_t>(out) * in);
+    const float s = 1.0f / std::sqrt(static_cast<float>(in));
+    for (auto& x : w) x = nd(rng) * s;
+    if (gain != 1.0f)
+      for (auto& x : w) x *= gain;
+    return w;
+  };
+  auto mat = [&](int out, int in, float gain = 1.0f) {
+    return qmatrix::owned(vec(out, in, gain), out, in);
+  };
+  auto ones = [](int n) { return std::vector<float>(static_cast<std::size_t>(n), 1.0f); };
+  m.tok_emb = mat(c.vocab, c.dim);  // rows of norm ~1: the attention output is not drowned
+  m.out_norm = ones(c.dim);
+  for (int l = 0; l < c.n_layers; ++l) {
+    llama_layer L;
+    L.attn_norm = ones(c.dim);
+    // Sharper attention than random init gives, so that context (and reusing KV computed in
+    // another context) visibly changes the output.
+    L.wq = mat(c.n_heads * c.head_dim, c.dim, 3.0f);
+    L.wk = mat(c.n_kv_heads * c.head_dim, c.dim, 3.0f);
+    L.wv = mat(c.n_kv_heads * c.head_dim, c.dim);
+    if (qwen2) {
+      L.bq = vec(1, c.n_heads * c.head_dim);
+      L.bk = vec(1, c.n_kv_heads * c.head_dim);
+      L.bv = vec(1, c.n_kv_heads * c.head_dim);
+    }
+    L.wo = mat(c.dim, c.n_heads * c.head_dim);
+    L.ffn_norm = ones(c.dim);
+    L.w_gate = mat(c.ffn, c.dim);
+    L.w_up = mat(c.ffn, c.dim);
+    L.w_down = mat(c.dim, c.ffn);
+    m.layers.push_back(std::move(L));
+  }
+  const std::uint64_t shape[] = {seed,
+                                 std::uint64_t(c.n_layers),
+                                 std::uint64_t(c.dim),
+                                 std::uint64_t(c.n_heads),
+                                 std::uint64_t(c.n_kv_heads),
+                                 std::uint64_t(c.head_dim),
+                                 std::uint64_t(c.ffn),
+                                 std::uint64_t(c.vocab),
+                                 std::uint64_t(qwen2)};
+  c.weights_id = XXH3_64bits(shape, sizeof shape);
+  return m;
+}
+
+std::size_t llama_model::weight_bytes() const {
+  std::size_t n = tok_emb.bytes() + output.bytes();
+  for (const llama_layer& L : layers)
+    for (const qmatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      n += w->bytes();
+  return n;
+}
+
+relokv::token_t argmax(const std::vector<float>& logits) {
+  return static_cast<relokv::token_t>(std::max_element(logits.begin(), logits.end()) -
+                                      logits.begin());
+}
+
+}  // namespace relokv_engine

@@ -1,0 +1,95 @@
+#pragma once
+// relokv_server's OpenAI-compatible surface: a chat completion request parsed and checked
+// (every field of the wrong type or out of range is a 4xx naming it), the prompt built from
+// the messages and the RAG documents, and the replies in OpenAI's JSON and chunk formats.
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <relokv/layout/request_layout.hpp>
+#include <relokv/types.hpp>
+
+#include "tokenizer.hpp"
+
+namespace relokv_server {
+
+/// A request the server refuses: the HTTP status and OpenAI's error object
+/// ({"error": {"message", "type", "param", "code"}}).
+struct api_error : std::runtime_error {
+  api_error(int http_status, const std::string& message,
+            std::string error_type = "invalid_request_error", std::string error_param = {},
+            std::string error_code = {})
+      : std::runtime_error(message),
+        status(http_status),
+        type(std::move(error_type)),
+        param(std::move(error_param)),
+        code(std::move(error_code)) {}
+  int status;
+  std::string type, param, code;
+  [[nodiscard]] std::string body() const;
+};
+
+/// What a request may ask for, as the server was started.
+struct api_limits {
+  std::int32_t context = 4096;      ///< prompt + max_tokens, in tokens
+  std::int32_t max_documents = 32;  ///< entries of `documents`
+  std::int32_t default_max_tokens = 256;
+  std::int32_t max_messages = 256;
+};
+
+struct document {
+  std::string id, title, text;
+};
+
+/// A chat completion request, checked.
+struct chat_request {
+  struct message {
+    std::string role, content;
+  };
+  std::vector<message> messages;
+  std::vector<document> documents;
+  std::string model;
+  std::int32_t max_tokens = 256;
+  double temperature = 1.0;  ///< OpenAI's default; 0 is greedy
+  double top_p = 1.0;
+  std::optional<std::uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  ///< stream_options.include_usage
+  std::string strategy;        ///< relokv.strategy: a variant key, or empty (the server's)
+};
+
+/// Parses and checks a request body. @throws api_error (400) naming the field
+chat_request parse_chat_request(const std::string& body, const api_limits& limits);
+
+/// The prompt of a request in tokens, as a relokv layout: the system message (or the model's
+/// default) and any earlier turns as the prefix, each document a relocatable span in the
+/// order given, the last user message (with the assistant's opening) as the question. Without
+/// documents the whole prompt is a prefix (exact hits only). `spans` false: one prefix even
+/// with documents (the "prefix" variant). @throws api_error (400) for a prompt longer than the
+/// context left by max_tokens
+struct built_prompt {
+  relokv::request_layout layout;
+  std::vector<relokv::token_t> prefix, question;
+  std::vector<std::vector<relokv::token_t>> documents;
+  bool spans = true;
+  /// The layout of the prompt followed by `generated` (a preempted request's recompute: the
+  /// answer so far continues the question).
+  [[nodiscard]] relokv::request_layout with(const std::vector<relokv::token_t>& generated) const;
+};
+built_prompt build_prompt(const chat_request& r, const relokv_engine::bpe_tokenizer& tok,
+                          const std::string& default_system, bool spans, const api_limits& limits);
+
+/// JSON text of `v` with any invalid UTF-8 in its strings replaced by U+FFFD: generated text
+/// may end inside a character (max_tokens cuts a token sequence anywhere), and error messages
+/// may quote the client's bytes. nlohmann's dump() would throw on either.
+std::string to_text(const nlohmann::json& v);
+
+/// Usage as OpenAI reports it, with the reused prompt tokens as cached_tokens.
+nlohmann::json usage_json(std::int32_t prompt, std::int32_t completion, std::int32_t cached);
+
+}  // namespace relokv_server

@@ -1,0 +1,355 @@
+// relokv_server's scheduler (scheduler.hpp).
+#include "scheduler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <numeric>
+#include <stdexcept>
+
+namespace relokv_server {
+
+struct scheduler::seq_state {
+  std::shared_ptr<job> j;
+  std::int32_t id = -1;
+  std::vector<relokv::token_t> generated;
+  relokv::token_t next = -1;  ///< sampled, not yet fed
+  std::mt19937_64 rng;
+  bool first_token_seen = false;
+  bool prompt_counted = false;
+  clock_type::time_point last_token;
+  std::size_t published = 0;  ///< bytes of text published
+};
+
+namespace {
+/// Bytes of `s` that end on a whole UTF-8 character (an incomplete last one held back).
+std::size_t utf8_whole(const std::string& s, std::size_t n) {
+  std::size_t i = n;
+  // Back over continuation bytes to the lead byte of the last character.
+  while (i > 0 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80 && n - i < 3) --i;
+  if (i == 0) return n;
+  const auto lead = static_cast<unsigned char>(s[i - 1]);
+  const std::size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  return n - (i - 1) >= want ? n : i - 1;
+}
+}  // namespace
+
+scheduler::scheduler(serving_engine& eng, const relokv_engine::bpe_tokenizer& tok, metrics& m,
+                     options o)
+    : eng_(eng), tok_(tok), metrics_(m), opt_(o) {
+  for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+    if (const auto id = tok_.id(s); id >= 0) stops_.push_back(id);
+  thread_ = std::thread([this] { loop(); });
+}
+
+scheduler::~scheduler() { stop(); }
+
+bool scheduler::submit(std::shared_ptr<job> j) {
+  {
+    const std::lock_guard lock(mu_);
+    // in_flight_ counts every job not finished: the live batch and the queue behind it.
+    if (stopping_ || in_flight_ >= opt_.max_running + opt_.max_queue) return false;
+    intake_.push_back(std::move(j));
+    ++in_flight_;
+  }
+  cv_.notify_one();
+  return true;
+}
+
+std::int32_t scheduler::in_flight() const {
+  const std::lock_guard lock(mu_);
+  return in_flight_;
+}
+
+void scheduler::stop() {
+  {
+    const std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void scheduler::loop() {
+  std::vector<std::shared_ptr<job>> incoming;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      const bool idle = waiting_.empty() && prefilling_.empty() && running_.empty();
+      if (idle) cv_.wait(lock, [&] { return stopping_ || !intake_.empty(); });
+      if (stopping_ && idle && intake_.empty()) break;
+      incoming.swap(intake_);
+    }
+    step(incoming);
+    incoming.clear();
+  }
+}
+
+void scheduler::step(std::vector<std::shared_ptr<job>>& incoming) {
+  for (auto& j : incoming) {
+    auto s = std::make_unique<seq_state>();
+    s->j = std::move(j);
+    s->rng.seed(s->j->req.seed ? *s->j->req.seed : std::random_device{}());
+    waiting_.push_back(std::move(s));
+  }
+  try {
+    drop_cancelled();
+    admit();
+    prefill_one();
+    decode_all();
+  } catch (const std::exception& e) {
+    // An engine failure is not the requests' fault, and what it left is unknown: every live
+    // sequence fails with it (500), the server goes on with an empty batch.
+    auto fail_all = [&](auto& list) {
+      for (auto& s : list) fail(*s, 500, std::string("engine error: ") + e.what());
+      list.clear();
+    };
+    fail_all(prefilling_);
+    fail_all(running_);
+  }
+  snapshot();
+}
+
+void scheduler::drop_cancelled() {
+  const auto gone = [&](std::unique_ptr<seq_state>& s) {
+    if (!s->j->cancelled.load()) return false;
+    fail(*s, 499, "the client closed the connection");
+    return true;
+  };
+  std::erase_if(waiting_, gone);
+  std::erase_if(prefilling_, gone);
+  std::erase_if(running_, gone);
+}
+
+void scheduler::admit() {
+  const std::int32_t most = std::min(opt_.max_running, eng_.max_live());
+  while (!waiting_.empty() &&
+         static_cast<std::int32_t>(prefilling_.size() + running_.size()) < most) {
+    seq_state& s = *waiting_.front();
+    job& j = *s.j;
+    relokv_engine::prefill_stats st;
+    try {
+      const auto layout = s.generated.empty() ? j.prompt.layout : j.prompt.with(s.generated);
+      s.id = eng_.open(layout, j.strategy, &st, j.keys, j.principal);
+    } catch (const relokv_engine::out_of_blocks& e) {
+      if (eng_.live() > 0) return;  // blocks come back as sequences end: wait
+      fail(s, 503, std::string("the KV pool cannot hold this request: ") + e.what());
+      waiting_.pop_front();
+      continue;
+    } catch (const std::invalid_argument& e) {  // what the engine refuses to serve
+      fail(s, 400, e.what());
+      waiting_.pop_front();
+      continue;
+    } catch (const std::exception& e) {
+      fail(s, 500, std::string("engine error: ") + e.what());
+      waiting_.pop_front();
+      continue;
+    }
+    if (!s.prompt_counted) {
+      // The first attempt's plan is what the request cost; a recompute after preemption is
+      // counted as preemption, not as the request's prompt.
+      s.prompt_counted = true;
+      const std::lock_guard lock(j.mu);
+      j.prompt_tokens = st.tokens;
+      j.computed_tokens = st.computed;
+      j.cached_tokens = st.tokens - st.computed;
+      metrics_.prompt_tokens(st.computed, st.tokens - st.computed);
+    }
+    prefilling_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+void scheduler::prefill_one() {
+  if (prefilling_.empty()) return;
+  seq_state& s = *prefilling_.front();
+  relokv_engine::prefill_stats st;
+  const auto logits = eng_.prefill_step(s.id, opt_.prefill_chunk, &st);
+  {
+    const std::lock_guard lock(s.j->mu);
+    const double layers = eng_.n_layers();
+    if (s.j->prompt_tokens > 0 && s.generated.empty())
+      s.j->work += double(st.token_layers) / (layers * double(s.j->prompt_tokens));
+  }
+  if (logits.empty()) return;
+  auto owned = std::move(prefilling_.front());
+  prefilling_.pop_front();
+  running_.push_back(std::move(owned));
+  seq_state& r = *running_.back();
+  on_token(r, sample(r, logits));
+}
+
+void scheduler::decode_all() {
+  std::vector<std::int32_t> ids;
+  std::vector<seq_state*> who;
+  for (std::size_t i = 0; i < running_.size();) {
+    seq_state& s = *running_[i];
+    if (s.next < 0) {  // finished this step (on_token ended it): removed below
+      ++i;
+      continue;
+    }
+    if (eng_.append(s.id, s.next)) {
+      ids.push_back(s.id);
+      who.push_back(&s);
+      ++i;
+      continue;
+    }
+    // No block for this token: the youngest running sequence makes room (it may be this one).
+    seq_state& victim = *running_.back();
+    preempt(victim);
+    if (&victim == &s) break;  // it was the last one: nothing after it to append
+  }
+  if (!ids.empty()) {
+    const auto logits = eng_.decode_step(ids);
+    for (std::size_t i = 0; i < who.size(); ++i) on_token(*who[i], sample(*who[i], logits[i]));
+  }
+  std::erase_if(running_, [](const std::unique_ptr<seq_state>& s) { return s->next < 0; });
+}
+
+void scheduler::preempt(seq_state& s) {
+  // Its blocks are committed (the recompute may meet them as exact hits) and released; the
+  // answer so far continues its question when it is admitted again.
+  eng_.close(s.id, /*commit=*/true);
+  s.id = -1;
+  s.next = -1;
+  metrics_.preempted();
+  {
+    const std::lock_guard lock(s.j->mu);
+    ++s.j->preemptions;
+  }
+  for (auto it = running_.begin(); it != running_.end(); ++it)
+    if (it->get() == &s) {
+      waiting_.push_front(std::move(*it));
+      running_.erase(it);
+      return;
+    }
+}
+
+relokv::token_t scheduler::sample(seq_state& s, const std::vector<float>& logits) {
+  const chat_request& r = s.j->req;
+  if (r.temperature <= 0.0) return relokv_engine::argmax(logits);
+  // Softmax at the temperature, then the nucleus (top_p) in descending order, drawn with the
+  // request's own generator: the same seed gives the same answer whatever the batch.
+  const double inv_t = 1.0 / r.temperature;
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    sum += p[i] = std::exp((double(logits[i]) - mx) * inv_t);
+  std::vector<std::int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    return p[static_cast<std::size_t>(a)] > p[static_cast<std::size_t>(b)] ||
+           (p[static_cast<std::size_t>(a)] == p[static_cast<std::size_t>(b)] && a < b);
+  });
+  std::size_t keep = 0;
+  double mass = 0;
+  while (keep < order.size() && (keep == 0 || mass < r.top_p * sum))
+    mass += p[static_cast<std::size_t>(order[keep++])];
+  // One 53-bit uniform from the generator (std::uniform_real_distribution's draws are the
+  // library's choice; this is the same on every build).
+  const double u = double(s.rng() >> 11) * 0x1.0p-53 * mass;
+  double acc = 0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    acc += p[static_cast<std::size_t>(order[i])];
+    if (u < acc) return order[i];
+  }
+  return order[keep - 1];
+}
+
+void scheduler::on_token(seq_state& s, relokv::token_t t) {
+  const auto now = clock_type::now();
+  if (!s.first_token_seen) {
+    s.first_token_seen = true;
+    metrics_.ttft(std::chrono::duration<double>(now - s.j->arrived).count());
+  } else {
+    metrics_.inter_token(std::chrono::duration<double>(now - s.last_token).count());
+  }
+  s.last_token = now;
+  if (std::find(stops_.begin(), stops_.end(), t) != stops_.end()) {
+    finish(s, "stop");
+    return;
+  }
+  s.generated.push_back(t);
+  {
+    const std::lock_guard lock(s.j->mu);
+    s.j->completion_tokens = static_cast<std::int32_t>(s.generated.size());
+  }
+  const std::string text = tok_.decode(s.generated);
+  for (const auto& stop : s.j->req.stop)
+    if (text.find(stop) != std::string::npos) {
+      finish(s, "stop");
+      return;
+    }
+  if (static_cast<std::int32_t>(s.generated.size()) >= s.j->req.max_tokens) {
+    finish(s, "length");
+    return;
+  }
+  s.next = t;
+  publish(s, text, false);
+}
+
+void scheduler::publish(seq_state& s, const std::string& text, bool final) {
+  std::size_t n = text.size();
+  if (final) {
+    for (const auto& stop : s.j->req.stop)
+      if (const auto p = text.find(stop); p != std::string::npos) n = std::min(n, p);
+  } else {
+    // Hold back what could still become a stop sequence, and an incomplete character.
+    std::size_t hold = 0;
+    for (const auto& stop : s.j->req.stop) hold = std::max(hold, stop.size() - 1);
+    n = n > hold ? n - hold : 0;
+    n = utf8_whole(text, n);
+  }
+  job& j = *s.j;
+  {
+    const std::lock_guard lock(j.mu);
+    // A recompute after preemption publishes from where the client is, never less.
+    if (n > j.text.size()) j.text.assign(text, 0, n);
+    if (final) j.done = true;
+  }
+  j.cv.notify_all();
+}
+
+void scheduler::finish(seq_state& s, const std::string& reason) {
+  if (s.id >= 0) eng_.close(s.id, /*commit=*/true);  // the documents stay for later requests
+  s.id = -1;
+  s.next = -1;
+  metrics_.completion_tokens(static_cast<std::int64_t>(s.generated.size()));
+  {
+    const std::lock_guard lock(s.j->mu);
+    s.j->finish_reason = reason;
+    s.j->completion_tokens = static_cast<std::int32_t>(s.generated.size());
+  }
+  publish(s, tok_.decode(s.generated), true);
+  {
+    const std::lock_guard lock(mu_);
+    --in_flight_;
+  }
+}
+
+void scheduler::fail(seq_state& s, int status, const std::string& message) {
+  if (s.id >= 0) eng_.close(s.id, /*commit=*/false);
+  s.id = -1;
+  s.next = -1;
+  job& j = *s.j;
+  {
+    const std::lock_guard lock(j.mu);
+    j.error_status = status;
+    j.error_message = message;
+    j.done = true;
+  }
+  j.cv.notify_all();
+  const std::lock_guard lock(mu_);
+  --in_flight_;
+}
+
+void scheduler::snapshot() {
+  cache_snapshot c = eng_.snapshot();
+  c.running = static_cast<std::int64_t>(running_.size());
+  c.prefilling = static_cast<std::int64_t>(prefilling_.size());
+  c.waiting = static_cast<std::int64_t>(waiting_.size());
+  metrics_.snapshot(c);
+}
+
+}  // namespace relokv_server

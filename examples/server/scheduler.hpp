@@ -1,0 +1,120 @@
+#pragma once
+// relokv_server's scheduler: one thread owns the engine and its relocatable_cache (plan,
+// commit, release, extend), as relokv's threading contract says; HTTP threads hand it jobs
+// and read what it publishes. Continuous batching: every step computes one prefill chunk of
+// at most `prefill_chunk` rows and one decode token of every running sequence in one forward
+// (one product per weight matrix over all rows), so a long prompt delays decode by one chunk
+// at a time. Out of blocks: admission waits; a decode that cannot extend preempts the youngest
+// sequence (its blocks committed and released; it is recomputed later, its answer so far
+// continuing its question).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <relokv/recompute/any_strategy.hpp>
+#include <relokv/rope/block_relative.hpp>
+
+#include "api.hpp"
+#include "llama.hpp"
+#include "metrics.hpp"
+#include "serving_engine.hpp"
+#include "tokenizer.hpp"
+
+namespace relokv_server {
+
+using clock_type = std::chrono::steady_clock;
+
+/// One chat completion between an HTTP thread and the scheduler. The HTTP thread fills the
+/// request part and waits on `cv`; the scheduler publishes text (whole UTF-8 characters, never
+/// a prefix of a stop sequence) and, at the end, the finish reason and usage.
+struct job {
+  // Set by the HTTP thread before submit(), read-only afterwards.
+  std::string id;
+  chat_request req;
+  built_prompt prompt;
+  relokv::recompute::any_strategy strategy;
+  std::string strategy_name;
+  relokv::extra_keys keys;
+  std::uint64_t principal = 0;
+  clock_type::time_point arrived = clock_type::now();
+  /// Set by the HTTP thread when its client went away: the scheduler releases the sequence.
+  std::atomic<bool> cancelled{false};
+
+  // Published by the scheduler under mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;  ///< the answer so far
+  bool done = false;
+  std::string finish_reason;  ///< stop, length, or empty with an error
+  int error_status = 0;       ///< a failure: its HTTP status; error_message says why
+  std::string error_message;
+  std::int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  std::int32_t computed_tokens = 0;  ///< prompt tokens computed at the first layer
+  double work = 0;                   ///< prefill work as a fraction of full recompute's
+  std::int32_t preemptions = 0;
+};
+
+class scheduler {
+ public:
+  struct options {
+    std::int32_t max_running = 16;     ///< sequences live at once (the batch)
+    std::int32_t max_queue = 64;       ///< jobs waiting for admission; beyond: 503
+    std::int32_t prefill_chunk = 256;  ///< prompt rows computed per step
+  };
+  scheduler(serving_engine& eng, const relokv_engine::bpe_tokenizer& tok, metrics& m, options o);
+  ~scheduler();
+  scheduler(const scheduler&) = delete;
+  scheduler& operator=(const scheduler&) = delete;
+
+  /// Queues a job. False when the queue is full or the scheduler stops (answer 503).
+  bool submit(std::shared_ptr<job> j);
+  /// Jobs queued or live.
+  [[nodiscard]] std::int32_t in_flight() const;
+  /// Finishes every job it has, then stops the thread.
+  void stop();
+
+ private:
+  struct seq_state;
+  void loop();
+  void step(std::vector<std::shared_ptr<job>>& incoming);
+  void admit();
+  void prefill_one();
+  void decode_all();
+  void on_token(seq_state& s, relokv::token_t t);
+  /// `text`: the answer so far, decoded once per token by the caller.
+  void publish(seq_state& s, const std::string& text, bool final);
+  void finish(seq_state& s, const std::string& reason);
+  void fail(seq_state& s, int status, const std::string& message);
+  void preempt(seq_state& s);
+  void drop_cancelled();
+  void snapshot();
+  relokv::token_t sample(seq_state& s, const std::vector<float>& logits);
+
+  serving_engine& eng_;
+  const relokv_engine::bpe_tokenizer& tok_;
+  metrics& metrics_;
+  options opt_;
+  std::vector<relokv::token_t> stops_;  // end of turn, end of text
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<job>> intake_;
+  std::int32_t in_flight_ = 0;
+  bool stopping_ = false;
+
+  // The scheduler thread's own.
+  std::deque<std::unique_ptr<seq_state>> waiting_, prefilling_;
+  std::vector<std::unique_ptr<seq_state>> running_;
+  std::thread thread_;
+};
+
+}  // namespace relokv_server

@@ -1,0 +1,55 @@
+#pragma once
+// What relokv_server's scheduler drives: an engine with live sequences. Two are served:
+// relokv's example engine (every strategy, many sequences batched) and relokv inside llama.cpp
+// (--engine llama.cpp: static strategies, one sequence at a time; see docs/server.md).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <relokv/cache/cache_stats.hpp>
+#include <relokv/layout/request_layout.hpp>
+#include <relokv/recompute/any_strategy.hpp>
+#include <relokv/store/any_store.hpp>
+
+#include "llama.hpp"
+#include "metrics.hpp"
+
+namespace relokv_server {
+
+class serving_engine {
+ public:
+  virtual ~serving_engine() = default;
+  /// relokv_engine::llama_engine's sequence calls (llama.hpp); open() throws
+  /// relokv_engine::out_of_blocks when the pool cannot hold the request now.
+  virtual std::int32_t open(const relokv::request_layout& layout,
+                            const relokv::recompute::any_strategy& strategy,
+                            relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
+                            std::uint64_t principal) = 0;
+  virtual std::vector<float> prefill_step(std::int32_t s, std::int32_t max_rows,
+                                          relokv_engine::prefill_stats* stats) = 0;
+  [[nodiscard]] virtual bool append(std::int32_t s, relokv::token_t token) = 0;
+  virtual std::vector<std::vector<float>> decode_step(std::span<const std::int32_t> seqs) = 0;
+  virtual void close(std::int32_t s, bool commit) = 0;
+  [[nodiscard]] virtual std::int32_t live() const = 0;
+  /// Sequences it can hold at once (the scheduler admits no more).
+  [[nodiscard]] virtual std::int32_t max_live() const = 0;
+  [[nodiscard]] virtual std::int32_t n_layers() const = 0;
+  /// The pool and cache counters for /metrics (running/prefilling/waiting left at 0).
+  [[nodiscard]] virtual cache_snapshot snapshot() const = 0;
+  [[nodiscard]] virtual std::string name() const = 0;
+};
+
+/// relokv's example engine: block_relative keys in bf16, every strategy.
+std::unique_ptr<serving_engine> make_relokv_engine(
+    std::shared_ptr<const relokv_engine::llama_model> model, std::int32_t kv_blocks,
+    relokv::any_store store);
+
+/// relokv inside llama.cpp on the GGUF at `path` (fp16 KV, placement pre_rotated), or a
+/// std::runtime_error saying this build has no llama.cpp (scripts/test --long builds it).
+std::unique_ptr<serving_engine> make_llama_cpp_engine(const std::string& path,
+                                                      std::int32_t kv_blocks, std::int32_t ctx,
+                                                      relokv::any_store store);
+
+}  // namespace relokv_server

@@ -1,0 +1,125 @@
+#pragma once
+// A real Redis Cluster for the tests: 3 masters and 3 replicas (redis-server --cluster-enabled
+// yes on free loopback ports, joined by redis-cli --cluster create), a short node timeout so
+// that a killed master's replica takes over in a few seconds; every node stopped at the end.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <hiredis/hiredis.h>
+
+#include "support/redis_server.hpp"
+
+namespace relokv_test {
+
+class redis_cluster {
+ public:
+  explicit redis_cluster(int masters = 3, int node_timeout_ms = 1000) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("relokv-cluster-" + std::to_string(::getpid()) + "-" + std::to_string(++count()));
+    std::filesystem::create_directories(dir_);
+    for (int i = 0; i < 2 * masters; ++i)
+      nodes_.push_back(std::make_unique<redis_server>(std::vector<std::string>{
+          "--cluster-enabled", "yes", "--cluster-config-file", "nodes-{port}.conf",
+          "--cluster-node-timeout", std::to_string(node_timeout_ms), "--dir", dir_.string(),
+          // A cache's cluster serves the slots it has while a master's are being taken over
+          // (docs/store.md): without this every node refuses every key meanwhile.
+          "--cluster-require-full-coverage", "no"}));
+    std::string cmd = "redis-cli --cluster create";
+    for (const auto& n : nodes_) cmd += " 127.0.0.1:" + std::to_string(n->port());
+    cmd += " --cluster-replicas 1 --cluster-yes >" + (dir_ / "create.log").string() + " 2>&1";
+    if (std::system(cmd.c_str()) != 0)
+      throw std::runtime_error("redis-cli --cluster create failed (" +
+                               (dir_ / "create.log").string() + ")");
+    wait_ok(std::chrono::seconds(30));
+  }
+  ~redis_cluster() {
+    nodes_.clear();  // each stopped
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  redis_cluster(const redis_cluster&) = delete;
+  redis_cluster& operator=(const redis_cluster&) = delete;
+
+  /// redis-cluster://127.0.0.1:P1,127.0.0.1:P2 (two seeds: one may be down).
+  [[nodiscard]] std::string url(const std::string& userinfo = {},
+                                const std::string& query = {}) const {
+    return "redis-cluster://" + (userinfo.empty() ? "" : userinfo + "@") +
+           "127.0.0.1:" + std::to_string(nodes_[0]->port()) +
+           ",127.0.0.1:" + std::to_string(nodes_[1]->port()) + (query.empty() ? "" : "?" + query);
+  }
+  [[nodiscard]] std::vector<std::unique_ptr<redis_server>>& nodes() { return nodes_; }
+  /// The node listening on `port`.
+  redis_server& at(int port) {
+    for (auto& n : nodes_)
+      if (n->port() == port) return *n;
+    throw std::runtime_error("no node on port " + std::to_string(port));
+  }
+  /// The port of the master that serves `slot`, asked of a live node (-1 when none says).
+  int master_of(int slot) const {
+    for (const auto& n : nodes_) {
+      redisReply* r = n->command({"CLUSTER", "SLOTS"});
+      if (r == nullptr) continue;
+      int port = -1;
+      if (r->type == REDIS_REPLY_ARRAY)
+        for (std::size_t i = 0; i < r->elements; ++i) {
+          const redisReply* e = r->element[i];
+          if (e->element[0]->integer <= slot && slot <= e->element[1]->integer)
+            port = static_cast<int>(e->element[2]->element[1]->integer);
+        }
+      freeReplyObject(r);
+      if (port > 0) return port;
+    }
+    return -1;
+  }
+  /// Runs a command on every node that is up (ACL users: the cluster does not propagate them).
+  void on_every_node(const std::vector<std::string>& args) {
+    for (auto& n : nodes_)
+      if (n->ping() && !n->run(args)) throw std::runtime_error("a node refused " + args[0]);
+  }
+  /// Waits until every live node says cluster_state:ok and knows all slots, and node 0's map
+  /// has a replica for every master (a test that kills a master waits for no replica).
+  void wait_ok(std::chrono::milliseconds limit) const {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      bool all = true;
+      for (const auto& n : nodes_) {
+        if (!n->ping()) continue;
+        redisReply* r = n->command({"CLUSTER", "INFO"});
+        const bool ok =
+            r != nullptr && r->type == REDIS_REPLY_STRING &&
+            std::string(r->str, r->len).find("cluster_state:ok") != std::string::npos &&
+            std::string(r->str, r->len).find("cluster_slots_ok:16384") != std::string::npos;
+        if (r) freeReplyObject(r);
+        all = all && ok;
+      }
+      // And every master's replica is in the slot map (replicas attach after the create).
+      if (redisReply* r = nodes_[0]->command({"CLUSTER", "SLOTS"}); r != nullptr) {
+        if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) all = false;
+        for (std::size_t i = 0; all && i < r->elements; ++i) all = r->element[i]->elements >= 4;
+        freeReplyObject(r);
+      }
+      if (all) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    throw std::runtime_error("the cluster did not reach cluster_state:ok");
+  }
+
+ private:
+  static int& count() {
+    static int n = 0;
+    return n;
+  }
+  std::filesystem::path dir_;
+  std::vector<std::unique_ptr<redis_server>> nodes_;
+};
+
+}  // namespace relokv_test

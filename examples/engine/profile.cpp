@@ -58,7 +58,8 @@ void save_profile(const std::string& path, const strategy_profile& p) {
         {"from", p.strategy.from}}},
       {"measured", {{"work", p.work}, {"first_token_kl", p.kl}, {"agreement", p.agreement}}},
       {"unsafe_kinds", p.unsafe_kinds},
-      {"calibration_set", {{"source", p.calibration_set}, {"questions", p.questions}}}};
+      {"calibration_set", {{"source", p.calibration_set}, {"questions", p.questions}}},
+      {"escalation", {{"policy", p.escalation.label()}, {"escalated", p.escalated}}}};
   std::ofstream o(path);
   o << doc.dump(1) << "\n";
   if (!o) throw std::runtime_error(path + ": cannot write");
@@ -105,6 +106,17 @@ strategy_profile load_profile(const std::string& path) {
     const auto cs = field(doc, "calibration_set", "");
     p.calibration_set = field(cs, "source", "calibration_set.").get<std::string>();
     p.questions = field(cs, "questions", "calibration_set.").get<std::int32_t>();
+    // Profiles written before escalation have none: never escalate.
+    if (doc.contains("escalation")) {
+      const auto es = field(doc, "escalation", "");
+      try {
+        p.escalation = relokv::recompute::escalation_policy::parse(
+            field(es, "policy", "escalation.").get<std::string>());
+      } catch (const relokv::error& e) {
+        throw std::runtime_error(path + ": escalation.policy: " + e.what());
+      }
+      p.escalated = es.value("escalated", 0.0);
+    }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path + ": a field has the wrong type: " + e.what());
   }

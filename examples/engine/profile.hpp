@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <relokv/recompute/any_strategy.hpp>
+#include <relokv/recompute/escalation.hpp>
 
 #include "llama.hpp"
 
@@ -41,6 +42,10 @@ struct strategy_profile {
   std::vector<std::string> unsafe_kinds;
   std::string calibration_set;
   std::int32_t questions = 0;
+  /// Per-request escalation to full recompute served with the strategy (never, unless the
+  /// calibration chose one), and what it measured on the held-out half of the calibration set.
+  relokv::recompute::escalation_policy escalation{};
+  double escalated = 0;  ///< the share of held-out requests it escalated
 };
 
 /// @throws std::runtime_error naming the file and the field that is missing or malformed

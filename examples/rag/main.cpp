@@ -15,6 +15,7 @@
 #include <relokv/store/any_store.hpp>
 #include <relokv/store/store_url.hpp>
 
+#include "escalation.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "options.hpp"
@@ -58,6 +59,7 @@ std::vector<relokv_rag::variant> pick(std::vector<relokv_rag::variant> all,
 /// unsafe for this model.
 relokv_engine::strategy_profile calibrate(const std::vector<relokv_rag::variant>& vars,
                                           const std::vector<relokv_rag::row>& rows,
+                                          const std::vector<relokv_rag::variant_result>& res,
                                           const relokv_engine::llama_model& m, const options& o,
                                           const std::string& source) {
   relokv_engine::strategy_profile p;
@@ -84,8 +86,27 @@ relokv_engine::strategy_profile calibrate(const std::vector<relokv_rag::variant>
       p.agreement = rows[i].agree.mean / 100;
     }
   }
+  // A strategy with an escalation threshold, for the agreement alone (an escalated request's
+  // first token is full recompute's: KL 0), fitted on half the questions and measured on the
+  // other half; chosen when it costs less work than the cheapest plain strategy.
+  if (const auto c = relokv_rag::choose_escalation(res, o.min_agreement, /*use_split=*/true);
+      c && (!p.safe || c->held_out.work < p.work)) {
+    const auto& v = res[c->variant];
+    p.safe = true;
+    p.strategy = vars[c->variant].spec;
+    p.escalation = relokv_rag::policy_of(c->signal, c->fit.threshold);
+    p.work = c->held_out.work;
+    p.agreement = c->held_out.agreement;
+    p.escalated = c->held_out.escalated;
+    std::vector<double> kl;
+    for (std::size_t i = 1; i < v.kl.size(); i += 2) kl.push_back(v.kl[i]);
+    p.kl = relokv_rag::bootstrap_mean(kl).mean;  // the first attempt's, before escalation
+    std::erase(p.unsafe_kinds, p.strategy.kind);
+  }
   for (const auto& k : kinds)
-    if (std::find(passed.begin(), passed.end(), k) == passed.end()) p.unsafe_kinds.push_back(k);
+    if (std::find(passed.begin(), passed.end(), k) == passed.end() &&
+        !(p.escalation.enabled && k == p.strategy.kind))
+      p.unsafe_kinds.push_back(k);
   if (!p.safe) p.strategy = {"full"};
   return p;
 }
@@ -181,11 +202,25 @@ std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
     std::erase_if(variants, [](const relokv_rag::variant& v) {
       return v.strategy.dynamic() || v.strategy.probes() || v.strategy.grouped() != nullptr;
     });
+  if (!o.escalate.empty()) {
+    const auto policy = relokv::recompute::escalation_policy::parse(o.escalate);
+    const std::size_t n = variants.size();
+    for (std::size_t i = 1; i < n; ++i) {
+      if (variants[i].key == "prefix" || variants[i].spec.kind == "full") continue;
+      auto e = variants[i];
+      e.name += " + " + policy.label();
+      e.key += "+esc";
+      e.escalation = policy;
+      variants.push_back(std::move(e));
+    }
+  }
   if (o.profile.empty()) return variants;
   const auto prof = relokv_engine::load_profile(o.profile);
-  variants.push_back({"calibrated: " + (prof.safe ? prof.strategy.label() : "full (unsafe)"),
+  variants.push_back({"calibrated: " + (prof.safe ? prof.strategy.label() : "full (unsafe)") +
+                          (prof.escalation.enabled ? " + " + prof.escalation.label() : ""),
                       relokv_engine::profile_strategy(prof, model), true, o.profile, "calibrated",
-                      prof.safe ? prof.strategy : relokv_engine::strategy_spec{"full"}});
+                      prof.safe ? prof.strategy : relokv_engine::strategy_spec{"full"},
+                      prof.safe ? prof.escalation : relokv::recompute::escalation_policy{}});
   if (!prof.safe)
     std::printf(
         "profile %s: no strategy met the thresholds on this model; serving it with full "
@@ -219,13 +254,73 @@ void write_outputs(const options& o, const std::vector<relokv_rag::variant>& var
   std::printf("sweep: %s.csv, %s.svg\n", o.sweep_out.c_str(), o.sweep_out.c_str());
 }
 
+/// --escalation PREFIX: every base strategy with every signal on all the questions, the policy
+/// chosen on half of them, then run in the engine loop on the other half.
+int escalation_study(const options& o, std::shared_ptr<const relokv_engine::llama_model> model,
+                     const relokv_rag::workload& w, const relokv_rag::text_codec& codec,
+                     const std::string& model_name) {
+  auto variants = pick(relokv_rag::default_variants(o.first_k, o.topk),
+                       o.variants.empty() ? std::string("naive,epic,question") : o.variants);
+  auto run = o.run;
+  run.noise_floor = false;
+  const auto res = relokv_rag::run(model, w, codec, variants, run);
+  const auto choice = relokv_rag::choose_escalation(res, o.target_agreement, /*use_split=*/true);
+  std::vector<relokv_rag::variant_result> engine_run;
+  if (choice) {
+    relokv_rag::workload held = w;
+    held.requests.clear();
+    for (std::size_t i : relokv_rag::split_half(w.requests.size(), /*held_out=*/true))
+      held.requests.push_back(w.requests[i]);
+    auto esc = variants[choice->variant];
+    esc.escalation = relokv_rag::policy_of(choice->signal, choice->fit.threshold);
+    esc.name += " + " + esc.escalation.label();
+    esc.key += "+esc";
+    std::fprintf(stderr, "the chosen policy on the %zu held-out questions, in the engine loop\n",
+                 held.requests.size());
+    engine_run = relokv_rag::run(model, held, codec, {variants[0], esc}, run);
+  }
+  relokv_rag::write_escalation_study(o.escalation_out, model_name, res, o.target_agreement, choice,
+                                     engine_run);
+  std::printf("escalation study: %s.md, %s.svg, %s.json\n", o.escalation_out.c_str(),
+              o.escalation_out.c_str(), o.escalation_out.c_str());
+  if (engine_run.size() == 2) {
+    const auto& f = engine_run[0];
+    const auto& e = engine_run[1];
+    const auto mean = [](const std::vector<double>& v) {
+      double s = 0;
+      for (double x : v) s += x;
+      return v.empty() ? 0.0 : s / double(v.size());
+    };
+    std::printf(
+        "rag_escalation_agreement %.3f\nrag_escalation_work %.3f\n"
+        "rag_escalation_escalated %.3f\nrag_escalation_ttft_speedup %.3g\n",
+        mean(e.agreement), mean(e.work), mean(e.escalated),
+        mean(e.ttft_ms) > 0 ? mean(f.ttft_ms) / mean(e.ttft_ms) : 0.0);
+    std::printf("chosen: %s (fitted on %zu questions, run on %zu)\n", e.name.c_str(),
+                relokv_rag::split_half(w.requests.size(), false).size(), e.agreement.size());
+  } else {
+    std::printf(
+        "no base strategy and signal reached agreement %.2f below full recompute's "
+        "work on the fit half\n",
+        o.target_agreement);
+  }
+  return 0;
+}
+
 /// --calibrate: the cheapest strategy within the thresholds, saved as a profile.
 void write_calibration(const options& o, const std::vector<relokv_rag::variant>& variants,
                        const std::vector<relokv_rag::row>& rows,
+                       const std::vector<relokv_rag::variant_result>& res,
                        const relokv_engine::llama_model& model, const std::string& source) {
-  const auto p = calibrate(variants, rows, model, o, source);
+  const auto p = calibrate(variants, rows, res, model, o, source);
   relokv_engine::save_profile(o.calibrate_out, p);
-  if (p.safe)
+  if (p.safe && p.escalation.enabled)
+    std::printf(
+        "calibration: %s escalating at %s (held out: work %.1f%%, agreement %.1f%%, %.1f%% of "
+        "requests escalated) -> %s\n",
+        p.strategy.label().c_str(), p.escalation.label().c_str(), 100 * p.work, 100 * p.agreement,
+        100 * p.escalated, o.calibrate_out.c_str());
+  else if (p.safe)
     std::printf("calibration: %s (work %.1f%%, first-token KL %.4f, agreement %.1f%%) -> %s\n",
                 p.strategy.label().c_str(), 100 * p.work, p.kl, 100 * p.agreement,
                 o.calibrate_out.c_str());
@@ -277,6 +372,9 @@ int main(int argc, char** argv) {
     if (!o.quiet) o.run.progress = progress_bar;
     if (!o.store.empty()) return store_mode(argc, argv, o, model, w, codec);
 
+    if (!o.escalation_out.empty())
+      return escalation_study(o, model, w, codec,
+                              model_path.empty() ? "synthetic" : model->cfg.name);
     const auto variants = variants_of(o, sweeping, *model);
     // The fp32-KV noise floor row beside the table (sweeps and calibration compare strategies
     // only, row by row with their variants).
@@ -285,7 +383,7 @@ int main(int argc, char** argv) {
     const auto rows = relokv_rag::rows_of(res);
     relokv_rag::print_summary(rows, /*synthetic=*/!loaded.tokenizer);
     write_outputs(o, variants, rows, res, w, model_path.empty() ? "synthetic" : model->cfg.name);
-    if (!o.calibrate_out.empty()) write_calibration(o, variants, rows, *model, w.source);
+    if (!o.calibrate_out.empty()) write_calibration(o, variants, rows, res, *model, w.source);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "relokv_rag: %s\n", e.what());

@@ -91,8 +91,23 @@ void add_options(CLI::App& app, options& o) {
                  "run every strategy over its budget; write PREFIX.csv and PREFIX.svg "
                  "(accuracy against prefill work)");
   app.add_option("--calibrate", o.calibrate_out,
-                 "sweep, then write the cheapest strategy within --max-kl and "
-                 "--min-agreement as a profile (JSON)");
+                 "sweep, then write as a profile (JSON) the least-work choice of: the "
+                 "cheapest strategy within --max-kl and --min-agreement, or a strategy with "
+                 "an escalation threshold whose agreement reaches --min-agreement (fitted on "
+                 "half the questions, measured on the other half)");
+  app.add_option("--escalate", o.escalate,
+                 "also run each variant (but full and prefix) with this per-request escalation "
+                 "to full recompute: margin<T or entropy>T, then @first (before the first token) "
+                 "or @every (before any answer token); e.g. margin<0.3@first");
+  app.add_option("--escalation", o.escalation_out,
+                 "the escalation study: naive, EPIC and the question's attention with every "
+                 "signal, thresholds fitted on half the questions for --target-agreement and "
+                 "reported on the other half, the chosen policy run on that half; writes "
+                 "PREFIX.md, PREFIX.svg and PREFIX.json");
+  app.add_option("--target-agreement", o.target_agreement,
+                 "the escalation study's target agreement with full recompute, in [0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--max-kl", o.max_kl, "calibration: largest mean first-token KL allowed")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();

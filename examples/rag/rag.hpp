@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <relokv/recompute/any_strategy.hpp>
+#include <relokv/recompute/escalation.hpp>
 #include <relokv/types.hpp>
 
 #include "dataset.hpp"
@@ -59,6 +60,8 @@ struct variant {
   std::string note;
   std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
   relokv_engine::strategy_spec spec;  // the strategy by kind and budget
+  /// Per-request escalation to full recompute (examples/rag/escalation.hpp); never by default.
+  relokv::recompute::escalation_policy escalation{};
 };
 /// The twelve variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k;
 /// question and qepic: the question's attention picks the tokens, question_topk, without and
@@ -83,6 +86,20 @@ variant variant_of(const relokv_engine::strategy_spec& spec);
 struct variant_result {
   std::string name, note, key;
   std::vector<double> ttft_ms, computed, work, kl, answer_kl, agreement, em, f1;
+  /// Teacher-forced top-1 agreement: the share of full recompute's answer tokens that this
+  /// variant's argmax matches, given full's answer so far.
+  std::vector<double> tf_agreement;
+  /// Per request, what an escalation policy could read (escalation.hpp), measured on the
+  /// variant's own first attempt: the first token's top-1 margin and entropy, the least margin
+  /// and the largest entropy along its greedy answer, the first-token KL from naive PIC's
+  /// distribution (-1 without a naive variant before it), and the answer step where it left
+  /// full's answer (-1: it did not).
+  std::vector<double> margin0, entropy0, min_margin, max_entropy, naive_kl, diverged_at;
+  /// Per request, the margin before each step of the variant's own greedy answer.
+  std::vector<std::vector<double>> step_margins, step_entropies;
+  /// Per request: 1 when the escalation policy recomputed it (the step in escalated_at).
+  std::vector<double> escalated, escalated_at;
+  std::vector<std::int32_t> prompt_tokens;
   std::int64_t blocks = 0, exact = 0, relocated = 0;
   double busy_s = 0;
   std::int64_t peak_kv_bytes = 0;

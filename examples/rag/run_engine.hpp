@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <relokv/layout/builder.hpp>
+#include <relokv/recompute/escalation.hpp>
 #include <relokv/recompute/full.hpp>
 #include <relokv/recompute/none.hpp>
 
@@ -145,19 +146,50 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
     std::vector<std::vector<float>> ref_steps;
     std::vector<relokv::token_t> ref_answer;
     const double layers = n_layers;
+    std::vector<float> naive_first;  // naive PIC's first-token logits, when it ran
     for (std::size_t v = 0; v < variants.size(); ++v) {
       const variant& var = variants[v];
       const auto& layout = var.spans ? l_spans : l_flat;
+      const relokv::recompute::escalation_policy& esc = var.escalation;
       relokv_engine::prefill_stats st;
+      std::int64_t token_layers = 0;
+      std::int32_t escalated_at = -1;
+      // Full recompute of the prompt, then the answer so far fed back: from here on the
+      // answer is full recompute's continuation of what was already produced (and sent).
+      const auto escalate = [&](const std::vector<relokv::token_t>& so_far) {
+        eng.end(false);
+        relokv_engine::prefill_stats fs;
+        auto l = eng.prefill(l_flat, relokv::recompute::full{}, &fs, keys, opt.principal);
+        token_layers += fs.token_layers;
+        for (const relokv::token_t tok : so_far) {
+          l = eng.decode(tok);
+          token_layers += n_layers;
+        }
+        escalated_at = static_cast<std::int32_t>(so_far.size());
+        return l;
+      };
       const auto t0 = std::chrono::steady_clock::now();
       auto logits = eng.prefill(layout, var.strategy, &st, keys, opt.principal);
+      token_layers += st.token_layers;
+      relokv::recompute::logit_summary first;
+      std::vector<float> first_logits;
+      if (esc.enabled) {  // choosing to escalate is part of TTFT
+        first = relokv::recompute::summarize_logits(logits);
+        if (!naive_first.empty()) first_logits = logits;
+        if (esc.escalate(first, 0)) logits = escalate({});
+      }
       relokv::token_t t = relokv_engine::argmax(logits);  // choosing it is part of TTFT
       const auto t1 = std::chrono::steady_clock::now();
+      if (!esc.enabled) {
+        first = relokv::recompute::summarize_logits(logits);
+        if (!naive_first.empty()) first_logits = logits;
+      }
       const auto in_use = eng.cache().allocator().capacity() - eng.cache().allocator().num_free();
       // Greedy answer; the logits of each step are kept while the answer follows full's (they
       // are then the teacher-forced ones too).
       std::vector<relokv::token_t> answer;
       std::vector<std::vector<float>> steps;
+      std::vector<double> margins{first.margin}, entropies{first.entropy};
       for (std::int32_t i = 0; i < opt.max_answer; ++i) {
         const bool on_ref =
             v == 0 || (i < static_cast<std::int32_t>(ref_answer.size()) &&
@@ -166,6 +198,10 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
         answer.push_back(t);
         if (t == stop || i + 1 == opt.max_answer) break;
         logits = eng.decode(t);
+        const auto sum = relokv::recompute::summarize_logits(logits);
+        margins.push_back(sum.margin);
+        entropies.push_back(sum.entropy);
+        if (escalated_at < 0 && esc.escalate(sum, i + 1)) logits = escalate(answer);
         t = relokv_engine::argmax(logits);
       }
       eng.end(false);  // questions are not kept: every variant meets the same cache
@@ -176,20 +212,57 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
         if (floor)
           add_floor(*floor_eng, l_flat, ref_steps, ref_answer, stop, opt, r, codec, floor_row);
       } else if (steps.size() < ref_answer.size()) {
-        // The answer left full's: feed full's answer from a second, identical prefill.
-        (void)eng.prefill(layout, var.strategy, nullptr, keys, opt.principal);
-        steps.resize(1);
+        // The answer left full's: feed full's answer from a second, identical prefill (under
+        // the same policy, which now reads the distributions along full's answer).
+        auto l = eng.prefill(layout, var.strategy, nullptr, keys, opt.principal);
+        bool esc_tf = false;
+        const auto tf_escalate = [&](std::size_t upto) {
+          eng.end(false);
+          auto f = eng.prefill(l_flat, relokv::recompute::full{}, nullptr, keys, opt.principal);
+          for (std::size_t j = 0; j < upto; ++j) f = eng.decode(ref_answer[j]);
+          esc_tf = true;
+          return f;
+        };
+        if (esc.enabled && esc.escalate(relokv::recompute::summarize_logits(l), 0))
+          l = tf_escalate(0);
+        steps.assign(1, std::move(l));
         for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i) {
           auto next = eng.decode(ref_answer[i]);
+          if (esc.enabled && !esc_tf &&
+              esc.escalate(relokv::recompute::summarize_logits(next),
+                           static_cast<std::int32_t>(i + 1)))
+            next = tf_escalate(i + 1);
           steps.push_back(std::move(next));
         }
         eng.end(false);
       }
       variant_result& out = res[v];
+      if (var.key == "naive" && !steps.empty()) naive_first = steps[0];
+      std::int32_t diverged = -1;
+      for (std::size_t i = 0; diverged < 0 && i < std::max(answer.size(), ref_answer.size()); ++i)
+        if (i >= answer.size() || i >= ref_answer.size() || answer[i] != ref_answer[i])
+          diverged = static_cast<std::int32_t>(i);
+      std::size_t tf_same = 0;
+      for (std::size_t i = 0; i < ref_answer.size() && i < steps.size(); ++i)
+        tf_same += relokv_engine::argmax(steps[i]) == ref_answer[i];
+      out.tf_agreement.push_back(double(tf_same) /
+                                 double(std::max<std::size_t>(ref_answer.size(), 1)));
+      out.margin0.push_back(first.margin);
+      out.entropy0.push_back(first.entropy);
+      out.min_margin.push_back(*std::min_element(margins.begin(), margins.end()));
+      out.max_entropy.push_back(*std::max_element(entropies.begin(), entropies.end()));
+      out.naive_kl.push_back(first_logits.empty() ? -1.0
+                                                  : kl_divergence(naive_first, first_logits));
+      out.diverged_at.push_back(diverged);
+      out.step_margins.push_back(std::move(margins));
+      out.step_entropies.push_back(std::move(entropies));
+      out.escalated.push_back(escalated_at >= 0 ? 1.0 : 0.0);
+      out.escalated_at.push_back(escalated_at);
+      out.prompt_tokens.push_back(st.tokens);
       out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       out.busy_s += std::chrono::duration<double>(t2 - t0).count();
       out.computed.push_back(st.computed);
-      out.work.push_back(double(st.token_layers) / (layers * double(std::max(st.tokens, 1))));
+      out.work.push_back(double(token_layers) / (layers * double(std::max(st.tokens, 1))));
       out.blocks += st.exact_hits + st.relocated_hits + st.misses;
       out.exact += st.exact_hits;
       out.relocated += st.relocated_hits;

@@ -1,5 +1,7 @@
 #include "rag.hpp"
+#include "escalation.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -296,4 +298,129 @@ TEST_CASE("rag: passages compiled behind an absorber or alone are reused as span
     CHECK_THROWS_WITH(relokv_rag::run(m, w, codec, {vars[0], vars[2]}, o),
                       Catch::Contains("compile mode '" + bad + "'"));
   }
+}
+
+TEST_CASE("escalation: ROC AUC as the Mann-Whitney statistic", "[rag][escalation]") {
+  using relokv_rag::roc_auc;
+  CHECK(roc_auc({0.1, 0.2, 0.8, 0.9}, {false, false, true, true}) == 1.0);
+  CHECK(roc_auc({0.9, 0.8, 0.2, 0.1}, {false, false, true, true}) == 0.0);
+  CHECK(roc_auc({0.5, 0.5, 0.5, 0.5}, {false, true, false, true}) == 0.5);  // ties count half
+  // One of four positive-negative pairs is misordered.
+  CHECK(roc_auc({0.1, 0.3, 0.2, 0.4}, {false, false, true, true}) == 0.75);
+  CHECK(roc_auc({0.1, 0.2}, {true, true}) == 0.5);  // one class only: no information
+  CHECK(relokv_rag::split_half(5, false) == std::vector<std::size_t>{0, 2, 4});
+  CHECK(relokv_rag::split_half(5, true) == std::vector<std::size_t>{1, 3});
+}
+
+TEST_CASE("escalation: the engine loop does what the simulation of its policy says",
+          "[rag][escalation]") {
+  const auto m =
+      std::make_shared<const relokv_engine::llama_model>(relokv_engine::llama_model::synthetic());
+  const relokv_rag::text_codec codec{nullptr, m->cfg.vocab};
+  const auto w = relokv_rag::generate(8, 12, 3, 1.0, 11, m->cfg.vocab);
+  const auto full = relokv_rag::variant_of({"full"});
+  const auto naive = relokv_rag::variant_of({"none"});
+  relokv_rag::run_options o;
+  o.max_answer = 5;
+  const auto base = relokv_rag::run(m, w, codec, {full, naive}, o);
+  REQUIRE(base.size() == 2);
+  const auto& nv = base[1];
+  REQUIRE(nv.margin0.size() == w.requests.size());
+  REQUIRE(nv.step_margins.size() == w.requests.size());
+  for (std::size_t k = 0; k < w.requests.size(); ++k) {
+    CHECK(nv.margin0[k] >= 0.0);
+    CHECK(nv.margin0[k] <= 1.0);
+    CHECK(nv.step_margins[k].size() >= 1);
+    CHECK(nv.step_margins[k][0] == nv.margin0[k]);
+    CHECK(nv.escalated[k] == 0.0);
+    // Diverged where the answer first differs; agreement 1 only when it never does.
+    CHECK((nv.diverged_at[k] < 0) == (nv.agreement[k] == 1.0));
+    CHECK(nv.tf_agreement[k] >= 0.0);
+    CHECK(nv.tf_agreement[k] <= 1.0);
+  }
+  std::vector<std::size_t> all(w.requests.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  // A first-token margin threshold between the requests' margins: some escalate, some not.
+  std::vector<double> m0 = nv.margin0;
+  std::sort(m0.begin(), m0.end());
+  const double cut = (m0[m0.size() / 2 - 1] + m0[m0.size() / 2]) / 2;
+  REQUIRE(m0[m0.size() / 2 - 1] < m0[m0.size() / 2]);
+  const auto sigs = relokv_rag::escalation_signals();
+  const auto& margin0 = sigs[0];
+  REQUIRE(margin0.name == "margin0");
+  const auto sim = relokv_rag::simulate(nv, margin0, -cut, all);
+  CHECK(sim.escalated == 0.5);
+  auto esc = naive;
+  esc.escalation = relokv_rag::policy_of(margin0, -cut);
+  CHECK(esc.escalation.label().rfind("margin<", 0) == 0);
+  const auto run = relokv_rag::run(m, w, codec, {full, esc}, o);
+  const auto& ev = run[1];
+  double agree = 0, work = 0;
+  for (std::size_t k = 0; k < w.requests.size(); ++k) {
+    CHECK(ev.escalated[k] == (nv.margin0[k] < cut ? 1.0 : 0.0));
+    if (ev.escalated[k] > 0) {
+      // Full recompute's first token, and its whole answer.
+      CHECK(ev.escalated_at[k] == 0);
+      CHECK(ev.kl[k] == 0.0);
+      CHECK(ev.agreement[k] == 1.0);
+      CHECK(ev.work[k] > 1.0);  // the first attempt counts too
+    } else {
+      CHECK(ev.agreement[k] == nv.agreement[k]);
+      CHECK(ev.work[k] == nv.work[k]);
+    }
+    agree += ev.agreement[k];
+    work += ev.work[k];
+  }
+  CHECK(agree / double(all.size()) == Approx(sim.agreement));
+  CHECK(work / double(all.size()) == Approx(sim.work).epsilon(0.02));  // padding differs
+  // Before every token: requests escalate at the step where the margin first falls below it,
+  // and those whose answer had not yet left full's end with full's answer.
+  const auto& every = sigs[2];
+  REQUIRE(every.name == "margin_every");
+  std::vector<double> steps;
+  for (const auto& v : nv.step_margins) steps.insert(steps.end(), v.begin(), v.end());
+  std::sort(steps.begin(), steps.end());
+  const double mid = steps[steps.size() / 3];
+  auto esc2 = naive;
+  esc2.escalation = relokv_rag::policy_of(every, -mid);
+  CHECK(esc2.escalation.stage == relokv::recompute::escalation_stage::every_token);
+  const auto run2 = relokv_rag::run(m, w, codec, {full, esc2}, o);
+  int mid_answer = 0;
+  for (std::size_t k = 0; k < w.requests.size(); ++k) {
+    const auto& sm = nv.step_margins[k];
+    const auto at = std::find_if(sm.begin(), sm.end(), [&](double x) { return x < mid; });
+    const double want = at == sm.end() ? -1.0 : double(at - sm.begin());
+    CHECK(run2[1].escalated_at[k] == want);
+    mid_answer += want > 0;
+    if (want >= 0 && (nv.diverged_at[k] < 0 || want <= nv.diverged_at[k]))
+      CHECK(run2[1].agreement[k] == 1.0);
+  }
+  CHECK(mid_answer > 0);  // the case exercised escalation after a first token
+}
+
+TEST_CASE("profile: the escalation policy travels with it; a bad one is named", "[rag]") {
+  const auto m = relokv_engine::llama_model::synthetic();
+  relokv_engine::strategy_profile p;
+  p.model = m.cfg.name;
+  p.arch = m.cfg.arch;
+  p.n_layers = m.cfg.n_layers;
+  p.safe = true;
+  p.strategy = {"question", 0, 0.15f};
+  p.escalation = relokv::recompute::escalation_policy::parse("margin<0.25@every");
+  p.escalated = 0.3;
+  const std::string path = "relokv_profile_esc_test.json";
+  relokv_engine::save_profile(path, p);
+  const auto q = relokv_engine::load_profile(path);
+  CHECK(q.escalation.label() == "margin<0.25@every");
+  CHECK(q.escalated == 0.3);
+  std::string text;
+  {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto at = text.find("margin<0.25@every");
+  REQUIRE(at != std::string::npos);
+  std::ofstream(path) << text.substr(0, at) + "margin<7@every" + text.substr(at + 17);
+  CHECK_THROWS_WITH(relokv_engine::load_profile(path), Catch::Contains("escalation.policy"));
+  std::remove(path.c_str());
 }

@@ -2,6 +2,7 @@
 #include <relokv/recompute/any_strategy.hpp>
 #include <relokv/recompute/deviation.hpp>
 #include <relokv/recompute/deviation_topk.hpp>
+#include <relokv/recompute/escalation.hpp>
 #include <relokv/recompute/first_k.hpp>
 #include <relokv/recompute/full.hpp>
 #include <relokv/recompute/none.hpp>
@@ -499,4 +500,53 @@ TEST_CASE("question_topk: the question's rows are what follows the last span",
     const auto l = relokv::layout_builder(16).prefix(sys).question(q).build();
     CHECK(rows_of(l) == range(20, 5));
   }
+}
+
+TEST_CASE("escalation: margin and entropy of a distribution", "[recompute][escalation]") {
+  using relokv::recompute::summarize_logits;
+  // Two equal logits: margin 0, entropy ln 2.
+  const std::vector<float> tie = {1.0f, 1.0f};
+  auto s = summarize_logits(tie);
+  CHECK(s.margin == Approx(0.0).margin(1e-7));
+  CHECK(s.entropy == Approx(std::log(2.0)).epsilon(1e-6));
+  // softmax(0, ln 3) = (1/4, 3/4): margin 1/2; the argmax is the second.
+  const std::vector<float> three = {0.0f, std::log(3.0f)};
+  s = summarize_logits(three);
+  CHECK(s.margin == Approx(0.5).epsilon(1e-6));
+  CHECK(s.argmax == 1);
+  CHECK(s.entropy == Approx(-(0.25 * std::log(0.25) + 0.75 * std::log(0.75))).epsilon(1e-6));
+  // Large logits do not overflow; one token is certain.
+  const std::vector<float> sure = {1000.0f, 0.0f, -1000.0f};
+  s = summarize_logits(sure);
+  CHECK(s.margin == Approx(1.0));
+  CHECK(s.entropy < 1e-6f);
+  const std::vector<float> one = {3.0f};
+  CHECK(summarize_logits(one).margin == 1.0f);
+  // No logits, or a NaN among them: refused, not read as confidence.
+  CHECK_THROWS_AS(summarize_logits(std::span<const float>{}), relokv::error);
+  const std::vector<float> nan = {1.0f, std::numeric_limits<float>::quiet_NaN()};
+  CHECK_THROWS_WITH(summarize_logits(nan), Catch::Contains("logit 1"));
+}
+
+TEST_CASE("escalation: a policy escalates where its signal says, and parses its label",
+          "[recompute][escalation]") {
+  using relokv::recompute::escalation_policy;
+  using relokv::recompute::escalation_stage;
+  using relokv::recompute::logit_summary;
+  const logit_summary unsure{0.1f, 2.0f, 0}, sure{0.9f, 0.1f, 0};
+  CHECK_FALSE(escalation_policy{}.escalate(unsure, 0));  // the default never escalates
+  const auto m = escalation_policy::parse("margin<0.3");
+  CHECK(m.escalate(unsure, 0));
+  CHECK_FALSE(m.escalate(sure, 0));
+  CHECK_FALSE(m.escalate(unsure, 3));  // @first looks once
+  CHECK(m.label() == "margin<0.3@first");
+  const auto e = escalation_policy::parse("entropy>1.5@every");
+  CHECK(e.stage == escalation_stage::every_token);
+  CHECK(e.escalate(unsure, 5));
+  CHECK_FALSE(e.escalate(sure, 5));
+  CHECK(escalation_policy::parse(e.label()).label() == e.label());
+  CHECK_FALSE(escalation_policy::parse("never").enabled);
+  for (const char* bad : {"margin<1.5", "margin<", "margin<0.2x", "entropy>-1", "margin>0.2",
+                          "margin<0.2@later", "entropy>nan", ""})
+    CHECK_THROWS_AS(escalation_policy::parse(bad), relokv::error);
 }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,25 @@ namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const auto g_start = std::chrono::steady_clock::now();
+
+/// One line per step, at once, with the time since the program started: were a run ever cut
+/// short, its log would say where it stood.
+void progress(const char* step) {
+  std::printf("[%6.1f s] %s\n", ms_since(g_start) / 1000, step);
+  std::fflush(stdout);
+}
+
+/// The cluster that the tests which leave it whole share (created once: a cluster takes about
+/// 11 s to agree on its slots). The failover test kills a master and makes its own.
+redis_cluster& shared_cluster() {
+  static const std::unique_ptr<redis_cluster> c = [] {
+    progress("starting the shared cluster");
+    return std::make_unique<redis_cluster>();
+  }();
+  return *c;
 }
 
 /// n keys and, for each, a value that names its key (so that a wrong block is seen).
@@ -144,7 +164,8 @@ TEST_CASE("redis cluster URL: parsed or refused with the reason", "[cluster]") {
 
 TEST_CASE("redis cluster: batches round trip, one pipeline per master, spread evenly",
           "[cluster]") {
-  redis_cluster c;
+  progress("batches");
+  redis_cluster& c = shared_cluster();
   auto s = connect(c);
   const batch b(300);
   REQUIRE(s.put(b.keys, b.spans) == store_status::kOk);
@@ -184,7 +205,8 @@ TEST_CASE("redis cluster: batches round trip, one pipeline per master, spread ev
 
 TEST_CASE("redis cluster: sealed spans and tenants under ACL users on every node",
           "[cluster][seal]") {
-  redis_cluster c;
+  progress("sealed spans and ACL users");
+  redis_cluster& c = shared_cluster();
   c.on_every_node({"ACL", "SETUSER", "alice", "on", ">pw-a", "~relokv:alice:*", "+@all"});
   c.on_every_node({"ACL", "SETUSER", "bob", "on", ">pw-b", "~relokv:bob:*", "+@all"});
   const auto key = relokv::seal_key::from_hex(
@@ -213,7 +235,9 @@ TEST_CASE("redis cluster: sealed spans and tenants under ACL users on every node
 
 TEST_CASE("redis cluster: a master killed mid-run: bounded calls, misses, then its replica",
           "[cluster][failover]") {
+  progress("failover: a cluster of its own");
   redis_cluster c(3, 1000);
+  progress("failover: writing, then killing a master");
   // A 1 s deadline: on a loaded 2-core machine a live node's part must not time out, or the
   // check that only the killed master's keys miss would see its keys missing too.
   auto s = connect(c, 1000ms);
@@ -262,7 +286,8 @@ TEST_CASE("redis cluster: a master killed mid-run: bounded calls, misses, then i
 
 TEST_CASE("redis cluster: slots migrated while a reader reads: hits or misses, never wrong",
           "[cluster][migration]") {
-  redis_cluster c;
+  progress("migration");
+  redis_cluster& c = shared_cluster();
   // A hash tag in the prefix keeps the whole batch in one slot, which then moves.
   auto s = connect(c, 1000ms, "prefix=relokv:%7Bmig%7D:");
   const batch b(120);
@@ -356,6 +381,7 @@ std::function<void(int)> lying_node(int& self_port, std::function<std::string(in
 
 TEST_CASE("redis cluster: a node that redirects forever or to nowhere costs misses, bounded",
           "[cluster]") {
+  progress("scripted nodes that misbehave");
   const batch b(8);
   std::vector<store_blob> out;
   SECTION("MOVED to itself forever") {

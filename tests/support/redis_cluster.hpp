@@ -23,23 +23,22 @@ namespace relokv_test {
 class redis_cluster {
  public:
   explicit redis_cluster(int masters = 3, int node_timeout_ms = 1000) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("relokv-cluster-" + std::to_string(::getpid()) + "-" + std::to_string(++count()));
-    std::filesystem::create_directories(dir_);
-    for (int i = 0; i < 2 * masters; ++i)
-      nodes_.push_back(std::make_unique<redis_server>(std::vector<std::string>{
-          "--cluster-enabled", "yes", "--cluster-config-file", "nodes-{port}.conf",
-          "--cluster-node-timeout", std::to_string(node_timeout_ms), "--dir", dir_.string(),
-          // A cache's cluster serves the slots it has while a master's are being taken over
-          // (docs/store.md): without this every node refuses every key meanwhile.
-          "--cluster-require-full-coverage", "no"}));
-    std::string cmd = "redis-cli --cluster create";
-    for (const auto& n : nodes_) cmd += " 127.0.0.1:" + std::to_string(n->port());
-    cmd += " --cluster-replicas 1 --cluster-yes >" + (dir_ / "create.log").string() + " 2>&1";
-    if (std::system(cmd.c_str()) != 0)
-      throw std::runtime_error("redis-cli --cluster create failed (" +
-                               (dir_ / "create.log").string() + ")");
-    wait_ok(std::chrono::seconds(30));
+    // Three tries, each on fresh ports and bounded in time: `redis-cli --cluster create` waits
+    // for the nodes to agree without a limit of its own.
+    std::string why;
+    for (int attempt = 1; attempt <= 3; ++attempt) {
+      try {
+        create(masters, node_timeout_ms);
+        return;
+      } catch (const std::exception& e) {
+        why = e.what();
+        std::fprintf(stderr, "redis_cluster: try %d failed: %s\n", attempt, why.c_str());
+        nodes_.clear();
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
+      }
+    }
+    throw std::runtime_error("no Redis Cluster after three tries: " + why);
   }
   ~redis_cluster() {
     nodes_.clear();  // each stopped
@@ -114,6 +113,39 @@ class redis_cluster {
   }
 
  private:
+  void create(int masters, int node_timeout_ms) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("relokv-cluster-" + std::to_string(::getpid()) + "-" + std::to_string(++count()));
+    std::filesystem::create_directories(dir_);
+    for (int i = 0; i < 2 * masters; ++i)
+      nodes_.push_back(std::make_unique<redis_server>(std::vector<std::string>{
+          "--cluster-enabled", "yes", "--cluster-config-file", "nodes-{port}.conf",
+          "--cluster-node-timeout", std::to_string(node_timeout_ms), "--dir", dir_.string(),
+          // A cache's cluster serves the slots it has while a master's are being taken over
+          // (docs/store.md): without this every node refuses every key meanwhile.
+          "--cluster-require-full-coverage", "no"}));
+    const std::string log = (dir_ / "create.log").string();
+    std::string cmd = "timeout 60 redis-cli --cluster create";
+    for (const auto& n : nodes_) cmd += " 127.0.0.1:" + std::to_string(n->port());
+    cmd += " --cluster-replicas 1 --cluster-yes >" + log + " 2>&1";
+    if (std::system(cmd.c_str()) != 0) {
+      std::string tail;
+      if (std::FILE* f = std::fopen(log.c_str(), "r")) {
+        char buf[4096];
+        const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+        std::fclose(f);
+        tail.assign(buf, n);
+      }
+      throw std::runtime_error("redis-cli --cluster create failed or took over 60 s: " + tail);
+    }
+    wait_ok(std::chrono::seconds(30));
+    std::printf("redis_cluster: %d nodes on ports", 2 * masters);
+    for (const auto& n : nodes_) std::printf(" %d", n->port());
+    std::printf(", ready after %.1f s\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::fflush(stdout);
+  }
   static int& count() {
     static int n = 0;
     return n;

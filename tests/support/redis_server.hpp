@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -46,12 +48,22 @@ class redis_server {
  public:
   explicit redis_server(std::vector<std::string> extra = {})
       : bin_(find_redis_server()), extra_(std::move(extra)) {
-    // A cluster node also listens on its port + 10000 (the cluster bus): both must be free.
+    // A cluster node also listens on its port + 10000 (the cluster bus). Both are drawn below
+    // the kernel's ephemeral range (32768 and up on Linux), where no outgoing connection of a
+    // concurrent test or of the other nodes can take either between this check and the bind.
     const bool cluster =
         std::find(extra_.begin(), extra_.end(), "--cluster-enabled") != extra_.end();
-    for (int tries = 0; tries < 100; ++tries) {
+    if (cluster) {
+      std::mt19937 draw(
+          static_cast<unsigned>(::getpid()) * 2654435761u +
+          static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+      std::uniform_int_distribution<int> pick(12000, 22767);
+      port_ = 0;
+      for (int tries = 0; tries < 1000 && port_ == 0; ++tries)
+        if (const int p = pick(draw); port_free(p) && port_free(p + 10000)) port_ = p;
+      if (port_ == 0) throw std::runtime_error("no free loopback port pair for a cluster node");
+    } else {
       port_ = free_port();
-      if (!cluster || (port_ + 10000 <= 65535 && port_free(port_ + 10000))) break;
     }
     start();
   }
@@ -86,6 +98,9 @@ class redis_server {
     }
     pid_ = ::fork();
     if (pid_ == 0) {
+      // The server dies with the test that started it, even when that test is killed (a
+      // timeout): no node outlives its run to gossip with the next run's nodes.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -120,7 +135,9 @@ class redis_server {
   redisReply* command(const std::vector<std::string>& args) const {
     timeval tv{2, 0};
     redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
-    if (c == nullptr || c->err) {
+    // A reply must come within 10 s too (MIGRATE's own limit is 5 s): a test waits on nothing
+    // without a bound.
+    if (c == nullptr || c->err || redisSetTimeout(c, timeval{10, 0}) != REDIS_OK) {
       if (c) redisFree(c);
       return nullptr;
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "escalation.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "rag.hpp"
@@ -25,6 +27,38 @@
 #endif
 
 namespace relokv_bench {
+
+/// The escalation study (relokv_rag --escalation) on SmolLM2 over `requests` questions of the
+/// sample: naive PIC, EPIC k=16 and the question's attention 15% with every signal, the policy
+/// fitted for agreement 0.95 on the even-numbered questions and run in the engine loop on the
+/// odd-numbered ones. Minutes; relokv_report --filter rag_escalation runs it alone.
+inline std::vector<std::pair<std::string, double>> escalation_report(std::size_t requests) {
+  const std::string path = relokv_engine::default_model_path();
+  std::string data;
+  if (const char* env = std::getenv("RELOKV_RAG_DATA"); env != nullptr && *env != '\0') data = env;
+#ifdef RELOKV_RAG_SAMPLE
+  if (data.empty()) data = RELOKV_RAG_SAMPLE;
+#endif
+  if (path.empty() || data.empty() || !std::ifstream(data).good()) {
+    std::fprintf(stderr,
+                 "relokv_report: rag_escalation_* skipped: needs SmolLM2 (scripts/get-model) and "
+                 "the QA sample\n");
+    return {};
+  }
+  const auto loaded = relokv_engine::load_model(path);
+  const relokv_rag::text_codec codec{loaded.tokenizer.get(), loaded.model->cfg.vocab};
+  const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
+  std::vector<relokv_rag::variant> vars;
+  for (const auto& v : relokv_rag::default_variants())
+    if (v.key == "full" || v.key == "naive" || v.key == "epic" || v.key == "question")
+      vars.push_back(v);
+  relokv_rag::run_options opt;
+  opt.max_answer = 12;
+  const auto st = relokv_rag::run_escalation_study(loaded.model, w, codec, vars, opt, 0.95);
+  auto out = relokv_rag::escalation_figures(st);
+  out.emplace_back("rag_escalation_questions", double(w.requests.size()));
+  return out;
+}
 
 inline std::vector<std::pair<std::string, double>> rag_figures() {
   const std::string path = relokv_engine::default_model_path();

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "escalate.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "profile.hpp"
@@ -35,7 +36,8 @@ void usage() {
 template <class P, class T>
 int run(std::shared_ptr<const relokv_engine::llama_model> m,
         const relokv_engine::bpe_tokenizer* tok, const std::string& question, int max_tokens,
-        const relokv::recompute::any_strategy& strategy) {
+        const relokv::recompute::any_strategy& strategy,
+        const relokv::recompute::escalation_policy& escalation) {
   relokv_engine::llama_engine<P, T> eng(m, 1024);
   std::vector<relokv::token_t> prompt;
   relokv::token_t stop = -1;
@@ -50,8 +52,14 @@ int run(std::shared_ptr<const relokv_engine::llama_model> m,
     for (unsigned char c : question) prompt.push_back(c % m->cfg.vocab);
   }
   const auto layout = relokv::layout_builder(16).prefix(prompt).build();
-  const auto out = eng.generate(eng.prefill(layout, strategy), max_tokens, stop);
+  // The profile's escalation policy, if it has one: full recompute where the answer is unsure.
+  const auto ans = relokv_engine::generate_escalating(eng, layout, layout, strategy, escalation,
+                                                      max_tokens, stop);
   eng.end();
+  const auto& out = ans.tokens;
+  if (ans.escalated_at >= 0)
+    std::fprintf(stderr, "relokv_chat: escalated to full recompute at answer token %d (%s)\n",
+                 ans.escalated_at, escalation.label().c_str());
   if (tok) {
     std::string text = tok->decode(out);
     if (const auto p = text.find("<|im_end|>"); p != std::string::npos) text.resize(p);
@@ -104,11 +112,17 @@ int main(int argc, char** argv) {
     const auto& m = loaded.model;
     const auto* tok = loaded.tokenizer.get();
     relokv::recompute::any_strategy strategy = relokv::recompute::none{};
+    relokv::recompute::escalation_policy escalation;
     if (!profile.empty()) {
       const auto p = relokv_engine::load_profile(profile);
+      if (p.safe) escalation = p.escalation;
       strategy = relokv_engine::profile_strategy(p, *m);  // throws for another model's profile
       std::fprintf(stderr, "relokv_chat: profile %s: %s\n", profile.c_str(),
-                   p.safe ? p.strategy.label().c_str() : "unsafe: full recompute");
+                   p.safe ? (p.strategy.label() + (p.escalation.enabled
+                                                       ? ", escalating at " + p.escalation.label()
+                                                       : std::string()))
+                                .c_str()
+                          : "unsafe: full recompute");
     }
     if (kv_dtype != "bf16" && kv_dtype != "fp32") {
       std::fprintf(stderr, "relokv_chat: unknown KV dtype '%s' (bf16 or fp32)\n", kv_dtype.c_str());
@@ -117,8 +131,8 @@ int main(int argc, char** argv) {
     const bool f32 = kv_dtype == "fp32";
     const auto go = [&](auto placement_tag) {
       using P = decltype(placement_tag);
-      return f32 ? run<P, float>(m, tok, question, max_tokens, strategy)
-                 : run<P, relokv::bf16>(m, tok, question, max_tokens, strategy);
+      return f32 ? run<P, float>(m, tok, question, max_tokens, strategy, escalation)
+                 : run<P, relokv::bf16>(m, tok, question, max_tokens, strategy, escalation);
     };
     if (placement == "pre_rotated") return go(relokv::pre_rotated{});
     if (placement == "at_attention") return go(relokv::at_attention{});

@@ -35,4 +35,12 @@ isa_level isa_cap() noexcept {
 
 const char* isa_name(isa_level l) noexcept { return kNames[static_cast<int>(l)]; }
 
+bool engine_built_with_avx512() noexcept {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace relokv_engine

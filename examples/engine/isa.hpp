@@ -29,5 +29,8 @@ enum class isa_level : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 void check_isa_env();
 /// The level's name.
 [[nodiscard]] const char* isa_name(isa_level l) noexcept;
+/// Whether the engine itself was compiled for AVX-512 (its kernels' target, -march=native on
+/// an AVX-512 host): a test asks the engine, not its own translation unit's flags.
+[[nodiscard]] bool engine_built_with_avx512() noexcept;
 
 }  // namespace relokv_engine

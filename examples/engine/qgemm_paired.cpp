@@ -23,7 +23,6 @@ namespace relokv_engine::detail {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 #if RELOKV_ENGINE_PAIRED
 constexpr int kQ5_0Bytes = 22;
@@ -199,6 +198,13 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 e) {
   const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abce), _mm512_extractf32x8_ps(abce, 1));
   return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
+/// One vector's sum in hsum4's order, bit for bit: a decode row alone (four weight rows at a
+/// time, reduced by hsum4) and the same row in a batch (one weight row at a time) must give
+/// the same bits (docs/server.md, "Answers that do not depend on the load").
+/// _mm512_reduce_add_ps adds across the 128-bit lanes first, hsum4 within them first: on
+/// AVX-512 hosts the two disagreed in the last bits, and a request's answer changed with the
+/// load.
+inline float hsum(__m512 v) { return _mm_cvtss_f32(hsum4(v, v, v, v)); }
 template <int W, int R>
 void reduce_rows(const __m512 (&acc)[W][R], const float (&tail)[W][R], float* out) {
   if constexpr (W == 4 && R == 1) {

@@ -236,6 +236,61 @@ std::optional<escalation_choice> choose_escalation(const std::vector<variant_res
   return best;
 }
 
+escalation_study run_escalation_study(std::shared_ptr<const relokv_engine::llama_model> model,
+                                      const workload& w, const text_codec& codec,
+                                      const std::vector<variant>& variants, const run_options& opt,
+                                      double target) {
+  escalation_study st;
+  auto o = opt;
+  o.noise_floor = false;
+  st.res = run(model, w, codec, variants, o);
+  st.choice = choose_escalation(st.res, target, /*use_split=*/true);
+  if (!st.choice) return st;
+  workload held = w;
+  held.requests.clear();
+  for (std::size_t i : split_half(w.requests.size(), /*held_out=*/true))
+    held.requests.push_back(w.requests[i]);
+  auto esc = variants[st.choice->variant];
+  esc.escalation = policy_of(st.choice->signal, st.choice->fit.threshold);
+  esc.name += " + " + esc.escalation.label();
+  esc.key += "+esc";
+  st.engine_run = run(model, held, codec, {variants[0], esc}, o);
+  return st;
+}
+
+std::vector<std::pair<std::string, double>> escalation_figures(const escalation_study& s) {
+  std::vector<std::pair<std::string, double>> out;
+  if (!s.choice || s.engine_run.size() < 2) {
+    out.emplace_back("rag_escalation_chosen", 0);
+    return out;
+  }
+  const auto& f = s.engine_run[0];
+  const auto& e = s.engine_run[1];
+  std::vector<std::size_t> idx(e.agreement.size());
+  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const double ttft_e = mean_of(e.ttft_ms, idx);
+  out.emplace_back("rag_escalation_chosen", 1);
+  out.emplace_back("rag_escalation_agreement", mean_of(e.agreement, idx));
+  out.emplace_back("rag_escalation_work", mean_of(e.work, idx));
+  out.emplace_back("rag_escalation_escalated", mean_of(e.escalated, idx));
+  out.emplace_back("rag_escalation_ttft_speedup",
+                   ttft_e > 0 ? mean_of(f.ttft_ms, idx) / ttft_e : 0);
+  out.emplace_back("rag_escalation_teacher_forced", mean_of(e.tf_agreement, idx));
+  out.emplace_back("rag_escalation_simulated_agreement", s.choice->held_out.agreement);
+  out.emplace_back("rag_escalation_simulated_work", s.choice->held_out.work);
+  const auto& base = s.res[s.choice->variant];
+  std::vector<bool> diverged;
+  for (double d : base.diverged_at) diverged.push_back(d >= 0);
+  for (const auto& sig : escalation_signals()) {
+    const auto risk = risk_of(base, sig);
+    if (sig.name == "naive_kl" &&
+        std::any_of(risk.begin(), risk.end(), [](double x) { return x < 0; }))
+      continue;
+    out.emplace_back("rag_escalation_auc_" + sig.name, roc_auc(risk, diverged));
+  }
+  return out;
+}
+
 void write_escalation_study(const std::string& prefix, const std::string& model,
                             const std::vector<variant_result>& res, double target,
                             const std::optional<escalation_choice>& choice,

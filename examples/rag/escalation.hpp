@@ -6,8 +6,10 @@
 // --calibrate). The policy itself is relokv/recompute/escalation.hpp; the engine loop that
 // applies it is run_engine.hpp.
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <relokv/recompute/escalation.hpp>
@@ -73,6 +75,24 @@ struct escalation_choice {
 /// or more. Variant 0 is the reference; variants without per-request signals are skipped.
 std::optional<escalation_choice> choose_escalation(const std::vector<variant_result>& res,
                                                    double target, bool use_split);
+
+/// The study: `variants` (full recompute first) on every question of `w`, a policy chosen for
+/// `target` on the even-numbered questions, then run in the engine loop on the odd-numbered ones
+/// beside full recompute.
+struct escalation_study {
+  std::vector<variant_result> res;
+  std::optional<escalation_choice> choice;
+  std::vector<variant_result> engine_run;  ///< [full, chosen + policy] on the held-out half
+};
+escalation_study run_escalation_study(std::shared_ptr<const relokv_engine::llama_model> model,
+                                      const workload& w, const text_codec& codec,
+                                      const std::vector<variant>& variants, const run_options& opt,
+                                      double target);
+/// relokv_report's lines: rag_escalation_agreement, _work, _escalated and _ttft_speedup (the
+/// chosen policy run on the held-out questions; absent without a choice), the held-out
+/// simulation's agreement and work beside them, and each signal's ROC AUC on the chosen base
+/// (rag_escalation_auc_<signal>).
+std::vector<std::pair<std::string, double>> escalation_figures(const escalation_study& s);
 
 /// relokv_rag --escalation PREFIX: the study's tables (PREFIX.md), curves (PREFIX.svg, agreement
 /// against mean work on the held-out half) and numbers (PREFIX.json). `engine_run` is the

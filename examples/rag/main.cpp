@@ -259,51 +259,25 @@ void write_outputs(const options& o, const std::vector<relokv_rag::variant>& var
 int escalation_study(const options& o, std::shared_ptr<const relokv_engine::llama_model> model,
                      const relokv_rag::workload& w, const relokv_rag::text_codec& codec,
                      const std::string& model_name) {
-  auto variants = pick(relokv_rag::default_variants(o.first_k, o.topk),
-                       o.variants.empty() ? std::string("naive,epic,question") : o.variants);
-  auto run = o.run;
-  run.noise_floor = false;
-  const auto res = relokv_rag::run(model, w, codec, variants, run);
-  const auto choice = relokv_rag::choose_escalation(res, o.target_agreement, /*use_split=*/true);
-  std::vector<relokv_rag::variant_result> engine_run;
-  if (choice) {
-    relokv_rag::workload held = w;
-    held.requests.clear();
-    for (std::size_t i : relokv_rag::split_half(w.requests.size(), /*held_out=*/true))
-      held.requests.push_back(w.requests[i]);
-    auto esc = variants[choice->variant];
-    esc.escalation = relokv_rag::policy_of(choice->signal, choice->fit.threshold);
-    esc.name += " + " + esc.escalation.label();
-    esc.key += "+esc";
-    std::fprintf(stderr, "the chosen policy on the %zu held-out questions, in the engine loop\n",
-                 held.requests.size());
-    engine_run = relokv_rag::run(model, held, codec, {variants[0], esc}, run);
-  }
-  relokv_rag::write_escalation_study(o.escalation_out, model_name, res, o.target_agreement, choice,
-                                     engine_run);
+  const auto variants = pick(relokv_rag::default_variants(o.first_k, o.topk),
+                             o.variants.empty() ? std::string("naive,epic,question") : o.variants);
+  const auto st =
+      relokv_rag::run_escalation_study(model, w, codec, variants, o.run, o.target_agreement);
+  relokv_rag::write_escalation_study(o.escalation_out, model_name, st.res, o.target_agreement,
+                                     st.choice, st.engine_run);
   std::printf("escalation study: %s.md, %s.svg, %s.json\n", o.escalation_out.c_str(),
               o.escalation_out.c_str(), o.escalation_out.c_str());
-  if (engine_run.size() == 2) {
-    const auto& f = engine_run[0];
-    const auto& e = engine_run[1];
-    const auto mean = [](const std::vector<double>& v) {
-      double s = 0;
-      for (double x : v) s += x;
-      return v.empty() ? 0.0 : s / double(v.size());
-    };
+  for (const auto& [name, value] : relokv_rag::escalation_figures(st))
+    std::printf("%s %.3g\n", name.c_str(), value);
+  if (st.engine_run.size() == 2)
+    std::printf("chosen: %s (fitted on %zu questions, run on %zu)\n", st.engine_run[1].name.c_str(),
+                relokv_rag::split_half(w.requests.size(), false).size(),
+                st.engine_run[1].agreement.size());
+  else
     std::printf(
-        "rag_escalation_agreement %.3f\nrag_escalation_work %.3f\n"
-        "rag_escalation_escalated %.3f\nrag_escalation_ttft_speedup %.3g\n",
-        mean(e.agreement), mean(e.work), mean(e.escalated),
-        mean(e.ttft_ms) > 0 ? mean(f.ttft_ms) / mean(e.ttft_ms) : 0.0);
-    std::printf("chosen: %s (fitted on %zu questions, run on %zu)\n", e.name.c_str(),
-                relokv_rag::split_half(w.requests.size(), false).size(), e.agreement.size());
-  } else {
-    std::printf(
-        "no base strategy and signal reached agreement %.2f below full recompute's "
-        "work on the fit half\n",
+        "no base strategy and signal reached agreement %.2f below full recompute's work on the "
+        "fit half\n",
         o.target_agreement);
-  }
   return 0;
 }
 

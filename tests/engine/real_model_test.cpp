@@ -395,12 +395,9 @@ std::string isa_missing() {
   const auto has = [&](const char* flag) {
     return cpu.find(std::string(" ") + flag) != std::string::npos;
   };
-  const bool built512 =
-#if defined(__AVX512F__)
-      true;
-#else
-      false;
-#endif
+  // The engine's own build decides (this file is compiled without -march=native: asking its
+  // macros skipped the AVX-512 level on hosts whose engine runs AVX-512 kernels).
+  const bool built512 = relokv_engine::engine_built_with_avx512();
   if (want >= relokv_engine::isa_level::kAvx2 && !has("avx2")) return "this host has no AVX2";
   if (want >= relokv_engine::isa_level::kAvx512 && !(has("avx512f") && built512))
     return "this host has no AVX-512 (or the build targets one without it)";

@@ -1,4 +1,7 @@
 #include "rag.hpp"
+#include <relokv/layout/builder.hpp>
+
+#include "escalate.hpp"
 #include "escalation.hpp"
 
 #include <algorithm>
@@ -423,4 +426,55 @@ TEST_CASE("profile: the escalation policy travels with it; a bad one is named", 
   std::ofstream(path) << text.substr(0, at) + "margin<7@every" + text.substr(at + 17);
   CHECK_THROWS_WITH(relokv_engine::load_profile(path), Catch::Contains("escalation.policy"));
   std::remove(path.c_str());
+}
+
+TEST_CASE("engine API: generate_escalating recomputes once, where the policy says",
+          "[rag][escalation]") {
+  const auto m =
+      std::make_shared<const relokv_engine::llama_model>(relokv_engine::llama_model::synthetic());
+  relokv_engine::llama_engine<relokv::block_relative, relokv::bf16> eng(m, 256);
+  std::vector<relokv::token_t> a, b, q;
+  for (int i = 0; i < 40; ++i) {
+    a.push_back(5 + i % 50);
+    b.push_back(60 + i % 40);
+  }
+  for (int i = 0; i < 8; ++i) q.push_back(100 + i);
+  // Cache the spans on their own, then read them in the other order.
+  for (const auto* s : {&b, &a}) {
+    (void)eng.prefill(relokv::layout_builder(16).span(*s).build(), relokv::recompute::full{});
+    eng.end(true);
+  }
+  std::vector<relokv::token_t> flat(a);
+  flat.insert(flat.end(), b.begin(), b.end());
+  flat.insert(flat.end(), q.begin(), q.end());
+  const auto spans = relokv::layout_builder(16).span(a).span(b).question(q).build();
+  const auto whole = relokv::layout_builder(16).prefix(flat).build();
+  relokv_engine::prefill_stats fst;
+  const auto full = eng.generate(eng.prefill(whole, relokv::recompute::full{}, &fst), 6);
+  eng.end(false);
+  using relokv::recompute::escalation_policy;
+  // Never: the reuse strategy's own answer, its own work.
+  relokv_engine::prefill_stats st;
+  const auto own = eng.generate(eng.prefill(spans, relokv::recompute::none{}, &st), 6);
+  eng.end(false);
+  auto r = relokv_engine::generate_escalating(eng, spans, whole, relokv::recompute::none{},
+                                              escalation_policy{}, 6);
+  eng.end(false);
+  CHECK(r.tokens == own);
+  CHECK(r.escalated_at == -1);
+  CHECK(r.token_layers == st.token_layers);
+  // Before the first token whatever the margin: full recompute's answer; both prefills count.
+  r = relokv_engine::generate_escalating(eng, spans, whole, relokv::recompute::none{},
+                                         escalation_policy::parse("entropy>0@first"), 6);
+  eng.end(false);
+  CHECK(r.tokens == full);
+  CHECK(r.escalated_at == 0);
+  CHECK(r.token_layers == st.token_layers + fst.token_layers);
+  r = relokv_engine::generate_escalating(eng, spans, whole, relokv::recompute::none{},
+                                         escalation_policy::parse("entropy>0@every"), 6);
+  eng.end(false);
+  CHECK(r.escalated_at == 0);  // @every looks before the first token too
+  CHECK_THROWS_AS(relokv_engine::generate_escalating(eng, spans, whole, relokv::recompute::none{},
+                                                     escalation_policy{true, {}, {}, 2.0f}, 6),
+                  relokv::error);
 }

@@ -27,7 +27,8 @@ struct escalated_answer {
 };
 
 /// Greedy answer of up to `max_tokens` (stopping after `stop` when >= 0) to `layout`, planned
-/// with `strategy` and escalated to full recompute of `full_layout` under `policy`. The request
+/// with `strategy` and escalated to full recompute of `full_layout` under `policy` (a draft
+/// policy generates the whole answer first, then keeps it or replaces it). The request
 /// is still live when it returns (end() it, as after prefill). @throws what prefill throws, and
 /// relokv::error for non-finite logits
 template <class E>
@@ -44,9 +45,13 @@ escalated_answer generate_escalating(E& eng, const relokv::request_layout& layou
   prefill_stats st;
   auto logits = eng.prefill(layout, strategy, &st, keys, principal);
   a.token_layers = st.token_layers;
+  const bool draft = policy.enabled && policy.stage == relokv::recompute::escalation_stage::draft;
+  relokv::recompute::logit_summary worst;  // margin 1, entropy 0: nothing yet
   for (std::int32_t i = 0; i < max_tokens; ++i) {
-    if (policy.enabled && a.escalated_at < 0 &&
-        policy.escalate(relokv::recompute::summarize_logits(logits), i)) {
+    if (draft) {
+      worst = policy.worst(worst, relokv::recompute::summarize_logits(logits));
+    } else if (policy.enabled && a.escalated_at < 0 &&
+               policy.escalate(relokv::recompute::summarize_logits(logits), i)) {
       eng.end(false);
       prefill_stats fs;
       logits = eng.prefill(full_layout, relokv::recompute::full{}, &fs, keys, principal);
@@ -61,6 +66,21 @@ escalated_answer generate_escalating(E& eng, const relokv::request_layout& layou
     a.tokens.push_back(t);
     if (t == stop || i + 1 == max_tokens) break;
     logits = eng.decode(t);
+  }
+  if (draft && policy.escalate(worst, 0)) {
+    // The draft, held back, is replaced by full recompute's answer.
+    eng.end(false);
+    prefill_stats fs;
+    logits = eng.prefill(full_layout, relokv::recompute::full{}, &fs, keys, principal);
+    a.token_layers += fs.token_layers;
+    a.escalated_at = 0;
+    a.tokens.clear();
+    for (std::int32_t i = 0; i < max_tokens; ++i) {
+      const relokv::token_t t = argmax(logits);
+      a.tokens.push_back(t);
+      if (t == stop || i + 1 == max_tokens) break;
+      logits = eng.decode(t);
+    }
   }
   return a;
 }

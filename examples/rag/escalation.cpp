@@ -110,6 +110,8 @@ std::vector<signal_def> escalation_signals() {
           {"entropy0", escalation_signal::entropy, escalation_stage::first_token},
           {"margin_every", escalation_signal::top1_margin, escalation_stage::every_token},
           {"entropy_every", escalation_signal::entropy, escalation_stage::every_token},
+          {"margin_draft", escalation_signal::top1_margin, escalation_stage::draft},
+          {"entropy_draft", escalation_signal::entropy, escalation_stage::draft},
           {"naive_kl", escalation_signal::entropy, escalation_stage::first_token, false}};
 }
 
@@ -135,10 +137,10 @@ escalation_outcome simulate(const variant_result& v, const signal_def& s, double
   double esc = 0, agree = 0, work = 0, late = 0;
   for (std::size_t k : requests) {
     std::int64_t at = -1;
-    if (s.stage == escalation_stage::first_token)
-      at = risk[k] > threshold ? 0 : -1;
-    else
+    if (s.stage == escalation_stage::every_token)
       at = first_step_over(v, s, k, threshold);
+    else  // before the first token, or after the draft (then replaced whole)
+      at = risk[k] > threshold ? 0 : -1;
     if (at < 0) {
       agree += v.agreement[k];
       work += v.work[k];
@@ -166,7 +168,7 @@ escalation_outcome simulate(const variant_result& v, const signal_def& s, double
 std::vector<escalation_outcome> escalation_curve(const variant_result& v, const signal_def& s,
                                                  const std::vector<std::size_t>& requests) {
   std::vector<double> ts = {kInf, -kInf};
-  if (s.stage == escalation_stage::first_token) {
+  if (s.stage != escalation_stage::every_token) {
     const auto risk = risk_of(v, s);
     for (std::size_t k : requests) ts.push_back(risk[k]);
   } else {
@@ -475,7 +477,7 @@ void write_escalation_study(const std::string& prefix, const std::string& model,
     const auto& v = res[vi];
     if (!has_signals(v)) continue;
     for (const auto& s : sigs) {
-      if (!s.engine_policy || s.stage != escalation_stage::first_token) continue;
+      if (!s.engine_policy || s.stage == escalation_stage::every_token) continue;
       const auto curve = escalation_curve(v, s, held);
       // The upper envelope: agreement never falls as work grows.
       std::string pts;

@@ -22,8 +22,9 @@ namespace relokv_rag {
 /// statistic; ties count half). 0.5 when either class is empty.
 double roc_auc(const std::vector<double>& score, const std::vector<bool>& positive);
 
-/// A signal a policy can read, and how: first-token (margin0, entropy0, naive_kl) or every
-/// answer token (margin, entropy).
+/// A signal a policy can read, and how: first-token (margin0, entropy0, naive_kl), every
+/// answer token (margin_every, entropy_every: escalate mid-answer), or a draft answer's least
+/// sure step (margin_draft, entropy_draft: the draft held back, then sent or replaced).
 struct signal_def {
   std::string name;
   relokv::recompute::escalation_signal signal;

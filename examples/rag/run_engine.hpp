@@ -168,19 +168,21 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
         escalated_at = static_cast<std::int32_t>(so_far.size());
         return l;
       };
+      // Before the first token or any answer token; the draft stage checks a whole answer.
+      const bool per_step = esc.enabled && esc.stage != relokv::recompute::escalation_stage::draft;
       const auto t0 = std::chrono::steady_clock::now();
       auto logits = eng.prefill(layout, var.strategy, &st, keys, opt.principal);
       token_layers += st.token_layers;
       relokv::recompute::logit_summary first;
       std::vector<float> first_logits;
-      if (esc.enabled) {  // choosing to escalate is part of TTFT
+      if (per_step) {  // choosing to escalate is part of TTFT
         first = relokv::recompute::summarize_logits(logits);
         if (!naive_first.empty()) first_logits = logits;
         if (esc.escalate(first, 0)) logits = escalate({});
       }
       relokv::token_t t = relokv_engine::argmax(logits);  // choosing it is part of TTFT
-      const auto t1 = std::chrono::steady_clock::now();
-      if (!esc.enabled) {
+      auto t1 = std::chrono::steady_clock::now();
+      if (!per_step) {
         first = relokv::recompute::summarize_logits(logits);
         if (!naive_first.empty()) first_logits = logits;
       }
@@ -190,19 +192,41 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
       std::vector<relokv::token_t> answer;
       std::vector<std::vector<float>> steps;
       std::vector<double> margins{first.margin}, entropies{first.entropy};
-      for (std::int32_t i = 0; i < opt.max_answer; ++i) {
-        const bool on_ref =
-            v == 0 || (i < static_cast<std::int32_t>(ref_answer.size()) &&
-                       std::equal(answer.begin(), answer.end(), ref_answer.begin()));
-        if (on_ref) steps.push_back(logits);
-        answer.push_back(t);
-        if (t == stop || i + 1 == opt.max_answer) break;
-        logits = eng.decode(t);
-        const auto sum = relokv::recompute::summarize_logits(logits);
-        margins.push_back(sum.margin);
-        entropies.push_back(sum.entropy);
-        if (escalated_at < 0 && esc.escalate(sum, i + 1)) logits = escalate(answer);
-        t = relokv_engine::argmax(logits);
+      const auto greedy = [&](bool record) {
+        for (std::int32_t i = 0; i < opt.max_answer; ++i) {
+          const bool on_ref =
+              v == 0 || (i < static_cast<std::int32_t>(ref_answer.size()) &&
+                         std::equal(answer.begin(), answer.end(), ref_answer.begin()));
+          if (on_ref) steps.push_back(logits);
+          answer.push_back(t);
+          if (t == stop || i + 1 == opt.max_answer) break;
+          logits = eng.decode(t);
+          if (record) {
+            const auto sum = relokv::recompute::summarize_logits(logits);
+            margins.push_back(sum.margin);
+            entropies.push_back(sum.entropy);
+            if (per_step && escalated_at < 0 && esc.escalate(sum, i + 1)) logits = escalate(answer);
+          }
+          t = relokv_engine::argmax(logits);
+        }
+      };
+      greedy(true);
+      if (esc.enabled && !per_step) {
+        // The draft was held back: its least sure step decides whether it is sent or replaced
+        // by full recompute's answer. Either way the first token goes out after the check.
+        const relokv::recompute::logit_summary worst{
+            static_cast<float>(*std::min_element(margins.begin(), margins.end())),
+            static_cast<float>(*std::max_element(entropies.begin(), entropies.end())), -1};
+        if (esc.escalate(worst, 0)) {
+          logits = escalate({});
+          answer.clear();
+          steps.clear();
+          t = relokv_engine::argmax(logits);
+          t1 = std::chrono::steady_clock::now();
+          greedy(false);
+        } else {
+          t1 = std::chrono::steady_clock::now();
+        }
       }
       eng.end(false);  // questions are not kept: every variant meets the same cache
       const auto t2 = std::chrono::steady_clock::now();
@@ -223,12 +247,11 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
           esc_tf = true;
           return f;
         };
-        if (esc.enabled && esc.escalate(relokv::recompute::summarize_logits(l), 0))
-          l = tf_escalate(0);
+        if (per_step && esc.escalate(relokv::recompute::summarize_logits(l), 0)) l = tf_escalate(0);
         steps.assign(1, std::move(l));
         for (std::size_t i = 0; i + 1 < ref_answer.size(); ++i) {
           auto next = eng.decode(ref_answer[i]);
-          if (esc.enabled && !esc_tf &&
+          if (per_step && !esc_tf &&
               esc.escalate(relokv::recompute::summarize_logits(next),
                            static_cast<std::int32_t>(i + 1)))
             next = tf_escalate(i + 1);

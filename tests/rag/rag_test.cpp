@@ -399,6 +399,27 @@ TEST_CASE("escalation: the engine loop does what the simulation of its policy sa
       CHECK(run2[1].agreement[k] == 1.0);
   }
   CHECK(mid_answer > 0);  // the case exercised escalation after a first token
+  // A draft held back: escalated where its least sure step is below the cut, then replaced
+  // by full recompute's answer whole; the simulation says the same.
+  const auto& draft = sigs[4];
+  REQUIRE(draft.name == "margin_draft");
+  std::vector<double> mins = nv.min_margin;
+  std::sort(mins.begin(), mins.end());
+  const double dcut = (mins[mins.size() / 2 - 1] + mins[mins.size() / 2]) / 2;
+  REQUIRE(mins[mins.size() / 2 - 1] < mins[mins.size() / 2]);
+  auto esc3 = naive;
+  esc3.escalation = relokv_rag::policy_of(draft, -dcut);
+  CHECK(esc3.escalation.label().ends_with("@draft"));
+  const auto run3 = relokv_rag::run(m, w, codec, {full, esc3}, o);
+  const auto dsim = relokv_rag::simulate(nv, draft, -dcut, all);
+  CHECK(dsim.escalated == 0.5);
+  double dagree = 0;
+  for (std::size_t k = 0; k < w.requests.size(); ++k) {
+    CHECK(run3[1].escalated[k] == (nv.min_margin[k] < dcut ? 1.0 : 0.0));
+    if (run3[1].escalated[k] > 0) CHECK(run3[1].agreement[k] == 1.0);
+    dagree += run3[1].agreement[k];
+  }
+  CHECK(dagree / double(all.size()) == Approx(dsim.agreement));
 }
 
 TEST_CASE("profile: the escalation policy travels with it; a bad one is named", "[rag]") {
@@ -474,6 +495,17 @@ TEST_CASE("engine API: generate_escalating recomputes once, where the policy say
                                          escalation_policy::parse("entropy>0@every"), 6);
   eng.end(false);
   CHECK(r.escalated_at == 0);  // @every looks before the first token too
+  // A draft: generated, then replaced whole by full recompute's answer.
+  r = relokv_engine::generate_escalating(eng, spans, whole, relokv::recompute::none{},
+                                         escalation_policy::parse("entropy>0@draft"), 6);
+  eng.end(false);
+  CHECK(r.tokens == full);
+  CHECK(r.escalated_at == 0);
+  CHECK(r.token_layers == st.token_layers + fst.token_layers);
+  r = relokv_engine::generate_escalating(eng, spans, whole, relokv::recompute::none{},
+                                         escalation_policy::parse("margin<0@draft"), 6);
+  eng.end(false);
+  CHECK(r.tokens == own);  // a margin is never below 0: the draft is sent
   CHECK_THROWS_AS(relokv_engine::generate_escalating(eng, spans, whole, relokv::recompute::none{},
                                                      escalation_policy{true, {}, {}, 2.0f}, 6),
                   relokv::error);

@@ -546,6 +546,11 @@ TEST_CASE("escalation: a policy escalates where its signal says, and parses its 
   CHECK_FALSE(e.escalate(sure, 5));
   CHECK(escalation_policy::parse(e.label()).label() == e.label());
   CHECK_FALSE(escalation_policy::parse("never").enabled);
+  const auto d = escalation_policy::parse("margin<0.2@draft");
+  CHECK(d.stage == escalation_stage::draft);
+  CHECK(d.label() == "margin<0.2@draft");
+  CHECK(d.worst(sure, unsure).margin == unsure.margin);  // the less sure of the two
+  CHECK(escalation_policy::parse("entropy>1@draft").worst(unsure, sure).entropy == 2.0f);
   for (const char* bad : {"margin<1.5", "margin<", "margin<0.2x", "entropy>-1", "margin>0.2",
                           "margin<0.2@later", "entropy>nan", ""})
     CHECK_THROWS_AS(escalation_policy::parse(bad), relokv::error);

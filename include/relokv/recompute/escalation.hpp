@@ -73,13 +73,20 @@ enum class escalation_signal : std::uint8_t {
 enum class escalation_stage : std::uint8_t {
   first_token,  ///< once, before the first token is chosen
   every_token,  ///< before each answer token, until it escalates once
+  /// Once, after a whole draft answer is generated and held back: the draft's least sure step
+  /// decides (the caller passes that step's summary), and an escalated request's answer is
+  /// full recompute's from its first token. Nothing is sent before the check, so the time to
+  /// first token includes the draft.
+  draft,
 };
 
 [[nodiscard]] constexpr std::string_view to_string(escalation_signal s) noexcept {
   return s == escalation_signal::top1_margin ? "margin" : "entropy";
 }
 [[nodiscard]] constexpr std::string_view to_string(escalation_stage s) noexcept {
-  return s == escalation_stage::first_token ? "first" : "every";
+  return s == escalation_stage::first_token   ? "first"
+         : s == escalation_stage::every_token ? "every"
+                                              : "draft";
 }
 
 /// A per-request escalation policy. The default never escalates.
@@ -90,10 +97,17 @@ struct escalation_policy {
   float threshold = 0.0f;
 
   /// Whether the distribution summarized by `s`, before answer token `step` (0: the first),
-  /// calls for full recompute.
+  /// calls for full recompute. For the draft stage, `s` is the draft's least sure step (see
+  /// worst()) and `step` is not read.
   [[nodiscard]] constexpr bool escalate(const logit_summary& s, std::int32_t step) const noexcept {
     if (!enabled || (stage == escalation_stage::first_token && step > 0)) return false;
     return signal == escalation_signal::top1_margin ? s.margin < threshold : s.entropy > threshold;
+  }
+  /// The less sure of two summaries under this policy's signal (a draft's running worst).
+  [[nodiscard]] constexpr logit_summary worst(const logit_summary& a,
+                                              const logit_summary& b) const noexcept {
+    return signal == escalation_signal::top1_margin ? (b.margin < a.margin ? b : a)
+                                                    : (b.entropy > a.entropy ? b : a);
   }
   /// @throws relokv::error for a threshold outside the signal's range (a margin in [0, 1], an
   /// entropy >= 0) or not finite.
@@ -107,7 +121,7 @@ struct escalation_policy {
                   (signal == escalation_signal::top1_margin ? "[0, 1] (a margin)"
                                                             : "[0, inf) (an entropy)"));
   }
-  /// "margin<0.3@first", "entropy>1.2@every", or "never".
+  /// "margin<0.3@first", "entropy>1.2@every", "margin<0.2@draft", or "never".
   [[nodiscard]] std::string label() const {
     if (!enabled) return "never";
     const bool m = signal == escalation_signal::top1_margin;
@@ -117,12 +131,13 @@ struct escalation_policy {
     return std::string(to_string(signal)) + (m ? "<" : ">") + t + "@" +
            std::string(to_string(stage));
   }
-  /// Parses label()'s form: SIGNAL<T or SIGNAL>T, then @first or @every (default @first).
+  /// Parses label()'s form: SIGNAL<T or SIGNAL>T, then @first, @every or @draft (default
+  /// @first).
   /// @throws relokv::error naming what is wrong
   [[nodiscard]] static escalation_policy parse(std::string_view text) {
     const auto bad = [&](const char* why) {
       return error("escalation policy '" + std::string(text) + "': " + why +
-                   " (expected margin<T or entropy>T, then @first or @every)");
+                   " (expected margin<T or entropy>T, then @first, @every or @draft)");
     };
     escalation_policy p;
     if (text == "never") return p;
@@ -134,6 +149,8 @@ struct escalation_policy {
         p.stage = escalation_stage::first_token;
       else if (st == "every")
         p.stage = escalation_stage::every_token;
+      else if (st == "draft")
+        p.stage = escalation_stage::draft;
       else
         throw bad("unknown stage");
       rest = rest.substr(0, at);

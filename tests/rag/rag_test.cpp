@@ -510,3 +510,67 @@ TEST_CASE("engine API: generate_escalating recomputes once, where the policy say
                                                      escalation_policy{true, {}, {}, 2.0f}, 6),
                   relokv::error);
 }
+
+TEST_CASE("escalation: the least-work strategy and threshold for a target, held out",
+          "[rag][escalation]") {
+  // Eight requests. Variant 1 is cheap (work 0.1): its sure answers (margin 0.9) are full's,
+  // its unsure ones (margin 0.1) are not. Variant 2 costs 0.5 and agrees on 7 of 8.
+  relokv_rag::variant_result full, cheap, mid;
+  for (int k = 0; k < 8; ++k) {
+    const bool unsure = k == 2 || k == 5;  // one in each half
+    for (auto* v : {&full, &cheap, &mid}) {
+      v->f1.push_back(0.5);
+      v->tf_agreement.push_back(1.0);
+      v->naive_kl.push_back(-1);
+      v->escalated.push_back(0);
+      v->escalated_at.push_back(-1);
+      v->prompt_tokens.push_back(100);
+    }
+    full.agreement.push_back(1.0);
+    full.work.push_back(1.0);
+    full.diverged_at.push_back(-1);
+    for (auto* v : {&full, &mid}) {
+      v->margin0.push_back(0.5);
+      v->entropy0.push_back(1.0);
+      v->min_margin.push_back(0.5);
+      v->max_entropy.push_back(1.0);
+      v->step_margins.push_back({0.5});
+      v->step_entropies.push_back({1.0});
+    }
+    cheap.margin0.push_back(unsure ? 0.1 : 0.9);
+    cheap.entropy0.push_back(unsure ? 2.0 : 0.2);
+    cheap.min_margin.push_back(unsure ? 0.1 : 0.9);
+    cheap.max_entropy.push_back(unsure ? 2.0 : 0.2);
+    cheap.step_margins.push_back({unsure ? 0.1 : 0.9});
+    cheap.step_entropies.push_back({unsure ? 2.0 : 0.2});
+    cheap.agreement.push_back(unsure ? 0.0 : 1.0);
+    cheap.diverged_at.push_back(unsure ? 0 : -1);
+    cheap.work.push_back(0.1);
+    mid.agreement.push_back(k == 5 ? 0.0 : 1.0);
+    mid.diverged_at.push_back(k == 5 ? 0 : -1);
+    mid.work.push_back(0.5);
+  }
+  const std::vector<relokv_rag::variant_result> res = {full, cheap, mid};
+  // The margin tells the cheap variant's divergent requests apart: AUC 1.
+  std::vector<bool> div;
+  for (double d : cheap.diverged_at) div.push_back(d >= 0);
+  CHECK(relokv_rag::roc_auc(relokv_rag::risk_of(cheap, relokv_rag::escalation_signals()[0]), div) ==
+        1.0);
+  const auto c = relokv_rag::choose_escalation(res, 0.95, /*use_split=*/true);
+  REQUIRE(c.has_value());
+  CHECK(c->variant == 1);
+  CHECK(c->held_out.agreement == 1.0);
+  CHECK(c->held_out.escalated == 0.25);
+  CHECK(c->held_out.work == Approx(0.1 + 0.25));
+  CHECK(relokv_rag::policy_of(c->signal, c->fit.threshold).enabled);
+  // Nothing below full recompute's work reaches an impossible target.
+  auto hopeless = res;
+  for (auto& a : hopeless[1].agreement) a = 0.0;
+  for (auto& d : hopeless[1].diverged_at) d = 0;
+  for (auto& m : hopeless[1].margin0) m = 0.5;
+  for (auto& a : hopeless[2].agreement) a = 0.0;
+  for (auto& d : hopeless[2].diverged_at) d = 0;
+  hopeless[1].work.assign(8, 0.1);
+  const auto none = relokv_rag::choose_escalation(hopeless, 0.95, true);
+  CHECK_FALSE(none.has_value());
+}

@@ -44,30 +44,6 @@ bool has_signals(const variant_result& v) {
          std::none_of(v.escalated.begin(), v.escalated.end(), [](double e) { return e > 0; });
 }
 
-/// mean(num) / mean(den) over the requests, with its bootstrap 95% interval.
-estimate bootstrap_ratio(const std::vector<double>& num, const std::vector<double>& den) {
-  estimate e;
-  const std::size_t n = std::min(num.size(), den.size());
-  if (n == 0) return e;
-  const auto ratio = [&](auto&& pick) {
-    double a = 0, b = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t k = pick(i);
-      a += num[k];
-      b += den[k];
-    }
-    return b > 0 ? a / b : 0.0;
-  };
-  e.mean = ratio([](std::size_t i) { return i; });
-  std::mt19937 rng(1);
-  std::uniform_int_distribution<std::size_t> pick(0, n - 1);
-  std::vector<double> rs(2000);
-  for (double& r : rs) r = ratio([&](std::size_t) { return pick(rng); });
-  e.lo = percentile(rs, 2.5);
-  e.hi = percentile(rs, 97.5);
-  return e;
-}
-
 std::string fmt(const char* f, double a) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, a);

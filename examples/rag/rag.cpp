@@ -378,6 +378,30 @@ estimate bootstrap_mean(const std::vector<double>& v, std::uint32_t seed) {
   return e;
 }
 
+estimate bootstrap_ratio(const std::vector<double>& num, const std::vector<double>& den,
+                         std::uint32_t seed) {
+  estimate e;
+  const std::size_t n = std::min(num.size(), den.size());
+  if (n == 0) return e;
+  const auto ratio = [&](auto&& pick) {
+    double a = 0, b = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t k = pick(i);
+      a += num[k];
+      b += den[k];
+    }
+    return b > 0 ? a / b : 0.0;
+  };
+  e.mean = ratio([](std::size_t i) { return i; });
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<std::size_t> pick(0, n - 1);
+  std::vector<double> rs(2000);
+  for (double& r : rs) r = ratio([&](std::size_t) { return pick(rng); });
+  e.lo = percentile(rs, 2.5);
+  e.hi = percentile(rs, 97.5);
+  return e;
+}
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

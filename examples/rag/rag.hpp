@@ -155,6 +155,10 @@ struct estimate {
   double mean = 0, lo = 0, hi = 0;
 };
 estimate bootstrap_mean(const std::vector<double>& v, std::uint32_t seed = 1);
+/// mean(num) / mean(den) over paired per-request values (F1 over full recompute's F1), with
+/// its bootstrap 95% interval (the pairs resampled together).
+estimate bootstrap_ratio(const std::vector<double>& num, const std::vector<double>& den,
+                         std::uint32_t seed = 1);
 double percentile(std::vector<double> v, double p);
 
 }  // namespace relokv_rag

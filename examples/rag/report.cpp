@@ -51,6 +51,12 @@ std::vector<row> rows_of(const std::vector<variant_result>& res) {
     w.agree = scaled(bootstrap_mean(r.agreement), 100);
     w.em = scaled(bootstrap_mean(r.em), 100);
     w.f1 = scaled(bootstrap_mean(r.f1), 100);
+    w.tf = scaled(bootstrap_mean(r.tf_agreement), 100);
+    w.f1_rel = bootstrap_ratio(r.f1, res.front().f1);
+    double same = 0;
+    for (double a : r.agreement) same += a == 1.0;
+    w.identical = r.agreement.empty() ? 0 : 100.0 * same / double(r.agreement.size());
+    w.escalated = 100.0 * mean(r.escalated);
     out.push_back(std::move(w));
   }
   return out;
@@ -108,7 +114,11 @@ void write_json(const std::string& path, const std::vector<row>& rows, const std
                                {"answer_kl", to_json(r.answer_kl)},
                                {"agreement_pct", to_json(r.agree)},
                                {"em_pct", to_json(r.em)},
-                               {"f1_pct", to_json(r.f1)}});
+                               {"f1_pct", to_json(r.f1)},
+                               {"teacher_forced_pct", to_json(r.tf)},
+                               {"f1_over_full", to_json(r.f1_rel)},
+                               {"identical_pct", r.identical},
+                               {"escalated_pct", r.escalated}});
   std::ofstream o(path);
   o << doc.dump(1) << "\n";
   if (!o) throw std::runtime_error(path + ": cannot write");
@@ -251,6 +261,14 @@ void write_sweep_svg(const std::string& path, const std::vector<sweep_point>& pt
 
 void print_summary(const std::vector<row>& rows, bool synthetic) {
   print_table(rows);
+  // Beside free-running agreement (one near-tie flip changes the rest of an answer): each
+  // answer token given full recompute's answer so far, and F1 as the papers report it.
+  std::printf("\n%-34s %21s %21s %11s %10s\n", "variant", "teacher-forced% [CI]",
+              "F1 / full's F1 [CI]", "identical%", "escalated%");
+  for (const auto& r : rows)
+    std::printf("%-34s %5.1f [%5.1f,%5.1f] %6.2f [%5.2f,%5.2f] %11.1f %10.1f\n", r.name.c_str(),
+                r.tf.mean, r.tf.lo, r.tf.hi, r.f1_rel.mean, r.f1_rel.lo, r.f1_rel.hi, r.identical,
+                r.escalated);
   std::printf("\nTTFT speedup over full prefill:");
   for (std::size_t i = 1; i < rows.size(); ++i)
     std::printf(" %s %.1fx;", rows[i].name.c_str(), rows[0].p50 / rows[i].p50);

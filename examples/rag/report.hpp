@@ -13,6 +13,10 @@ struct row {
   std::string name, key, note;
   double p50 = 0, p95 = 0, computed = 0, work = 0, exact = 0, reloc = 0, rps = 0, kv_mib = 0;
   estimate kl, answer_kl, agree, em, f1;
+  /// Teacher-forced top-1 agreement (%), F1 over full recompute's F1, the share of answers
+  /// identical to full's (%) and of requests escalated to full recompute (%).
+  estimate tf, f1_rel;
+  double identical = 0, escalated = 0;
 };
 std::vector<row> rows_of(const std::vector<variant_result>& res);
 

@@ -75,6 +75,10 @@ void add_floor(E& eng, const relokv::request_layout& flat,
   out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   out.computed.push_back(double(flat.tokens.size()));
   out.work.push_back(1.0);
+  std::size_t tf_same = 0;
+  for (std::size_t i = 0; i < ref_answer.size() && i < steps.size(); ++i)
+    tf_same += relokv_engine::argmax(steps[i]) == ref_answer[i];
+  out.tf_agreement.push_back(double(tf_same) / double(std::max<std::size_t>(ref_answer.size(), 1)));
   score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
 }
 

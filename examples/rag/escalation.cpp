@@ -88,7 +88,8 @@ std::vector<signal_def> escalation_signals() {
           {"entropy_every", escalation_signal::entropy, escalation_stage::every_token},
           {"margin_draft", escalation_signal::top1_margin, escalation_stage::draft},
           {"entropy_draft", escalation_signal::entropy, escalation_stage::draft},
-          {"naive_kl", escalation_signal::entropy, escalation_stage::first_token, false}};
+          {"naive_kl", escalation_signal::entropy, escalation_stage::first_token, false},
+          {"oracle", escalation_signal::entropy, escalation_stage::first_token, false}};
 }
 
 std::vector<double> risk_of(const variant_result& v, const signal_def& s) {
@@ -96,6 +97,8 @@ std::vector<double> risk_of(const variant_result& v, const signal_def& s) {
   for (std::size_t i = 0; i < v.margin0.size(); ++i) {
     if (s.name == "naive_kl")
       r.push_back(v.naive_kl[i]);
+    else if (s.name == "oracle")  // foresight: the worst answers first (a bound, not a policy)
+      r.push_back(1.0 - v.agreement[i]);
     else if (s.stage == escalation_stage::first_token)
       r.push_back(s.signal == escalation_signal::top1_margin ? -v.margin0[i] : v.entropy0[i]);
     else
@@ -222,6 +225,7 @@ escalation_study run_escalation_study(std::shared_ptr<const relokv_engine::llama
   auto o = opt;
   o.noise_floor = false;
   st.res = run(model, w, codec, variants, o);
+  st.target = target;
   st.choice = choose_escalation(st.res, target, /*use_split=*/true);
   if (!st.choice) return st;
   workload held = w;
@@ -238,6 +242,14 @@ escalation_study run_escalation_study(std::shared_ptr<const relokv_engine::llama
 
 std::vector<std::pair<std::string, double>> escalation_figures(const escalation_study& s) {
   std::vector<std::pair<std::string, double>> out;
+  // The least work any policy could reach the target with, over the bases, held out.
+  double bound = 1e9;
+  const auto held = split_half(s.res[0].agreement.size(), true);
+  for (std::size_t vi = 1; vi < s.res.size(); ++vi)
+    if (has_signals(s.res[vi]))
+      if (const auto o = fit_threshold(s.res[vi], escalation_signals().back(), s.target, held))
+        bound = std::min(bound, o->work);
+  if (bound < 1e9) out.emplace_back("rag_escalation_oracle_work", bound);
   if (!s.choice || s.engine_run.size() < 2) {
     out.emplace_back("rag_escalation_chosen", 0);
     return out;
@@ -257,10 +269,12 @@ std::vector<std::pair<std::string, double>> escalation_figures(const escalation_
   out.emplace_back("rag_escalation_simulated_agreement", s.choice->held_out.agreement);
   out.emplace_back("rag_escalation_simulated_work", s.choice->held_out.work);
   const auto& base = s.res[s.choice->variant];
+
   std::vector<bool> diverged;
   for (double d : base.diverged_at) diverged.push_back(d >= 0);
   for (const auto& sig : escalation_signals()) {
     const auto risk = risk_of(base, sig);
+    if (sig.name == "oracle") continue;
     if (sig.name == "naive_kl" &&
         std::any_of(risk.begin(), risk.end(), [](double x) { return x < 0; }))
       continue;
@@ -296,9 +310,10 @@ void write_escalation_study(const std::string& prefix, const std::string& model,
       "full recompute's token for token.\n\n| base strategy | work% | agreement% | "
       "teacher-forced% | F1 / full's F1 | identical% |";
   const auto sigs = escalation_signals();
-  for (const auto& s : sigs) md += " " + s.name + " |";
+  for (const auto& s : sigs)
+    if (s.name != "oracle") md += " " + s.name + " |";
   md += "\n|---|---|---|---|---|---|";
-  for (std::size_t i = 0; i < sigs.size(); ++i) md += "---|";
+  for (std::size_t i = 0; i + 1 < sigs.size(); ++i) md += "---|";
   md += "\n";
   nlohmann::json jsig = nlohmann::json::array();
   for (std::size_t vi = 1; vi < res.size(); ++vi) {
@@ -322,6 +337,7 @@ void write_escalation_study(const std::string& prefix, const std::string& model,
                           {"f1_over_full", {{"mean", f1.mean}, {"lo", f1.lo}, {"hi", f1.hi}}},
                           {"identical", identical}};
     for (const auto& s : sigs) {
+      if (s.name == "oracle") continue;
       const auto risk = risk_of(v, s);
       const bool usable = std::none_of(risk.begin(), risk.end(), [](double x) { return x < 0; }) ||
                           s.name != "naive_kl";
@@ -333,6 +349,26 @@ void write_escalation_study(const std::string& prefix, const std::string& model,
     jsig.push_back(row);
   }
   doc["signals"] = jsig;
+  // Every request's signals and outcome, per base strategy: the raw material for another
+  // analysis (the threshold of another target, another split).
+  nlohmann::json jreq = nlohmann::json::array();
+  for (std::size_t vi = 1; vi < res.size(); ++vi) {
+    const auto& v = res[vi];
+    if (!has_signals(v)) continue;
+    jreq.push_back({{"variant", v.name},
+                    {"agreement", v.agreement},
+                    {"diverged_at", v.diverged_at},
+                    {"work", v.work},
+                    {"prompt_tokens", v.prompt_tokens},
+                    {"margin0", v.margin0},
+                    {"entropy0", v.entropy0},
+                    {"step_margins", v.step_margins},
+                    {"step_entropies", v.step_entropies},
+                    {"naive_kl", v.naive_kl},
+                    {"tf_agreement", v.tf_agreement},
+                    {"f1", v.f1}});
+  }
+  doc["requests"] = {{"full_f1", res[0].f1}, {"variants", jreq}};
   // Policies.
   md +=
       "\n## Each base strategy and signal fitted for the target\n\nThe least-work threshold "
@@ -368,6 +404,25 @@ void write_escalation_study(const std::string& prefix, const std::string& model,
                         {"late", h.late}}}});
     }
   }
+  // The bound: a perfect predictor (escalating the least agreeing answers first) on the
+  // held-out half. No signal does better; where it misses the goal, so does every policy.
+  md +=
+      "\n## The bound: escalation with foresight\n\nEscalating the held-out requests in "
+      "order of their answers' disagreement with full recompute (what a perfect signal would "
+      "do): the least mean work that reaches the target. No policy can do better.\n\n| "
+      "base strategy | work% for the target | escalated% |\n|---|---|---|\n";
+  nlohmann::json jor = nlohmann::json::array();
+  const signal_def oracle = sigs.back();
+  for (std::size_t vi = 1; vi < res.size(); ++vi) {
+    const auto& v = res[vi];
+    if (!has_signals(v)) continue;
+    const auto o = fit_threshold(v, oracle, target, held);
+    md += "| " + v.name + " | " + (o ? fmt("%.1f", 100 * o->work) : std::string("-")) + " | " +
+          (o ? fmt("%.1f", 100 * o->escalated) : std::string("-")) + " |\n";
+    jor.push_back(
+        {{"variant", v.name}, {"work", o ? o->work : 0.0}, {"escalated", o ? o->escalated : 0.0}});
+  }
+  doc["oracle_bound"] = jor;
   doc["policies"] = jpol;
   if (choice) {
     const auto& v = res[choice->variant];

@@ -24,7 +24,8 @@ double roc_auc(const std::vector<double>& score, const std::vector<bool>& positi
 
 /// A signal a policy can read, and how: first-token (margin0, entropy0, naive_kl), every
 /// answer token (margin_every, entropy_every: escalate mid-answer), or a draft answer's least
-/// sure step (margin_draft, entropy_draft: the draft held back, then sent or replaced).
+/// sure step (margin_draft, entropy_draft: the draft held back, then sent or replaced); last,
+/// "oracle": foresight of each answer's disagreement, the bound no policy can beat.
 struct signal_def {
   std::string name;
   relokv::recompute::escalation_signal signal;
@@ -84,6 +85,7 @@ struct escalation_study {
   std::vector<variant_result> res;
   std::optional<escalation_choice> choice;
   std::vector<variant_result> engine_run;  ///< [full, chosen + policy] on the held-out half
+  double target = 0.95;
 };
 escalation_study run_escalation_study(std::shared_ptr<const relokv_engine::llama_model> model,
                                       const workload& w, const text_codec& codec,
@@ -92,7 +94,8 @@ escalation_study run_escalation_study(std::shared_ptr<const relokv_engine::llama
 /// relokv_report's lines: rag_escalation_agreement, _work, _escalated and _ttft_speedup (the
 /// chosen policy run on the held-out questions; absent without a choice), the held-out
 /// simulation's agreement and work beside them, and each signal's ROC AUC on the chosen base
-/// (rag_escalation_auc_<signal>).
+/// (rag_escalation_auc_<signal>), and rag_escalation_oracle_work: the least mean work with
+/// which a perfect predictor reaches the target on the held-out half, over the bases.
 std::vector<std::pair<std::string, double>> escalation_figures(const escalation_study& s);
 
 /// relokv_rag --escalation PREFIX: the study's tables (PREFIX.md), curves (PREFIX.svg, agreement

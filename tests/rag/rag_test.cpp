@@ -573,4 +573,12 @@ TEST_CASE("escalation: the least-work strategy and threshold for a target, held 
   hopeless[1].work.assign(8, 0.1);
   const auto none = relokv_rag::choose_escalation(hopeless, 0.95, true);
   CHECK_FALSE(none.has_value());
+  // The foresight bound: the cheap variant's one divergent held-out request of four.
+  const auto oracle = relokv_rag::escalation_signals().back();
+  REQUIRE(oracle.name == "oracle");
+  CHECK_FALSE(oracle.engine_policy);
+  const auto b = relokv_rag::fit_threshold(cheap, oracle, 0.95, relokv_rag::split_half(8, true));
+  REQUIRE(b.has_value());
+  CHECK(b->escalated == 0.25);
+  CHECK(b->agreement == 1.0);
 }

@@ -45,6 +45,7 @@ struct tenant {
 
 struct server_config {
   std::string model_path, host = "127.0.0.1", alias, strategy = "epic", profile, engine = "relokv";
+  std::string escalate;  ///< --escalate POLICY for the default strategy
   int port = 8080;
   std::int32_t ctx = 4096, kv_blocks = 0, parallel = 16, queue = 64, prefill_chunk = 256;
   std::size_t max_body = 1 << 20;
@@ -60,7 +61,20 @@ struct serving {
   std::string name;
   relokv::recompute::any_strategy strategy;
   bool spans = true;
+  relokv::recompute::escalation_policy escalation{};  ///< @first, or never
 };
+
+/// The server escalates before the first token only: a mid-answer escalation would take back
+/// streamed tokens, a draft would hold the stream. @throws std::runtime_error for another stage
+relokv::recompute::escalation_policy server_policy(const relokv::recompute::escalation_policy& p,
+                                                   const std::string& from) {
+  if (p.enabled && p.stage != relokv::recompute::escalation_stage::first_token)
+    throw std::runtime_error(from + ": escalation policy '" + p.label() +
+                             "': relokv_server escalates before the first token only (@first); "
+                             "@every and @draft are served by relokv_rag and "
+                             "relokv_engine::generate_escalating");
+  return p;
+}
 
 std::string model_alias(const std::string& path) {
   std::string base = path.substr(path.find_last_of('/') + 1);
@@ -97,11 +111,9 @@ json chunk(const relokv_server::job& j, const std::string& model, std::int64_t c
 }
 
 json relokv_info(const relokv_server::job& j) {
-  return {{"strategy", j.strategy_name},
-          {"computed_tokens", j.computed_tokens},
-          {"reused_tokens", j.cached_tokens},
-          {"work", j.work},
-          {"preemptions", j.preemptions}};
+  return {{"strategy", j.strategy_name},      {"computed_tokens", j.computed_tokens},
+          {"reused_tokens", j.cached_tokens}, {"work", j.work},
+          {"preemptions", j.preemptions},     {"escalated", j.escalated}};
 }
 
 }  // namespace
@@ -124,6 +136,10 @@ int main(int argc, char** argv) {
                  "kvboost, cacheblend, union, question, qepic, ape, seam (default epic)");
   app.add_option("--profile", cfg.profile,
                  "calibration profile (relokv_rag --calibrate); refused for another model");
+  app.add_option("--escalate", cfg.escalate,
+                 "recompute a request in full before its first token when the default "
+                 "strategy's first distribution looks unsure: margin<T@first or entropy>T@first "
+                 "(a profile's own policy otherwise)");
   app.add_option("--ctx", cfg.ctx, "context: prompt plus completion, in tokens (default 4096)")
       ->check(CLI::Range(64, 8192));
   app.add_option("--kv-blocks", cfg.kv_blocks,
@@ -189,7 +205,12 @@ int main(int argc, char** argv) {
       def.strategy = relokv_engine::profile_strategy(p, model);  // throws for another model
       def.name = p.safe ? "profile: " + p.strategy.label() : "profile: unsafe, full recompute";
       def.spans = !p.safe || p.strategy.kind != "full";
+      if (p.safe) def.escalation = server_policy(p.escalation, cfg.profile);
     }
+    if (!cfg.escalate.empty())
+      def.escalation =
+          server_policy(relokv::recompute::escalation_policy::parse(cfg.escalate), "--escalate");
+    if (def.escalation.enabled) def.name += " + " + def.escalation.label();
 
     std::map<std::string, tenant> tenants;
     for (const std::string& k : cfg.api_keys) {
@@ -317,6 +338,10 @@ int main(int argc, char** argv) {
         j->strategy = s->strategy;
         j->strategy_name = s->name;
         j->prompt = relokv_server::build_prompt(j->req, tok, default_system, s->spans, cfg.limits);
+        j->escalation = s->escalation;
+        if (s->escalation.enabled)  // what an escalation recomputes: the plain prompt
+          j->full_prompt =
+              relokv_server::build_prompt(j->req, tok, default_system, false, cfg.limits);
         if (who) {
           j->keys = who->keys;
           j->principal = who->principal;

@@ -83,6 +83,10 @@ void metrics::preempted() {
   const std::lock_guard lock(mu_);
   ++preemptions_;
 }
+void metrics::escalated() {
+  const std::lock_guard lock(mu_);
+  ++escalations_;
+}
 void metrics::rejected(const std::string& reason) {
   const std::lock_guard lock(mu_);
   ++rejected_[reason];
@@ -124,6 +128,9 @@ std::string metrics::text() const {
   counter(out, "relokv_completion_tokens_total", "Tokens generated.", double(completion_));
   counter(out, "relokv_preemptions_total",
           "Sequences released for want of KV blocks and recomputed later.", double(preemptions_));
+  counter(out, "relokv_escalations_total",
+          "Requests recomputed in full before their first token by the escalation policy.",
+          double(escalations_));
   gauge(out, "relokv_requests_running", "Sequences decoding.", double(snap_.running));
   gauge(out, "relokv_requests_prefilling", "Sequences whose prompt is being computed.",
         double(snap_.prefilling));

@@ -1,6 +1,8 @@
 // relokv_server's scheduler (scheduler.hpp).
 #include "scheduler.hpp"
 
+#include <relokv/recompute/full.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -17,6 +19,7 @@ struct scheduler::seq_state {
   std::mt19937_64 rng;
   bool first_token_seen = false;
   bool prompt_counted = false;
+  bool full = false;  ///< escalated: served from here on with full recompute of full_prompt
   clock_type::time_point last_token;
   std::size_t published = 0;  ///< bytes of text published
 };
@@ -129,8 +132,10 @@ void scheduler::admit() {
     job& j = *s.j;
     relokv_engine::prefill_stats st;
     try {
-      const auto layout = s.generated.empty() ? j.prompt.layout : j.prompt.with(s.generated);
-      s.id = eng_.open(layout, j.strategy, &st, j.keys, j.principal);
+      const built_prompt& p = s.full ? j.full_prompt : j.prompt;
+      const auto layout = s.generated.empty() ? p.layout : p.with(s.generated);
+      s.id = s.full ? eng_.open(layout, relokv::recompute::full{}, &st, j.keys, j.principal)
+                    : eng_.open(layout, j.strategy, &st, j.keys, j.principal);
     } catch (const relokv_engine::out_of_blocks& e) {
       if (eng_.live() > 0) return;  // blocks come back as sequences end: wait
       fail(s, 503, std::string("the KV pool cannot hold this request: ") + e.what());
@@ -172,6 +177,23 @@ void scheduler::prefill_one() {
       s.j->work += double(st.token_layers) / (layers * double(s.j->prompt_tokens));
   }
   if (logits.empty()) return;
+  job& j = *s.j;
+  if (j.escalation.enabled && !s.full && s.generated.empty() &&
+      j.escalation.escalate(relokv::recompute::summarize_logits(logits), 0)) {
+    // Unsure before its first token: nothing was sent; the request is admitted again, first
+    // in line, for full recompute (its first attempt's work stays counted).
+    eng_.close(s.id, /*commit=*/false);
+    s.id = -1;
+    s.full = true;
+    {
+      const std::lock_guard lock(j.mu);
+      j.escalated = true;
+    }
+    metrics_.escalated();
+    waiting_.push_front(std::move(prefilling_.front()));
+    prefilling_.pop_front();
+    return;
+  }
   auto owned = std::move(prefilling_.front());
   prefilling_.pop_front();
   running_.push_back(std::move(owned));

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <relokv/recompute/any_strategy.hpp>
+#include <relokv/recompute/escalation.hpp>
 #include <relokv/rope/block_relative.hpp>
 
 #include "api.hpp"
@@ -43,6 +44,11 @@ struct job {
   built_prompt prompt;
   relokv::recompute::any_strategy strategy;
   std::string strategy_name;
+  /// Recompute in full, before the first token, when the first distribution looks unsure
+  /// (relokv/recompute/escalation.hpp; @first policies only): `full_prompt` is then served
+  /// with full recompute.
+  relokv::recompute::escalation_policy escalation;
+  built_prompt full_prompt;
   relokv::extra_keys keys;
   std::uint64_t principal = 0;
   clock_type::time_point arrived = clock_type::now();
@@ -61,6 +67,7 @@ struct job {
   std::int32_t computed_tokens = 0;  ///< prompt tokens computed at the first layer
   double work = 0;                   ///< prefill work as a fraction of full recompute's
   std::int32_t preemptions = 0;
+  bool escalated = false;  ///< recomputed in full by the escalation policy
 };
 
 class scheduler {

@@ -279,6 +279,33 @@ def test_out_of_blocks_preempts_and_every_request_completes():
         assert s.stop() == 0
 
 
+def test_escalation_before_the_first_token():
+    # entropy>0@first escalates every request (no softmax has zero entropy): each is recomputed
+    # in full before its first token, so it answers as full recompute does, and says so.
+    s = Server("--escalate", "entropy>0@first", "--strategy", "naive", "--parallel", 4)
+    try:
+        ask(s, "Warm the spans.", DOCS[:2], max_tokens=1)
+        q = "Who designed the Eiffel Tower?"
+        docs = [DOCS[1], DOCS[0]]  # relocated
+        full = ask(s, q, docs, strategy="full", max_tokens=12)
+        before = s.metric("relokv_escalations_total")
+        esc = ask(s, q, docs, max_tokens=12)
+        assert esc.choices[0].message.content == full.choices[0].message.content
+        info = esc.model_dump()["relokv"]
+        assert info["escalated"] is True
+        assert info["strategy"] == "naive + entropy>0@first"
+        assert info["work"] > 1.0  # the first attempt and the full prefill both count
+        assert s.metric("relokv_escalations_total") == before + 1
+        # A request that names its strategy is served as it asks, without the policy.
+        assert ask(s, q, docs, strategy="naive", max_tokens=4).model_dump()["relokv"][
+            "escalated"] is False
+    finally:
+        assert s.stop() == 0
+    # Only @first: a policy that would take back streamed tokens is refused at start-up.
+    with pytest.raises(RuntimeError, match="before the first token only"):
+        Server("--escalate", "margin<0.3@every")
+
+
 def test_api_keys_are_tenants():
     s = Server("--api-key", "k1:alice", "--api-key", "k2:bob")
     try:

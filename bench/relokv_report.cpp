@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   }
   if (filter.rfind("rag_escalation", 0) == 0) {
 #if RELOKV_REPORT_ENGINE
-    // $RELOKV_ESCALATION_REQUESTS questions (default 128: about 20 minutes on 2 cores).
+    // $RELOKV_ESCALATION_REQUESTS questions (default 128: about 25 minutes on 2 cores).
     const char* n = std::getenv("RELOKV_ESCALATION_REQUESTS");
     print(relokv_bench::escalation_report(
         n != nullptr && std::atoi(n) > 1 ? static_cast<std::size_t>(std::atoi(n)) : 128));

@@ -474,7 +474,7 @@ void write_escalation_study(const std::string& prefix, const std::string& model,
                          {"ttft_speedup", ttft_esc > 0 ? ttft_full / ttft_esc : 0.0}};
   }
   // The curves: agreement against mean work on the held-out half, one per base and signal.
-  const double W = 640, H = 420, L = 60, R = 200, T = 40, B = 50;
+  const double W = 720, H = 420, L = 60, R = 280, T = 40, B = 50;
   const auto x = [&](double work) { return L + (W - L - R) * std::min(work, 1.2) / 1.2; };
   const auto y = [&](double a) { return T + (H - T - B) * (1.0 - a); };
   std::string svg =

@@ -390,13 +390,14 @@ estimate bootstrap_ratio(const std::vector<double>& num, const std::vector<doubl
       a += num[k];
       b += den[k];
     }
-    return b > 0 ? a / b : 0.0;
+    return b > 0 ? a / b : -1.0;  // undefined: no F1 in the denominator
   };
-  e.mean = ratio([](std::size_t i) { return i; });
+  e.mean = std::max(ratio([](std::size_t i) { return i; }), 0.0);
   std::mt19937 rng(seed);
   std::uniform_int_distribution<std::size_t> pick(0, n - 1);
-  std::vector<double> rs(2000);
-  for (double& r : rs) r = ratio([&](std::size_t) { return pick(rng); });
+  std::vector<double> rs;
+  for (int k = 0; k < 2000; ++k)  // resamples where full's F1 is all 0 say nothing: left out
+    if (const double r = ratio([&](std::size_t) { return pick(rng); }); r >= 0) rs.push_back(r);
   e.lo = percentile(rs, 2.5);
   e.hi = percentile(rs, 97.5);
   return e;

@@ -311,6 +311,14 @@ TEST_CASE("escalation: ROC AUC as the Mann-Whitney statistic", "[rag][escalation
   // One of four positive-negative pairs is misordered.
   CHECK(roc_auc({0.1, 0.3, 0.2, 0.4}, {false, false, true, true}) == 0.75);
   CHECK(roc_auc({0.1, 0.2}, {true, true}) == 0.5);  // one class only: no information
+  // F1 over full's F1: paired resampling; resamples with no F1 in the denominator left out.
+  const auto same = relokv_rag::bootstrap_ratio({0.5, 0.0, 1.0}, {0.5, 0.0, 1.0});
+  CHECK(same.mean == 1.0);
+  CHECK(same.lo == 1.0);
+  CHECK(same.hi == 1.0);
+  const auto half = relokv_rag::bootstrap_ratio({0.25, 0.25}, {0.5, 0.5});
+  CHECK(half.mean == 0.5);
+  CHECK(relokv_rag::bootstrap_ratio({1.0}, {0.0}).mean == 0.0);  // undefined: reported as 0
   CHECK(relokv_rag::split_half(5, false) == std::vector<std::size_t>{0, 2, 4});
   CHECK(relokv_rag::split_half(5, true) == std::vector<std::size_t>{1, 3});
 }

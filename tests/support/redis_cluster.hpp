@@ -140,11 +140,11 @@ class redis_cluster {
       throw std::runtime_error("redis-cli --cluster create failed or took over 60 s: " + tail);
     }
     wait_ok(std::chrono::seconds(30));
-    std::printf("redis_cluster: %d nodes on ports", 2 * masters);
-    for (const auto& n : nodes_) std::printf(" %d", n->port());
-    std::printf(", ready after %.1f s\n",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    std::fflush(stdout);
+    // On stderr: relokv_report's stdout holds `name value` lines only.
+    std::fprintf(stderr, "redis_cluster: %d nodes on ports", 2 * masters);
+    for (const auto& n : nodes_) std::fprintf(stderr, " %d", n->port());
+    std::fprintf(stderr, ", ready after %.1f s\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   static int& count() {
     static int n = 0;

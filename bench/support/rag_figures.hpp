@@ -28,17 +28,23 @@
 
 namespace relokv_bench {
 
+/// The QA sample: $RELOKV_RAG_DATA, or the one next to the source tree at configure time.
+inline std::string qa_sample() {
+  if (const char* env = std::getenv("RELOKV_RAG_DATA"); env != nullptr && *env != '\0') return env;
+#ifdef RELOKV_RAG_SAMPLE
+  return RELOKV_RAG_SAMPLE;
+#else
+  return {};
+#endif
+}
+
 /// The escalation study (relokv_rag --escalation) on SmolLM2 over `requests` questions of the
 /// sample: naive PIC, EPIC k=16 and the question's attention 15% with every signal, the policy
 /// fitted for agreement 0.95 on the even-numbered questions and run in the engine loop on the
 /// odd-numbered ones. Minutes; relokv_report --filter rag_escalation runs it alone.
 inline std::vector<std::pair<std::string, double>> escalation_report(std::size_t requests) {
   const std::string path = relokv_engine::default_model_path();
-  std::string data;
-  if (const char* env = std::getenv("RELOKV_RAG_DATA"); env != nullptr && *env != '\0') data = env;
-#ifdef RELOKV_RAG_SAMPLE
-  if (data.empty()) data = RELOKV_RAG_SAMPLE;
-#endif
+  const std::string data = qa_sample();
   if (path.empty() || data.empty() || !std::ifstream(data).good()) {
     std::fprintf(stderr,
                  "relokv_report: rag_escalation_* skipped: needs SmolLM2 (scripts/get-model) and "
@@ -65,11 +71,7 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
   const auto loaded = relokv_engine::load_model(path);
   const auto& model = loaded.model;
   const relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
-  std::string data;
-  if (const char* env = std::getenv("RELOKV_RAG_DATA"); env != nullptr && *env != '\0') data = env;
-#ifdef RELOKV_RAG_SAMPLE
-  if (data.empty()) data = RELOKV_RAG_SAMPLE;
-#endif
+  const std::string data = qa_sample();
   const bool real_data = !path.empty() && !data.empty() && std::ifstream(data).good();
   const auto w = real_data ? relokv_rag::load_jsonl(data, 8, 1, codec)
                            : relokv_rag::generate(6, 30, 10, 1.0, 7, model->cfg.vocab);

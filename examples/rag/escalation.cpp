@@ -201,10 +201,9 @@ std::optional<escalation_choice> choose_escalation(const std::vector<variant_res
     const auto& v = res[vi];
     if (!has_signals(v)) continue;
     const std::size_t n = v.agreement.size();
-    const auto fit_idx = use_split ? split_half(n, false) : split_half(n, false);
     std::vector<std::size_t> all(n);
     for (std::size_t i = 0; i < n; ++i) all[i] = i;
-    const auto& fit_on = use_split ? fit_idx : all;
+    const auto fit_on = use_split ? split_half(n, false) : all;
     const auto held = use_split ? split_half(n, true) : all;
     for (const auto& s : escalation_signals()) {
       if (!s.engine_policy) continue;

@@ -47,6 +47,16 @@ inline relokv::extra_keys tenant_keys(const run_options& opt) {
   return k;
 }
 
+/// The share of `ref_answer`'s tokens that the argmax of the logits before each one
+/// (`steps`, fed full recompute's answer so far) matches.
+inline double teacher_forced_agreement(const std::vector<std::vector<float>>& steps,
+                                       const std::vector<relokv::token_t>& ref_answer) {
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < ref_answer.size() && i < steps.size(); ++i)
+    same += relokv_engine::argmax(steps[i]) == ref_answer[i];
+  return double(same) / double(std::max<std::size_t>(ref_answer.size(), 1));
+}
+
 /// One request of the noise-floor row: full prefill on the fp32-KV engine, its greedy answer
 /// against the reference's, and its logits along the reference's answer (teacher-forced).
 template <class E>
@@ -75,10 +85,7 @@ void add_floor(E& eng, const relokv::request_layout& flat,
   out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   out.computed.push_back(double(flat.tokens.size()));
   out.work.push_back(1.0);
-  std::size_t tf_same = 0;
-  for (std::size_t i = 0; i < ref_answer.size() && i < steps.size(); ++i)
-    tf_same += relokv_engine::argmax(steps[i]) == ref_answer[i];
-  out.tf_agreement.push_back(double(tf_same) / double(std::max<std::size_t>(ref_answer.size(), 1)));
+  out.tf_agreement.push_back(teacher_forced_agreement(steps, ref_answer));
   score_answer(ref_steps, steps, ref_answer, answer, stop, r, codec, out);
 }
 
@@ -269,11 +276,7 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
       for (std::size_t i = 0; diverged < 0 && i < std::max(answer.size(), ref_answer.size()); ++i)
         if (i >= answer.size() || i >= ref_answer.size() || answer[i] != ref_answer[i])
           diverged = static_cast<std::int32_t>(i);
-      std::size_t tf_same = 0;
-      for (std::size_t i = 0; i < ref_answer.size() && i < steps.size(); ++i)
-        tf_same += relokv_engine::argmax(steps[i]) == ref_answer[i];
-      out.tf_agreement.push_back(double(tf_same) /
-                                 double(std::max<std::size_t>(ref_answer.size(), 1)));
+      out.tf_agreement.push_back(teacher_forced_agreement(steps, ref_answer));
       out.margin0.push_back(first.margin);
       out.entropy0.push_back(first.entropy);
       out.min_margin.push_back(*std::min_element(margins.begin(), margins.end()));

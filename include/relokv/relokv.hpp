@@ -40,6 +40,7 @@
 #include "relokv/recompute/seam_window.hpp"
 #include "relokv/rope/at_attention.hpp"
 #include "relokv/rope/block_relative.hpp"
+#include "relokv/rope/layer_rope.hpp"
 #include "relokv/rope/pre_rotated.hpp"
 #include "relokv/rope/rope_config.hpp"
 #include "relokv/rope/rotate.hpp"

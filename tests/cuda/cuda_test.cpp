@@ -45,9 +45,10 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 /// Host pool written at original positions, read through a table that relocates its blocks.
 /// `scaled`: YaRN (a magnitude on cos and sin), GPT-J pairs, half the dimensions rotated.
 template <class P, class T>
-void attention_case(int head_dim, int block_size, bool prefill, int heads, bool scaled = false) {
+void attention_case(int head_dim, int block_size, bool prefill, int heads, bool scaled = false,
+                    std::int32_t window = 0) {
   INFO("head_dim " << head_dim << ", block " << block_size << ", heads " << heads
-                   << (scaled ? ", YaRN, GPT-J, half rotated" : ""));
+                   << (scaled ? ", YaRN, GPT-J, half rotated" : "") << ", window " << window);
   std::mt19937 rng(17);
   relokv::rope_config cfg;
   cfg.head_dim = cfg.rotary_dim = head_dim;
@@ -94,27 +95,34 @@ void attention_case(int head_dim, int block_size, bool prefill, int heads, bool 
   a.indptr = indptr;
   a.num_q_heads = heads;
   a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  a.window = window;
   const relokv::block_table_view table{entries.data(), indptr.data(), 2};
   std::vector<float> want, want_lse;
   if (prefill) {
     a.q_pos = {0, 5, 2 * block_size, 3 * block_size - 4, 3, 2 * block_size - 1};  // scattered
     a.q_indptr = {0, 4, 6};
-    a.q = randn(
-        a.q_pos.size() * static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim), rng);
-    want.resize(a.q.size());
-    want_lse.resize(a.q_pos.size() * static_cast<std::size_t>(heads));
-    relokv::prefill_attention<P>(rope, relokv::paged_kv_view<const T>(pool.layer(0)), table,
-                                 a.q.data(), a.q_pos.data(), a.q_indptr.data(), heads, a.scale,
-                                 want.data(), {}, want_lse.data());
   } else {
     a.q_pos = {3 * block_size - 4, 2 * block_size - 1};
-    a.q = randn(2 * static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim), rng);
-    want.resize(a.q.size());
-    want_lse.resize(a.q_pos.size() * static_cast<std::size_t>(heads));
-    relokv::decode_attention<P>(rope, relokv::paged_kv_view<const T>(pool.layer(0)), table,
-                                a.q.data(), a.q_pos.data(), heads, a.scale, want.data(), {},
-                                want_lse.data());
   }
+  a.q = randn(
+      a.q_pos.size() * static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim), rng);
+  want.resize(a.q.size());
+  want_lse.resize(a.q_pos.size() * static_cast<std::size_t>(heads));
+  // The host kernel (itself checked against the fp64 oracle, windows included) is the oracle.
+  relokv::attention_params<T> hp;
+  hp.rope = &rope;
+  hp.kv = relokv::paged_kv_view<const T>(pool.layer(0));
+  hp.table = table;
+  hp.q = a.q.data();
+  hp.q_pos = a.q_pos.data();
+  hp.q_indptr = prefill ? a.q_indptr.data() : nullptr;
+  hp.num_tokens = static_cast<std::int32_t>(a.q_pos.size());
+  hp.num_q_heads = heads;
+  hp.scale = a.scale;
+  hp.out = want.data();
+  hp.lse = want_lse.data();
+  hp.window = window;
+  relokv::paged_attention<P>(hp);
   // One CTA per (token, KV head); split over the blocks as the kernel chooses; three splits
   // (a sequence of two entries leaves one split empty, which the merge must ignore); 200
   // splits, more than a merge CTA has threads, nearly all of them empty.
@@ -152,6 +160,11 @@ void placement_cases() {
     attention_case<P, relokv::bf16>(128, 16, prefill, 4);
     attention_case<P, relokv::bf16>(128, 16, prefill, 8, true);
     attention_case<P, relokv::fp16>(64, 32, prefill, 2, true);
+    // Sliding windows: one that cuts a block, a span and the relocated block 2, a
+    // block-aligned one, and one that leaves some queries no key of a block at all.
+    attention_case<P, relokv::bf16>(128, 16, prefill, 8, false, 21);
+    attention_case<P, relokv::bf16>(256, 16, prefill, 4, false, 16);
+    attention_case<P, relokv::fp16>(64, 32, prefill, 2, true, 5);
   }
 }
 

@@ -108,6 +108,7 @@ std::vector<float> device_attention(const device_attention_args& a, std::vector<
       p.out = o.p;
       dbuf<float> l(lse != nullptr ? static_cast<std::size_t>(tokens) * a.num_q_heads : 0);
       p.lse = l.p;
+      p.window = a.window;
       dbuf<float> ws(a.num_splits < 0
                          ? 0
                          : relokv::cuda::split_workspace_floats(

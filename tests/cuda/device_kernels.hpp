@@ -32,6 +32,7 @@ struct device_attention_args {
   std::vector<std::int32_t> q_indptr;  // empty: decode
   std::int32_t num_q_heads = 0;
   float scale = 1.0f;
+  std::int32_t window = 0;       // sliding window (0: none)
   std::int32_t num_splits = -1;  // -1: no workspace (one CTA per token and KV head); 0: the
                                  // kernel chooses; n: n splits
 };

@@ -57,9 +57,11 @@ using cache_t = relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_po
 
 // Computes the given tokens in every layer through req and checks each output row against
 // the oracle over the request's tokens (all of them visible by position).
+// With `geometry`, each layer's oracle takes that layer's RoPE and window.
 template <class Req>
 double compute_and_check(Req& req, const std::vector<relokv::token_t>& all,
-                         std::span<const relokv::token_slot> slots) {
+                         std::span<const relokv::token_slot> slots,
+                         const relokv::layer_rope* geometry = nullptr) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
   double worst = 0.0;
   const auto n = static_cast<std::int32_t>(slots.size());
@@ -80,8 +82,10 @@ double compute_and_check(Req& req, const std::vector<relokv::token_t>& all,
           {static_cast<int>(p), toy_vec(all[p], l, 1, kHk * kD), toy_vec(all[p], l, 2, kHk * kD)});
     for (std::int32_t i = 0; i < n; ++i) {
       const std::vector<float> qi(q.begin() + i * kHq * kD, q.begin() + (i + 1) * kHq * kD);
-      const auto ref =
-          oracle::attend(rope_cfg(), keys, qi, pos[static_cast<std::size_t>(i)], kHq, kHk, scale);
+      const auto ref = oracle::attend(
+          geometry != nullptr ? geometry->table(l).config() : rope_cfg(), keys, qi,
+          pos[static_cast<std::size_t>(i)], kHq, kHk, scale, nullptr,
+          geometry != nullptr ? geometry->window(l) : 0);
       for (int d = 0; d < kHq * kD; ++d)
         worst = std::max(worst, std::abs(ref[static_cast<std::size_t>(d)] -
                                          out[static_cast<std::size_t>(i * kHq * kD + d)]));
@@ -137,6 +141,46 @@ TEMPLATE_TEST_CASE("request_kv: prefill and decode over relocated blocks match f
   }
   CHECK(req.blocks().size() > blocks_before);
   CHECK(req.num_tokens() == static_cast<std::int32_t>(all.size()));
+}
+
+TEMPLATE_TEST_CASE("request_kv: per-layer RoPE bases and a sliding window over relocated spans",
+                   "[request][window]", relokv::pre_rotated, relokv::at_attention,
+                   relokv::block_relative) {
+  // Gemma 3's shape in two layers: layer 0 local (base 10,000, a window of 20 that cuts the
+  // spans and their blocks), layer 1 global (base 1,000,000). pre_rotated's relocation must
+  // rotate each layer by the delta in its own base.
+  auto local = rope_cfg(), global = rope_cfg();
+  global.theta = 1000000.0;
+  const std::vector<relokv::layer_rope::layer> layers = {{local, 20}, {global, 0}};
+  const relokv::layer_rope geometry(layers, 512);
+  relokv::host_kv_storage<float> storage(relokv::kv_shape{kLayers, 64, kHk, kBlock, kD});
+  cache_t<TestType> cache(relokv::lru_block_pool(64), kBlock);
+  const auto sys = run(100, 20), a = run(200, 37), b = run(300, 16), qn = run(400, 9);
+  {
+    const auto l1 = relokv::layout_builder(kBlock).prefix(sys).span(a).span(b).question(qn).build();
+    relokv::request_kv req(cache, storage, geometry, l1, cache.plan(l1));
+    CHECK(req.window_of(0) == 20);
+    CHECK(req.window_of(1) == 0);
+    CHECK(compute_and_check(req, l1.tokens, req.prefill_tokens(), &geometry) < 1e-5);
+    req.commit();
+  }
+  const auto l2 = relokv::layout_builder(kBlock).prefix(sys).span(b).span(a).question(qn).build();
+  relokv::request_kv req(cache, storage, geometry, l2, cache.plan(l2, relokv::recompute::none{}));
+  CHECK(req.plan().relocated_hits > 0);
+  CHECK(compute_and_check(req, l2.tokens, req.prefill_tokens(), &geometry) < 1e-5);
+  auto all = l2.tokens;
+  for (int i = 0; i < 20; ++i) {
+    const auto s = req.append_token();
+    REQUIRE(s.has_value());
+    all.push_back(9000 + i);
+    const relokv::token_slot one[1] = {*s};
+    CHECK(compute_and_check(req, all, one, &geometry) < 1e-5);
+  }
+  // The geometry must have the storage's layers.
+  const relokv::layer_rope three(local, 3, 64);
+  const auto l3 = relokv::layout_builder(kBlock).prefix(run(700, 5)).build();
+  CHECK_THROWS_WITH(relokv::request_kv(cache, storage, three, l3, cache.plan(l3)),
+                    Catch::Contains("3 layers of RoPE for a storage of 2 layers"));
 }
 
 TEST_CASE("request_kv: the last-token rule when the whole prompt is reused", "[request]") {

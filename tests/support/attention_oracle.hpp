@@ -30,10 +30,11 @@ inline void rotate_exact(const relokv::rope_config& c, std::vector<double>& x, d
 
 /// out: [num_q_heads][head_dim] for one query (unrotated q: [num_q_heads][head_dim]) at m.
 /// lse (when given): [num_q_heads], log of each head's softmax denominator (-inf: no key).
+/// window > 0: only the keys at positions in (m - window, m] (a sliding-window layer).
 inline std::vector<double> attend(const relokv::rope_config& c, const std::vector<key_token>& keys,
                                   const std::vector<float>& q, int m, int num_q_heads,
                                   int num_kv_heads, double scale,
-                                  std::vector<double>* lse = nullptr) {
+                                  std::vector<double>* lse = nullptr, int window = 0) {
   if (lse != nullptr)
     lse->assign(static_cast<std::size_t>(num_q_heads), -std::numeric_limits<double>::infinity());
   const int D = c.head_dim, G = num_q_heads / num_kv_heads;
@@ -45,7 +46,7 @@ inline std::vector<double> attend(const relokv::rope_config& c, const std::vecto
     std::vector<double> s;
     std::vector<const key_token*> vis;
     for (const auto& kt : keys) {
-      if (kt.pos > m) continue;
+      if (kt.pos > m || (window > 0 && kt.pos <= m - window)) continue;
       std::vector<double> kr(kt.k.begin() + h * D, kt.k.begin() + (h + 1) * D);
       rotate_exact(c, kr, kt.pos);
       double d = 0;

@@ -11,6 +11,7 @@
 #include "relokv/dtype.hpp"
 #include "relokv/memory/host_kv_storage.hpp"
 #include "relokv/memory/paged_view.hpp"
+#include "relokv/rope/layer_rope.hpp"
 #include "relokv/rope/rotate.hpp"
 
 RELOKV_NAMESPACE_BEGIN
@@ -94,6 +95,25 @@ void apply_copies(const rope_table& rope, host_kv_storage<T>& storage,
     if (P::relocation_rotates_keys && c.rotates()) {
       for (std::int32_t l = 0; l < storage.shape().num_layers; ++l)
         relocate_block(rope, storage.layer(l), c.src, c.dst, c.dst_pos0 - c.src_pos0,
+                       storage.shape().block_size);
+    } else {
+      storage.copy_block(c.src, c.dst);
+    }
+  }
+}
+
+/// apply_copies for a model whose layers rotate by their own RoPE (layer_rope): a pre_rotated
+/// relocation rotates each layer's keys by the delta in that layer's base.
+template <class P, class T>
+void apply_copies(const layer_rope& layers, host_kv_storage<T>& storage,
+                  std::span<const block_copy> copies) {
+  if (layers.num_layers() != storage.shape().num_layers)
+    throw error("apply_copies: " + std::to_string(layers.num_layers()) + " layers of RoPE for " +
+                std::to_string(storage.shape().num_layers) + " layers of KV");
+  for (const block_copy& c : copies) {
+    if (P::relocation_rotates_keys && c.rotates()) {
+      for (std::int32_t l = 0; l < storage.shape().num_layers; ++l)
+        relocate_block(layers.table(l), storage.layer(l), c.src, c.dst, c.dst_pos0 - c.src_pos0,
                        storage.shape().block_size);
     } else {
       storage.copy_block(c.src, c.dst);

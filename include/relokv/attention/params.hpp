@@ -22,7 +22,7 @@ RELOKV_NAMESPACE_BEGIN
 /// One host attention call: decode when q_indptr is null (token t is sequence t, so
 /// num_tokens == table.num_seqs), prefill otherwise (sequence s has the queries
 /// q_indptr[s] .. q_indptr[s+1], each at its own logical position, scattered or not).
-/// Causal by logical position over each sequence's blocks.
+/// Causal by logical position over each sequence's blocks, and windowed where `window` > 0.
 template <class T>
 struct attention_params {
   const rope_table* rope = nullptr;
@@ -42,6 +42,10 @@ struct attention_params {
   /// The share of the KV heads this call computes; only their query heads' rows of `out` and
   /// `lse` are written.
   kv_head_range heads{};
+  /// Sliding window (Gemma, Mistral): a query at logical position m sees the keys at logical
+  /// positions in (m - window, m], by the reading request's positions, so a relocated block is
+  /// windowed where it now stands. 0: no window (a global layer).
+  std::int32_t window = 0;
 };
 
 /// Checks a call before any kernel reads: the pointers, the shapes against the RoPE table and
@@ -67,6 +71,9 @@ template <class T>
                        std::to_string(p.heads.end) + ") is not a range of the " +
                        std::to_string(kv.num_kv_heads) + " KV heads"};
   if (p.num_tokens < 0) return {false, "attention: negative num_tokens"};
+  if (p.window < 0)
+    return {false, "attention: window must be 0 (none) or positive, got " +
+                       std::to_string(p.window)};
   if (p.num_tokens > 0 && (p.q == nullptr || p.q_pos == nullptr || p.out == nullptr))
     return {false, "attention: null q, q_pos or out"};
   if (auto s = validate_block_table(p.table, kv.num_blocks, kv.block_size); !s) return s;
@@ -106,7 +113,7 @@ void paged_attention(const attention_params<T>& p) {
         detail::attend_group<P, Path, /*Decode=*/true>(
             rope, p.kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
             p.q + s * stride, p.q_pos + s, 1, p.num_q_heads, p.scale, p.out + s * stride,
-            p.lse == nullptr ? nullptr : p.lse + s * p.num_q_heads, hb, he);
+            p.lse == nullptr ? nullptr : p.lse + s * p.num_q_heads, hb, he, p.window);
       return;
     }
     // Queries of a sequence in groups that share each block while it is in cache. The AMX
@@ -121,7 +128,7 @@ void paged_attention(const attention_params<T>& p) {
         detail::attend_group<P, Path, /*Decode=*/false>(
             rope, p.kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
             p.q + t * stride, p.q_pos + t, n, p.num_q_heads, p.scale, p.out + t * stride,
-            p.lse == nullptr ? nullptr : p.lse + t * p.num_q_heads, hb, he);
+            p.lse == nullptr ? nullptr : p.lse + t * p.num_q_heads, hb, he, p.window);
       }
   });
 }

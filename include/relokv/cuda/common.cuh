@@ -96,7 +96,7 @@ RELOKV_DEVICE float warp_sum(float v) {
 
 /// The single dispatch point from run-time head_dim and block_size to template parameters.
 /// Calls f(std::integral_constant<int, D>{}, std::integral_constant<int, BS>{}) for the
-/// supported pairs (head_dim 64 or 128, block size 16 or 32); returns cudaErrorInvalidValue
+/// supported pairs (head_dim 64, 128 or 256, block size 16 or 32); returns cudaErrorInvalidValue
 /// otherwise (can_implement says why).
 template <class F>
 cudaError_t dispatch_shape(int head_dim, int block_size, F&& f) {
@@ -109,12 +109,16 @@ cudaError_t dispatch_shape(int head_dim, int block_size, F&& f) {
     return f(integral_constant<int, 128>{}, integral_constant<int, 16>{});
   if (head_dim == 128 && block_size == 32)
     return f(integral_constant<int, 128>{}, integral_constant<int, 32>{});
+  if (head_dim == 256 && block_size == 16)  // Gemma 2 and 3
+    return f(integral_constant<int, 256>{}, integral_constant<int, 16>{});
+  if (head_dim == 256 && block_size == 32)
+    return f(integral_constant<int, 256>{}, integral_constant<int, 32>{});
   return cudaErrorInvalidValue;
 }
 
 inline support check_shape(int head_dim, int block_size) {
-  if (head_dim != 64 && head_dim != 128)
-    return {false, "Unsupported head_dim: " + std::to_string(head_dim) + " (64 or 128)"};
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    return {false, "Unsupported head_dim: " + std::to_string(head_dim) + " (64, 128 or 256)"};
   if (block_size != 16 && block_size != 32)
     return {false, "Unsupported block_size: " + std::to_string(block_size) + " (16 or 32)"};
   return {};

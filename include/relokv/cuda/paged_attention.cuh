@@ -57,6 +57,9 @@ struct attention_params {
   /// Splits per (token, KV head): 0 fills one wave of the kernel's resident CTAs, as far as
   /// the workspace allows (choose_splits); n > 0 asks for n (the workspace must hold them).
   std::int32_t num_splits = 0;
+  /// Sliding window, as relokv::attention_params::window: a query at logical position m sees
+  /// the keys at logical positions in (m - window, m]; 0: no window.
+  std::int32_t window = 0;
 };
 
 inline constexpr int kMaxSplits = 256;  ///< splits per (token, KV head) at most
@@ -80,6 +83,8 @@ support can_implement(const attention_params<T>& p) {
     return {false, "GQA group of " + std::to_string(p.num_q_heads / p.kv.num_kv_heads) +
                        " query heads per KV head; at most " + std::to_string(kMaxGroup)};
   if (p.rope.pairs * 2 > p.kv.head_dim) return {false, "rotary_dim exceeds head_dim"};
+  if (p.window < 0)
+    return {false, "window must be 0 (none) or positive, got " + std::to_string(p.window)};
   if (p.num_splits < 0 || p.num_splits > kMaxSplits)
     return {false, "num_splits " + std::to_string(p.num_splits) + " outside [0, " +
                        std::to_string(kMaxSplits) + "]"};
@@ -229,6 +234,10 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
     const block_entry be = p.table.entries[e];
     if (be.pos0 > m || be.len <= 0) continue;
     const int valid = min(be.len, m - be.pos0 + 1);
+    // The first slot inside the window (by the reading request's positions); none: skip.
+    const long long cut = p.window > 0 ? static_cast<long long>(m) - p.window + 1 - be.pos0 : 0;
+    const int first = cut <= 0 ? 0 : static_cast<int>(cut < valid ? cut : valid);
+    if (first >= valid) continue;
     float r1[kG][kPairs], r2[kG][kPairs];  // queries as this block needs them
 #pragma unroll
     for (int g = 0; g < kG; ++g)
@@ -247,7 +256,7 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(const atte
       }
     const T* kt = p.kv.k(be.block, h);
     const T* vt = p.kv.v(be.block, h);
-    for (int j0 = 0; j0 < valid; j0 += C) {
+    for (int j0 = first; j0 < valid; j0 += C) {
       float k1[C][kPairs], k2[C][kPairs], v1[C][kPairs], v2[C][kPairs];
 #pragma unroll
       for (int c = 0; c < C; ++c) {

@@ -88,14 +88,30 @@ class request_kv {
   ///         or the RoPE table does not fit the cache; the request is released then.
   request_kv(Cache& cache, host_kv_storage<T>& storage, const rope_table& rope,
              const request_layout& layout, reuse_plan plan)
-      : cache_(&cache), storage_(&storage), rope_(&rope), plan_(std::move(plan)) {
+      : request_kv(cache, storage, &rope, nullptr, layout, std::move(plan)) {}
+
+  /// The same for a model whose layers differ in RoPE or window (layer_rope: Gemma 2/3,
+  /// sliding-window models): layer l's keys are rotated by its own table (pre_rotated
+  /// relocation included) and its attention windowed by logical position. `layers` must
+  /// outlive the request.
+  request_kv(Cache& cache, host_kv_storage<T>& storage, const layer_rope& layers,
+             const request_layout& layout, reuse_plan plan)
+      : request_kv(cache, storage, &layers.table(0), &layers, layout, std::move(plan)) {}
+
+ private:
+  request_kv(Cache& cache, host_kv_storage<T>& storage, const rope_table* rope,
+             const layer_rope* layers, const request_layout& layout, reuse_plan plan)
+      : cache_(&cache), storage_(&storage), rope_(rope), layers_(layers), plan_(std::move(plan)) {
     if (!plan_.ok())
       throw error("request_kv: the plan failed (" + std::to_string(plan_.blocks_short) +
                   " more free blocks needed); wait or preempt, plan again");
     try {
       check(layout);
       apply_fetches(storage, plan_.fetches);
-      apply_copies<placement>(rope, storage, plan_.copies);
+      if (layers_ != nullptr)
+        apply_copies<placement>(*layers_, storage, plan_.copies);
+      else
+        apply_copies<placement>(*rope_, storage, plan_.copies);
       plan_.fetches.clear();  // the bytes are written; drop the blobs
     } catch (...) {
       cache.release(plan_.id);
@@ -127,12 +143,14 @@ class request_kv {
     num_tokens_ = n;
   }
 
+ public:
   request_kv(const request_kv&) = delete;
   request_kv& operator=(const request_kv&) = delete;
   request_kv(request_kv&& o) noexcept
       : cache_(std::exchange(o.cache_, nullptr)),
         storage_(o.storage_),
         rope_(o.rope_),
+        layers_(o.layers_),
         plan_(std::move(o.plan_)),
         table_(std::move(o.table_)),
         writable_(std::move(o.writable_)),
@@ -180,17 +198,28 @@ class request_kv {
       throw error("request_kv::write: the slot (position " + std::to_string(t.pos_) +
                   ") was not made by this live request");
     if (!t.write_) return;
-    append_kv<placement>(*rope_, storage_->layer(l), t.block_, t.slot_, t.pos_, k, v);
+    append_kv<placement>(rope_of(l), storage_->layer(l), t.block_, t.slot_, t.pos_, k, v);
   }
 
-  /// Attention of n queries of this request (unrotated, at positions q_pos, causal) over its
-  /// blocks in layer l: the decode kernel for one query, the prefill kernel otherwise.
+  /// Layer l's RoPE table (the one table unless built from a layer_rope).
+  [[nodiscard]] const rope_table& rope_of(std::int32_t l) const {
+    return layers_ != nullptr ? layers_->table(l) : *rope_;
+  }
+  /// Layer l's sliding window (0: none).
+  [[nodiscard]] std::int32_t window_of(std::int32_t l) const {
+    return layers_ != nullptr ? layers_->window(l) : 0;
+  }
+
+  /// Attention of n queries of this request (unrotated, at positions q_pos, causal, windowed
+  /// where the layer is) over its blocks in layer l: the decode kernel for one query, the
+  /// prefill kernel otherwise.
   void attend(std::int32_t l, const float* q, const pos_t* q_pos, std::int32_t n,
               std::int32_t num_q_heads, float scale, float* out, kv_head_range heads = {},
               float* lse = nullptr) const {
     check_layer(l, "attend");
     attention_params<T> p;
-    p.rope = rope_;
+    p.rope = &rope_of(l);
+    p.window = window_of(l);
     p.kv = storage_->layer(l);
     p.table = table();
     p.q = q;
@@ -271,6 +300,9 @@ class request_kv {
     if (s.block_size != cache_->block_size())
       throw error("request_kv: storage block_size " + std::to_string(s.block_size) +
                   " differs from the cache's " + std::to_string(cache_->block_size()));
+    if (layers_ != nullptr && layers_->num_layers() != s.num_layers)
+      throw error("request_kv: " + std::to_string(layers_->num_layers()) +
+                  " layers of RoPE for a storage of " + std::to_string(s.num_layers) + " layers");
     if (rope_->config().head_dim != s.head_dim)
       throw error("request_kv: rope head_dim " + std::to_string(rope_->config().head_dim) +
                   " differs from the storage's " + std::to_string(s.head_dim));
@@ -279,6 +311,7 @@ class request_kv {
   Cache* cache_;
   host_kv_storage<T>* storage_;
   const rope_table* rope_;
+  const layer_rope* layers_ = nullptr;  // per-layer RoPE and windows, when given
   reuse_plan plan_;
   std::vector<block_entry> table_;
   std::vector<bool> writable_;  // per table entry: decode may append into it

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// RoPE configuration and per-pair inverse frequencies (NeoX/GPT-J layouts, partial rotary,
-/// linear, Llama-3.1 and YaRN scaling).
+/// linear, Llama-3.1 and YaRN scaling, YaRN's truncate and DeepSeek's mscale_all_dim).
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -33,8 +33,20 @@ struct rope_config {
   // YaRN
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  /// YaRN attention factor applied to cos and sin; 0 means the default 0.1 ln(factor) + 1.
+  /// YaRN attention factor applied to cos and sin; 0 means the default: 0.1 ln(factor) + 1,
+  /// or DeepSeek's mscale ratio when yarn_mscale and yarn_mscale_all_dim are both set.
   double yarn_attn_factor = 0.0;
+  /// YaRN `truncate` (Hugging Face's default true): the correction range's ends are rounded
+  /// out to whole dimensions (floor, ceil); false keeps them fractional (GPT-OSS).
+  bool yarn_truncate = true;
+  /// DeepSeek-style YaRN (`mscale`, `mscale_all_dim`): with both set, the factor on cos and
+  /// sin is get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim), where
+  /// get_mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1). The softmax scale's own factor
+  /// (get_mscale(factor, mscale_all_dim)^2 in DeepSeek-V2/V3) is the caller's: softmax_factor.
+  double yarn_mscale = 0.0;
+  double yarn_mscale_all_dim = 0.0;
+
+  friend bool operator==(const rope_config&, const rope_config&) = default;
 
   /// @throws error naming the bad field.
   void validate() const {
@@ -52,6 +64,9 @@ struct rope_config {
       throw error("rope_config: Llama-3.1 scaling needs high_freq_factor > low_freq_factor");
     if (scaling == rope_scaling::kYaRN && (original_max_position <= 0 || !(beta_fast > beta_slow)))
       throw error("rope_config: YaRN needs original_max_position > 0 and beta_fast > beta_slow");
+    if (yarn_attn_factor < 0.0 || yarn_mscale < 0.0 || yarn_mscale_all_dim < 0.0)
+      throw error("rope_config: YaRN attention factor, mscale and mscale_all_dim must not be "
+                  "negative");
   }
   [[nodiscard]] std::int32_t pairs() const noexcept { return rotary_dim / 2; }
 };
@@ -81,8 +96,12 @@ struct rope_config {
         return c.rotary_dim * std::log(c.original_max_position / (rotations * kTwoPi)) /
                (2.0 * std::log(c.theta));
       };
-      double low = std::floor(dim_for(c.beta_fast));
-      double high = std::ceil(dim_for(c.beta_slow));
+      double low = dim_for(c.beta_fast);
+      double high = dim_for(c.beta_slow);
+      if (c.yarn_truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
       low = low < 0 ? 0 : low;
       high = high > c.rotary_dim - 1 ? c.rotary_dim - 1 : high;
       if (high == low) high += 0.001;
@@ -95,11 +114,27 @@ struct rope_config {
   return base;
 }
 
+/// YaRN's get_mscale(scale, m): 0.1 m ln(scale) + 1, and 1 for scale <= 1.
+[[nodiscard]] inline double yarn_get_mscale(double scale, double m = 1.0) noexcept {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
+
 /// Factor applied to cos and sin (YaRN's attention scaling; 1 otherwise).
 [[nodiscard]] inline double magnitude(const rope_config& c) noexcept {
   if (c.scaling != rope_scaling::kYaRN) return 1.0;
   if (c.yarn_attn_factor > 0.0) return c.yarn_attn_factor;
-  return c.factor <= 1.0 ? 1.0 : 0.1 * std::log(c.factor) + 1.0;
+  if (c.yarn_mscale > 0.0 && c.yarn_mscale_all_dim > 0.0)
+    return yarn_get_mscale(c.factor, c.yarn_mscale) /
+           yarn_get_mscale(c.factor, c.yarn_mscale_all_dim);
+  return yarn_get_mscale(c.factor);
+}
+
+/// Factor on the softmax scale that DeepSeek-style YaRN asks for beside the magnitude:
+/// get_mscale(factor, mscale_all_dim)^2 where mscale_all_dim is set, 1 otherwise.
+[[nodiscard]] inline double softmax_factor(const rope_config& c) noexcept {
+  if (c.scaling != rope_scaling::kYaRN || !(c.yarn_mscale_all_dim > 0.0)) return 1.0;
+  const double m = yarn_get_mscale(c.factor, c.yarn_mscale_all_dim);
+  return m * m;
 }
 
 RELOKV_NAMESPACE_END

@@ -51,6 +51,7 @@
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/hash/block_keys.hpp"
 #include "relokv/hash/xxh3.hpp"
+#include "relokv/rope/layer_rope.hpp"
 #include "relokv/rope/rope_config.hpp"
 #include "relokv/store/sha256.hpp"
 
@@ -134,7 +135,28 @@ inline constexpr std::size_t kBlockCheckCount = 9;
   std::byte buf[sizeof d + sizeof i];
   std::memcpy(buf, d, sizeof d);
   std::memcpy(buf + sizeof d, i, sizeof i);
-  return XXH3_64bits_withSeed(buf, sizeof buf, 0x726b762d66707231ull);
+  const std::uint64_t base = XXH3_64bits_withSeed(buf, sizeof buf, 0x726b762d66707231ull);
+  // YaRN's truncate and DeepSeek's mscales change the rotation too; the configurations that
+  // leave them at their defaults keep the fingerprint they had before these fields existed.
+  if (r.yarn_truncate && r.yarn_mscale == 0.0 && r.yarn_mscale_all_dim == 0.0) return base;
+  const double x[] = {static_cast<double>(base), r.yarn_truncate ? 1.0 : 0.0, r.yarn_mscale,
+                      r.yarn_mscale_all_dim};
+  return XXH3_64bits_withSeed(x, sizeof x, base);
+}
+
+/// The fingerprint of a model whose layers differ in RoPE or window (layer_rope): every
+/// layer's RoPE and window enter it. A uniform geometry (one table, no window) has the
+/// single-RoPE fingerprint, so the blocks of Llama-family models keep their names.
+[[nodiscard]] inline std::uint64_t store_fingerprint(std::uint64_t model_id, const layer_rope& g,
+                                                     placement_kind placement) noexcept {
+  const std::uint64_t first = store_fingerprint(model_id, g.table(0).config(), placement);
+  if (g.uniform()) return first;
+  std::vector<std::uint64_t> w;
+  for (std::int32_t l = 0; l < g.num_layers(); ++l) {
+    w.push_back(store_fingerprint(model_id, g.table(l).config(), placement));
+    w.push_back(static_cast<std::uint64_t>(g.window(l)));
+  }
+  return XXH3_64bits_withSeed(w.data(), w.size() * sizeof(std::uint64_t), first);
 }
 
 /// The store key of a block: XXH3-128 of the fingerprint, the entry kind, the block size, the

@@ -55,7 +55,7 @@ template <class P, class Path, bool Decode, class T>
 void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
                   std::int32_t num_blocks, const float* q, const pos_t* m, int nq,
                   std::int32_t num_q_heads, float scale, float* out, float* lse, int h_begin,
-                  int h_end) {
+                  int h_end, std::int32_t window = 0) {
   const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
   const int pairs = rope.pairs();
   const rope_layout layout = rope.config().layout;
@@ -141,6 +141,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
     }
   }
   const pos_t m_max = *std::max_element(m, m + nq);
+  const pos_t m_min = *std::min_element(m, m + nq);
 
   // Prefill over bf16 KV on AMX (amx_bf16.hpp): the block loop packs each block-head's key
   // tiles, amx::attend runs after it.
@@ -148,7 +149,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
 #if RELOKV_HOST_AMX
   amx::attention_tiles& at = amx::tiles_scratch();
   if constexpr (grouped && std::is_same_v<T, bf16>) {
-    use_amx = amx::usable(D);
+    use_amx = window <= 0 && amx::usable(D);  // AMX tiles take no window
     if (use_amx) amx::split_queries(at, w.qrot.data(), nq, num_q_heads, G, D, h_begin, h_end);
   }
 #endif
@@ -189,8 +190,10 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
 
   // Decode on the bf16 path: spans of up to kSpanChunks chunks per kernel call.
   if constexpr (bf16_dot && Decode) {
-    const bool spans = nq == 1 && (P::kind == placement_kind::kPreRotated || rot_bf16 ||
-                                   (P::kind == placement_kind::kBlockRelative && fused_q));
+    // (Spans take no window: a windowed layer decodes block by block.)
+    const bool spans = nq == 1 && window <= 0 &&
+                       (P::kind == placement_kind::kPreRotated || rot_bf16 ||
+                        (P::kind == placement_kind::kBlockRelative && fused_q));
     if (spans) {
       Path::template decode_spans<P>(kv, blocks, num_blocks, m[0], G, h_begin, h_end, layout, pairs,
                                      rot_bf16, query_angles, w);
@@ -200,6 +203,8 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   for (std::int32_t bi = 0; bi < num_blocks; ++bi) {
     const block_entry e = blocks[bi];
     if (e.pos0 > m_max || e.len <= 0) continue;
+    // Behind every query's sliding window (the earliest window starts past the block).
+    if (window > 0 && window_first(e, m_min, window) >= e.len) continue;
     if (P::kind == placement_kind::kAtAttention && !rot_bf16) {
       // R(pos0 + j) = R(pos0) R(j): one table row per block, composed per slot, shared by all
       // KV heads and queries.
@@ -251,21 +256,26 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       }
 #endif
       for (int h = h_begin; h < h_end; ++h) {
-        int n = 0, vmax = 0;
+        int n = 0, vmax = 0, fmin = bs;
         for (int qi = 0; qi < nq; ++qi) {
           if (e.pos0 > m[qi]) continue;
           const int valid = visible_slots(e, m[qi]);
+          const int first = window_first(e, m[qi], window);
+          if (first >= valid) continue;  // all of the block is behind the query's window
           vmax = std::max(vmax, valid);
+          fmin = std::min(fmin, first);
           for (int g = 0; g < G; ++g) {
             const std::size_t r =
                 static_cast<std::size_t>(qi) * hq + static_cast<std::size_t>(h * G + g);
-            w.rows[static_cast<std::size_t>(n++)] = {qsrc + r * hd, w.acc.data() + r * hd,
-                                                     w.mx.data() + r, w.sum.data() + r, valid};
+            w.rows[static_cast<std::size_t>(n++)] = {
+                qsrc + r * hd, w.acc.data() + r * hd, w.mx.data() + r, w.sum.data() + r, valid,
+                first};
           }
         }
         if (n == 0) continue;
         block_head_t<T> bh{kv.k(e.block, h), kv.v(e.block, h), vmax, h, G, D, layout, pairs,
                            nullptr};
+        bh.first = fmin;
         if constexpr (P::kind == placement_kind::kBlockRelative) {
           bh.kc0 = w.c0.data();
           bh.ks0 = w.s0.data();
@@ -278,6 +288,8 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       const pos_t mq = m[qi];
       if (e.pos0 > mq) continue;
       const int valid = visible_slots(e, mq);
+      const int first = window_first(e, mq, window);
+      if (first >= valid) continue;  // all of the block is behind the query's window
       const auto qoff = static_cast<std::size_t>(qi) * hq;
       // Scaled query rows; unrotated for block_relative, which rotates them per block below.
       const float* qsrc = w.qrot.data() + qoff * hd;
@@ -314,6 +326,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
       for (int h = h_begin; h < h_end; ++h) {
         block_head_t<T> bh{
             kv.k(e.block, h), kv.v(e.block, h), valid, h, G, D, layout, pairs, qsrc, qcos, qsin};
+        bh.first = first;
         bh.acc = w.acc.data() + qoff * hd;
         bh.mx = w.mx.data() + qoff;
         bh.sum = w.sum.data() + qoff;

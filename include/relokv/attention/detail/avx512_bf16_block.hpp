@@ -138,8 +138,9 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
   constexpr int HP = bf16_pv_heads(DC);
   // One share per query head's scores and per slot pair of each set of heads in the P.V loop.
   prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G + 8 * (bh.G / HP + bh.G % HP));
-  for (int j0 = 0; j0 < bh.valid; j0 += 16) {
+  for (int j0 = bh.first / 16 * 16; j0 < bh.valid; j0 += 16) {
     const int vc = bh.valid - j0 < 16 ? bh.valid - j0 : 16;
+    const int cut = bh.first > j0 ? bh.first - j0 : 0;  // lanes before a window's start
     const std::uint16_t* kb = kraw + j0 * D;
     if constexpr (rotate_keys) {
       std::uint16_t* dst0 = w.kb16.data();
@@ -203,7 +204,7 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
           part[j] = _mm512_dpbf16_ps(part[j], bh512(kb + j * D + 32 * cb), qb[cb]);
       vf16 x;
       transpose_sum(part, x);
-      corrs[g] = softmax_step(x, vc, bh.mx[qh]);
+      corrs[g] = softmax_step(x, vc, bh.mx[qh], cut);
       std::uint16_t* pb = pbs + 16 * g;
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb),
                           __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));

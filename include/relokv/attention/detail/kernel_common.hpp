@@ -77,7 +77,8 @@ struct group_row {
   float* acc;      ///< [head_dim]
   float* mx;
   float* sum;
-  int valid;  ///< visible slots of the block (>= 1)
+  int valid;      ///< visible slots of the block (>= 1)
+  int first = 0;  ///< first visible slot (> 0 where a sliding window cuts the block)
 };
 
 /// Per-thread scratch, grown on demand and reused.
@@ -131,6 +132,9 @@ struct block_head_t {
   /// share for this head), spread over the kernel's loop (prefetch_cursor).
   const char* pf = nullptr;
   std::int32_t pf_bytes = 0;
+  /// First visible slot: > 0 where a sliding window starts inside the block (slots before it
+  /// are out of the window). Prefill on the grouped path: the smallest of its rows'.
+  int first = 0;
 };
 
 /// Slots of block entry e that a query at logical position m sees (causal; 0 for none).
@@ -138,6 +142,15 @@ inline int visible_slots(const block_entry& e, pos_t m) {
   return e.pos0 > m || e.len <= 0
              ? 0
              : static_cast<int>(std::min<std::int64_t>(e.len, std::int64_t{m} - e.pos0 + 1));
+}
+
+/// The first slot of block entry e inside the sliding window of a query at logical position m:
+/// the window holds the keys at positions > m - window (window 0: no window, slot 0). A result
+/// >= visible_slots(e, m) means the query sees nothing of the block.
+inline int window_first(const block_entry& e, pos_t m, std::int32_t window) {
+  if (window <= 0) return 0;
+  const std::int64_t lo = std::int64_t{m} - window + 1 - e.pos0;
+  return lo <= 0 ? 0 : static_cast<int>(std::min<std::int64_t>(lo, e.len));
 }
 
 /// Per-element form of a rotation: x' = x * cosE + partner(x) * sinE (see block_head_t).

@@ -28,7 +28,7 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   prefetch_cursor(bh.pf, bh.pf_bytes, 1).finish();
   const T* kt = bh.kt;
   const T* vt = bh.vt;
-  const int valid = bh.valid, h = bh.h, G = bh.G, D = bh.D, pairs = bh.pairs;
+  const int valid = bh.valid, first = bh.first, h = bh.h, G = bh.G, D = bh.D, pairs = bh.pairs;
   const rope_layout layout = bh.layout;
   const float* qsrc = bh.qsrc;
   const auto hd = static_cast<std::size_t>(D);
@@ -39,10 +39,10 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
     if constexpr (direct && P::kind != placement_kind::kAtAttention) {
       kf = reinterpret_cast<const float*>(kt);
     } else {
-      for (int j = 0; j < valid; ++j)
+      for (int j = first; j < valid; ++j)
         to_float_row(kt + static_cast<std::ptrdiff_t>(j) * D, w.kbuf.data() + j * hd, D);
       if constexpr (P::kind == placement_kind::kAtAttention)
-        for (int j = 0; j < valid; ++j)
+        for (int j = first; j < valid; ++j)
           rotate_inplace(
               w.kbuf.data() + j * hd, layout, pairs,
               w.kcos.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(pairs),
@@ -52,7 +52,7 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
     if constexpr (direct) {
       vf = reinterpret_cast<const float*>(vt);
     } else {
-      for (int j = 0; j < valid; ++j)
+      for (int j = first; j < valid; ++j)
         to_float_row(vt + static_cast<std::ptrdiff_t>(j) * D, w.vbuf.data() + j * hd, D);
       vf = w.vbuf.data();
     }
@@ -61,7 +61,7 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       const float* qg = qsrc + qh * hd;
       float* s = w.scores.data();
       float bmax = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j < valid; ++j) {
+      for (int j = first; j < valid; ++j) {
         s[j] = dot(qg, kf + static_cast<std::ptrdiff_t>(j) * D, D);
         bmax = std::max(bmax, s[j]);
       }
@@ -69,14 +69,14 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
       const float corr = online_softmax_step(bh.mx[qh], bh.sum[qh], bmax, host_exp{});
       const float m_new = bh.mx[qh];
       float bsum = 0.0f;
-      for (int j = 0; j < valid; ++j) {
+      for (int j = first; j < valid; ++j) {
         s[j] = exp_nonpositive(s[j] - m_new);
         bsum += s[j];
       }
       bh.sum[qh] += bsum;
       float* acc = bh.acc + qh * hd;
       for (int d = 0; d < D; ++d) acc[d] *= corr;
-      for (int j = 0; j < valid; ++j) {
+      for (int j = first; j < valid; ++j) {
         const float p = s[j];
         const float* vj = vf + static_cast<std::ptrdiff_t>(j) * D;
         for (int d = 0; d < D; ++d) acc[d] += p * vj[d];

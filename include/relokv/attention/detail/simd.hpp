@@ -178,21 +178,27 @@ RELOKV_ALWAYS_INLINE inline float reduce(const vf& v, Op op) {
   return x[0];
 }
 
-/// All ones in the first `live` lanes, zeros after.
-RELOKV_ALWAYS_INLINE inline void live_lanes(vi& out, int live) {
+/// All ones in lanes [first, live), zeros elsewhere (first > 0: a window cuts the chunk).
+RELOKV_ALWAYS_INLINE inline void live_lanes(vi& out, int live, int first = 0) {
   vi lane;
   for (int i = 0; i < kLanes; ++i) lane[i] = i;
-  out = lane < live;
+  out = (lane < live) & (lane >= first);
 }
 
-/// The largest of the first `live` lanes (1 <= live <= kLanes).
-RELOKV_ALWAYS_INLINE inline float live_max(const vf& x, int live) {
 #if defined(__AVX512F__)
-  const auto m = static_cast<__mmask16>((1u << live) - 1u);
-  const vf y = _mm512_mask_blend_ps(m, _mm512_set1_ps(-__builtin_inff()), x);
+/// The same as a lane mask.
+RELOKV_ALWAYS_INLINE inline __mmask16 live_mask(int live, int first) {
+  return static_cast<__mmask16>(((1u << live) - 1u) & ~((1u << first) - 1u));
+}
+#endif
+
+/// The largest of lanes [first, live) (0 <= first < live <= kLanes).
+RELOKV_ALWAYS_INLINE inline float live_max(const vf& x, int live, int first = 0) {
+#if defined(__AVX512F__)
+  const vf y = _mm512_mask_blend_ps(live_mask(live, first), _mm512_set1_ps(-__builtin_inff()), x);
 #else
   vi keep;
-  live_lanes(keep, live);
+  live_lanes(keep, live, first);
   const vf y = keep != 0 ? x : vf{} - __builtin_inff();
 #endif
   return reduce(y, max_op{});
@@ -201,13 +207,13 @@ RELOKV_ALWAYS_INLINE inline float live_max(const vf& x, int live) {
 /// The sum of all lanes.
 RELOKV_ALWAYS_INLINE inline float sum(const vf& x) { return reduce(x, add_op{}); }
 
-/// Zeroes the lanes from `live` on.
-RELOKV_ALWAYS_INLINE inline void live_only(vf& x, int live) {
+/// Zeroes the lanes outside [first, live).
+RELOKV_ALWAYS_INLINE inline void live_only(vf& x, int live, int first = 0) {
 #if defined(__AVX512F__)
-  x = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << live) - 1u), x);
+  x = _mm512_maskz_mov_ps(live_mask(live, first), x);
 #else
   vi keep;
-  live_lanes(keep, live);
+  live_lanes(keep, live, first);
   x = __builtin_bit_cast(vf, __builtin_bit_cast(vi, x) & keep);
 #endif
 }

@@ -39,16 +39,17 @@ RELOKV_ALWAYS_INLINE inline void with_chunks(int D, F&& f) {
   }
 }
 
-/// One online-softmax step over kLanes scores of which the first vc are live: x becomes the
-/// weights e^(x - m_new) (0 in dead lanes), mx the new running max; returns the correction
-/// e^(m_old - m_new) for the accumulators (0 on the first block).
-RELOKV_ALWAYS_INLINE inline float softmax_step(simd::vf& x, int vc, float& mx) {
-  const float bmax = simd::live_max(x, vc);
+/// One online-softmax step over kLanes scores of which lanes [first, vc) are live (first > 0
+/// where a sliding window cuts the chunk): x becomes the weights e^(x - m_new) (0 in dead
+/// lanes), mx the new running max; returns the correction e^(m_old - m_new) for the
+/// accumulators (0 on the first block).
+RELOKV_ALWAYS_INLINE inline float softmax_step(simd::vf& x, int vc, float& mx, int first = 0) {
+  const float bmax = simd::live_max(x, vc, first);
   const float m_old = mx;
   const float m_new = m_old > bmax ? m_old : bmax;
   x -= m_new;
   simd::exp_nonpositive(x);
-  simd::live_only(x, vc);
+  simd::live_only(x, vc, first);
   mx = m_new;
   return exp_nonpositive(m_old - m_new);
 }
@@ -189,8 +190,9 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
   using namespace simd;
   constexpr int L = simd::kLanes, D = L * DC;
   prefetch_cursor pf(bh.pf, bh.pf_bytes, bh.G);
-  for (int j0 = 0; j0 < bh.valid; j0 += L) {
+  for (int j0 = bh.first / L * L; j0 < bh.valid; j0 += L) {
     const int vc = bh.valid - j0 < L ? bh.valid - j0 : L;
+    const int cut = bh.first > j0 ? bh.first - j0 : 0;  // lanes before a window's start
     const float* kf = key_rows<DC, P>(bh, j0, vc, w);
     const float* vfp = value_rows<DC>(bh, j0, vc, w);
     for (int g = 0; g < bh.G; ++g) {
@@ -206,7 +208,7 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         for (int j = 0; j < L; ++j) part[j] += RELOKV_VLOAD(kf + j * D + L * c) * qv[c];
       vf x;
       transpose_sum(part, x);
-      const float corr = softmax_step(x, vc, bh.mx[qh]);
+      const float corr = softmax_step(x, vc, bh.mx[qh], cut);
       alignas(64) float pr[L];
       RELOKV_VSTORE(pr, x);
       const float bsum = simd::sum(x);
@@ -254,7 +256,7 @@ RELOKV_ALWAYS_INLINE inline void group_rows(const float* kt, const float* vals,
     const int vc = rows[r].valid - j0 < L ? rows[r].valid - j0 : L;
     vmax = vc > vmax ? vc : vmax;
     vf x = s0[r] + s1[r];
-    corr[r] = softmax_step(x, vc, *rows[r].mx);
+    corr[r] = softmax_step(x, vc, *rows[r].mx, rows[r].first > j0 ? rows[r].first - j0 : 0);
     RELOKV_VSTORE(p[r], x);
     *rows[r].sum = *rows[r].sum * corr[r] + simd::sum(x);
   }
@@ -283,7 +285,7 @@ void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, att
                     : DC <= simd::kAccRegs / 2 ? 2
                                                : 1;  // R * DC accumulators
   float* kt = w.ktile.data();
-  for (int j0 = 0; j0 < bh.valid; j0 += L) {
+  for (int j0 = bh.first / L * L; j0 < bh.valid; j0 += L) {
     const int vc = bh.valid - j0 < L ? bh.valid - j0 : L;
     const float* kf = key_rows<DC, P>(bh, j0, vc, w);
     const float* vals = value_rows<DC>(bh, j0, vc, w);
@@ -293,13 +295,15 @@ void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, att
       transpose(t);
       for (int d = 0; d < L; ++d) RELOKV_VSTORE(kt + L * (L * c + d), t[d]);
     }
-    // Rows that see this chunk: all of them in the first (valid >= 1), the longer ones after.
+    // Rows that see this chunk: all of them in the first (valid >= 1), the longer ones after;
+    // under a window, those whose window starts before the chunk ends.
     const group_row* live = rows;
     int n = nrows;
-    if (j0 > 0) {
+    if (j0 > 0 || bh.first > 0) {
       n = 0;
       for (int i = 0; i < nrows; ++i)
-        if (rows[i].valid > j0) w.live_rows[static_cast<std::size_t>(n++)] = rows[i];
+        if (rows[i].valid > j0 && rows[i].first < j0 + L)
+          w.live_rows[static_cast<std::size_t>(n++)] = rows[i];
       live = w.live_rows.data();
     }
     int i = 0;

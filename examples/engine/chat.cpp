@@ -34,19 +34,20 @@ void usage() {
 }
 
 template <class P, class T>
-int run(std::shared_ptr<const relokv_engine::llama_model> m,
-        const relokv_engine::bpe_tokenizer* tok, const std::string& question, int max_tokens,
+int run(std::shared_ptr<const relokv_engine::llama_model> m, const relokv_engine::tokenizer* tok,
+        const std::string& question, int max_tokens,
         const relokv::recompute::any_strategy& strategy,
         const relokv::recompute::escalation_policy& escalation) {
   relokv_engine::llama_engine<P, T> eng(m, 1024);
   std::vector<relokv::token_t> prompt;
   relokv::token_t stop = -1;
   if (tok) {
-    prompt = tok->encode(relokv_engine::bpe_tokenizer::chat(
-        m->cfg.arch == "qwen2"
-            ? "You are a helpful assistant."
-            : "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
-        question));
+    prompt = tok->encode(tok->chat(m->cfg.arch == "qwen2" ? "You are a helpful assistant."
+                                   : m->cfg.arch == "llama"
+                                       ? "You are a helpful AI assistant named SmolLM, trained by "
+                                         "Hugging Face"
+                                       : "",
+                                   question));
     stop = tok->end_of_turn();
   } else {
     for (unsigned char c : question) prompt.push_back(c % m->cfg.vocab);

@@ -149,6 +149,53 @@ void silu_mul(float* g, const float* u, std::size_t n) {
   }
 }
 
+/// g[i] = gelu(g[i]) * u[i] for i < n (Gemma's MLP), GELU in its tanh form,
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh from e = e^-2|y| as
+/// sign(y) (1 - e) / (1 + e) by the library's branch-free exp (within 2e-7), a vector at a
+/// time where the build has AVX-512 or AVX2.
+void gelu_mul(float* g, const float* u, std::size_t n) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  std::size_t i = 0;
+#if RELOKV_HOST_SIMD
+  using relokv::detail::simd::vf;
+  constexpr std::size_t kLanes = relokv::detail::simd::kLanes;
+  for (; i + kLanes <= n; i += kLanes) {
+    vf x, up;
+    std::memcpy(&x, g + i, sizeof x);
+    std::memcpy(&up, u + i, sizeof up);
+    const vf y = kC * (x + 0.044715f * x * x * x);
+    vf e = y < 0.0f ? 2.0f * y : -2.0f * y;  // -2|y|
+    relokv::detail::simd::exp_nonpositive(e);
+    const vf t = (1.0f - e) / (1.0f + e);  // tanh|y|
+    const vf th = y < 0.0f ? -t : t;
+    const vf r = 0.5f * x * (1.0f + th) * up;
+    std::memcpy(g + i, &r, sizeof r);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float x = g[i], y = kC * (x + 0.044715f * x * x * x);
+    const float e = relokv::detail::exp_nonpositive(-2.0f * std::abs(y));
+    const float t = (1.0f - e) / (1.0f + e);
+    g[i] = 0.5f * x * (1.0f + (y < 0.0f ? -t : t)) * u[i];
+  }
+}
+
+/// The MLP's gate activation times up: GELU-tanh for Gemma, SiLU otherwise.
+void act_mul(const llama_model& m, float* g, const float* u, std::size_t n) {
+  if (m.cfg.gemma())
+    gelu_mul(g, u, n);
+  else
+    silu_mul(g, u, n);
+}
+
+/// Gemma: each head's query or key row normalized by its RMS norm, in place ([rows][heads][hd]).
+void head_norms(const std::vector<float>& w, float* x, std::size_t rows, int heads, int hd,
+                float eps) {
+  if (w.empty()) return;
+  for (std::size_t r = 0; r < rows * static_cast<std::size_t>(heads); ++r)
+    rmsnorm(x + r * static_cast<std::size_t>(hd), w, hd, eps, x + r * static_cast<std::size_t>(hd));
+}
+
 /// f(begin, end) over rows [0, n): split between the two lanes when there are enough rows
 /// for the handover to pay (prefill's norms, SiLU and residual adds), on the caller otherwise.
 template <class F>
@@ -206,7 +253,7 @@ int compact_rows(std::vector<float>& x, std::vector<float>* q, std::vector<std::
 }  // namespace
 
 template <class P, class T>
-void run_layers(const llama_model& m, const relokv::rope_table& rope,
+void run_layers(const llama_model& m, const relokv::layer_rope& ropes,
                 relokv::host_kv_storage<T>& kv, const kv_map& map,
                 std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
                 std::int32_t no_write, std::vector<std::uint8_t>* mask,
@@ -227,6 +274,8 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
         tokens[static_cast<std::size_t>(positions[static_cast<std::size_t>(i)])]);
     m.tok_emb.dequantize_row(static_cast<std::int32_t>(t),
                              x.data() + static_cast<std::size_t>(i) * D);
+    if (c.embed_scale != 1.0f)
+      for (int d = 0; d < D; ++d) x[static_cast<std::size_t>(i) * D + d] *= c.embed_scale;
   }
   const bool dynamic = strategy != nullptr && strategy->dynamic() && mask && reused;
   int step = 0;
@@ -243,6 +292,8 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const llama_layer& L = m.layers[static_cast<std::size_t>(l)];
+    const relokv::rope_table& rope = ropes.table(l);  // the layer's own base (Gemma 3)
+    const std::int32_t window = ropes.window(l);      // 0, or its sliding window
     auto N = static_cast<std::size_t>(n);
     bool refined = false;
     h.resize(N * D);
@@ -259,6 +310,8 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     matmuls(h.data(), n, D,
             {{&L.wq, q.data(), &L.bq}, {&L.wk, k.data(), &L.bk}, {&L.wv, v.data(), &L.bv}},
             /*decode=*/false);
+    head_norms(L.q_norm, q.data(), N, H, hd, c.rms_eps);
+    head_norms(L.k_norm, k.data(), N, Hk, hd, c.rms_eps);
     auto layer_kv = kv.layer(l);
     if (dynamic && step < strategy->steps() && strategy->check_layer(step) == l) {
       // Deviation of the fresh K/V (in storage form) from the cached ones, before they are
@@ -314,13 +367,15 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     }
     att.resize(N * H * hd);
     attention<P>(rope, relokv::paged_kv_view<const T>(layer_kv), view, q.data(), positions.data(),
-                 n, H, scale, att.data(), /*decode=*/false, reader ? &groups : nullptr,
-                 query_start);
+                 n, H, scale, att.data(), /*decode=*/false, reader ? &groups : nullptr, query_start,
+                 window);
     o.resize(N * D);
     matmul(att.data(), n, H * hd, L.wo, D, o.data());
     float* const xr = x.data();  // x may have shrunk (compact_rows): its data again
-    const float* const op = o.data();
+    float* const op = o.data();
     rows_on_lanes(n, [&](int b, int e) {
+      if (!L.post_attn_norm.empty())  // Gemma: the attention output normed before the add
+        for (int i = b; i < e; ++i) rmsnorm(op + i * D, L.post_attn_norm, D, c.rms_eps, op + i * D);
       for (auto i = static_cast<std::size_t>(b) * D; i < static_cast<std::size_t>(e) * D; ++i)
         xr[i] += op[i];
       for (int i = b; i < e; ++i) rmsnorm(xr + i * D, L.ffn_norm, D, c.rms_eps, hp + i * D);
@@ -332,10 +387,12 @@ void run_layers(const llama_model& m, const relokv::rope_table& rope,
     const float* const up = u.data();
     rows_on_lanes(n, [&](int b, int e) {
       const std::size_t i0 = static_cast<std::size_t>(b) * F, i1 = static_cast<std::size_t>(e) * F;
-      silu_mul(gp + i0, up + i0, i1 - i0);
+      act_mul(m, gp + i0, up + i0, i1 - i0);
     });
     matmul(g.data(), n, F, L.w_down, D, o.data());
     rows_on_lanes(n, [&](int b, int e) {
+      if (!L.post_ffn_norm.empty())  // Gemma: the MLP output normed before the add
+        for (int i = b; i < e; ++i) rmsnorm(op + i * D, L.post_ffn_norm, D, c.rms_eps, op + i * D);
       for (auto i = static_cast<std::size_t>(b) * D; i < static_cast<std::size_t>(e) * D; ++i)
         xr[i] += op[i];
     });
@@ -354,11 +411,13 @@ std::vector<float> head(const llama_model& m, const std::vector<float>& hidden, 
     rmsnorm(hidden.data() + i * D, m.out_norm, m.cfg.dim, m.cfg.rms_eps, hn.data() + i * D);
   matmul(hn.data(), n, m.cfg.dim, m.lm_head(), m.cfg.vocab, out.data(), nullptr, decode,
          /*logits=*/true);
+  if (const float cap = m.cfg.logit_softcap; cap > 0.0f)
+    for (float& z : out) z = cap * std::tanh(z / cap);
   return out;
 }
 
 template <class P, class T>
-void run_decode_rows(const llama_model& m, const relokv::rope_table& rope,
+void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
                      relokv::host_kv_storage<T>& kv, std::span<const decode_row> rows,
                      std::vector<float>& hidden) {
   const llama_config& c = m.cfg;
@@ -370,7 +429,11 @@ void run_decode_rows(const llama_model& m, const relokv::rope_table& rope,
   thread_local layer_workspace ws;
   auto& [x, h, q, k, v, att, o, g, u, fk] = ws;
   x.resize(N * Du);
-  for (std::size_t i = 0; i < N; ++i) m.tok_emb.dequantize_row(rows[i].token, x.data() + i * Du);
+  for (std::size_t i = 0; i < N; ++i) {
+    m.tok_emb.dequantize_row(rows[i].token, x.data() + i * Du);
+    if (c.embed_scale != 1.0f)
+      for (std::size_t d = 0; d < Du; ++d) x[i * Du + d] *= c.embed_scale;
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const auto qrow = static_cast<std::size_t>(H) * static_cast<std::size_t>(hd);
   // Each row's reader groups (APE) and table view, as its lone decode makes them.
@@ -388,6 +451,8 @@ void run_decode_rows(const llama_model& m, const relokv::rope_table& rope,
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const llama_layer& L = m.layers[static_cast<std::size_t>(l)];
+    const relokv::rope_table& rope = ropes.table(l);
+    const std::int32_t window = ropes.window(l);
     h.resize(N * Du);
     for (std::size_t i = 0; i < N; ++i)
       rmsnorm(x.data() + i * Du, L.attn_norm, D, c.rms_eps, h.data() + i * Du);
@@ -397,6 +462,8 @@ void run_decode_rows(const llama_model& m, const relokv::rope_table& rope,
     matmuls(h.data(), n, D,
             {{&L.wq, q.data(), &L.bq}, {&L.wk, k.data(), &L.bk}, {&L.wv, v.data(), &L.bv}},
             /*decode=*/true);
+    head_norms(L.q_norm, q.data(), N, H, hd, c.rms_eps);
+    head_norms(L.k_norm, k.data(), N, Hk, hd, c.rms_eps);
     auto layer_kv = kv.layer(l);
     att.resize(N * qrow);
     for (std::size_t i = 0; i < N; ++i) {
@@ -407,10 +474,13 @@ void run_decode_rows(const llama_model& m, const relokv::rope_table& rope,
       const relokv::block_table_view view{r.map->table.data(), indptr[i].data(), 1};
       attention<P>(rope, relokv::paged_kv_view<const T>(layer_kv), view, &q[i * qrow], &r.pos, 1, H,
                    scale, &att[i * qrow], /*decode=*/true, r.reader ? &groups[i] : nullptr,
-                   query_start[i]);
+                   query_start[i], window);
     }
     o.resize(N * Du);
     matmul(att.data(), n, H * hd, L.wo, D, o.data(), nullptr, /*decode=*/true);
+    if (!L.post_attn_norm.empty())
+      for (std::size_t i = 0; i < N; ++i)
+        rmsnorm(o.data() + i * Du, L.post_attn_norm, D, c.rms_eps, o.data() + i * Du);
     for (std::size_t i = 0; i < N * Du; ++i) x[i] += o[i];
     for (std::size_t i = 0; i < N; ++i)
       rmsnorm(x.data() + i * Du, L.ffn_norm, D, c.rms_eps, h.data() + i * Du);
@@ -418,8 +488,11 @@ void run_decode_rows(const llama_model& m, const relokv::rope_table& rope,
     u.resize(N * Fu);
     matmuls(h.data(), n, D, {{&L.w_gate, g.data()}, {&L.w_up, u.data()}}, /*decode=*/true);
     for (std::size_t i = 0; i < N; ++i)  // row by row: the vector/tail split a lone row has
-      silu_mul(g.data() + i * Fu, u.data() + i * Fu, Fu);
+      act_mul(m, g.data() + i * Fu, u.data() + i * Fu, Fu);
     matmul(g.data(), n, F, L.w_down, D, o.data(), nullptr, /*decode=*/true);
+    if (!L.post_ffn_norm.empty())
+      for (std::size_t i = 0; i < N; ++i)
+        rmsnorm(o.data() + i * Du, L.post_ffn_norm, D, c.rms_eps, o.data() + i * Du);
     for (std::size_t i = 0; i < N * Du; ++i) x[i] += o[i];
   }
   hidden.assign(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(N * Du));
@@ -427,12 +500,12 @@ void run_decode_rows(const llama_model& m, const relokv::rope_table& rope,
 
 #define RELOKV_FORWARD_INSTANTIATE(P, T)                                                         \
   template void run_layers<P, T>(                                                                \
-      const llama_model&, const relokv::rope_table&, relokv::host_kv_storage<T>&, const kv_map&, \
+      const llama_model&, const relokv::layer_rope&, relokv::host_kv_storage<T>&, const kv_map&, \
       std::vector<std::int32_t>, const std::vector<relokv::token_t>&, std::int32_t,              \
       std::vector<std::uint8_t>*, const std::vector<std::uint8_t>*,                              \
       const relokv::recompute::any_strategy*, std::vector<float>&, prefill_stats*,               \
       const std::vector<std::uint8_t>*, const mass_probe*, const grouped_reader*);               \
-  template void run_decode_rows<P, T>(const llama_model&, const relokv::rope_table&,             \
+  template void run_decode_rows<P, T>(const llama_model&, const relokv::layer_rope&,             \
                                       relokv::host_kv_storage<T>&, std::span<const decode_row>,  \
                                       std::vector<float>&);
 RELOKV_FORWARD_INSTANTIATE(relokv::pre_rotated, relokv::bf16)

@@ -8,6 +8,7 @@
 
 #include <relokv/memory/host_kv_storage.hpp>
 #include <relokv/recompute/any_strategy.hpp>
+#include <relokv/rope/layer_rope.hpp>
 #include <relokv/rope/rotate.hpp>
 #include <relokv/types.hpp>
 
@@ -44,7 +45,7 @@ void rmsnorm(const float* x, const std::vector<float>& w, int dim, float eps, fl
 /// key), so a static strategy's prompt computed in chunks is the prompt computed at once.
 /// Prefill only: decode rows go through run_decode_rows.
 template <class P, class T>
-void run_layers(const llama_model& m, const relokv::rope_table& rope,
+void run_layers(const llama_model& m, const relokv::layer_rope& ropes,
                 relokv::host_kv_storage<T>& kv, const kv_map& map,
                 std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
                 std::int32_t no_write, std::vector<std::uint8_t>* mask,
@@ -63,7 +64,7 @@ struct decode_row {
 /// One decode step of many sequences in one forward: the products over all rows, attention
 /// per row over its own blocks (as a lone decode attends). hidden gets rows.size() x dim.
 template <class P, class T>
-void run_decode_rows(const llama_model& m, const relokv::rope_table& rope,
+void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
                      relokv::host_kv_storage<T>& kv, std::span<const decode_row> rows,
                      std::vector<float>& hidden);
 

@@ -370,6 +370,26 @@ std::vector<std::int64_t> gguf_file::get_ints(const std::string& key) const {
   }
   return out;
 }
+std::vector<double> gguf_file::get_floats(const std::string& key) const {
+  const auto* a = std::get_if<gguf_value::array>(&value(key).v);
+  if (!a) throw gguf_error(name_, 0, "metadata '" + key + "' is not an array");
+  std::vector<double> out;
+  for (const gguf_value& e : *a) {
+    if (const auto* d = std::get_if<double>(&e.v))
+      out.push_back(*d);
+    else
+      throw gguf_error(name_, 0, "metadata '" + key + "' is not an array of floats");
+  }
+  return out;
+}
+bool gguf_file::get_bool(const std::string& key, bool fallback) const {
+  if (!has(key)) return fallback;
+  const auto& v = value(key).v;
+  if (const auto* b = std::get_if<bool>(&v)) return *b;
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return *i != 0;
+  if (const auto* u = std::get_if<std::uint64_t>(&v)) return *u != 0;
+  throw gguf_error(name_, 0, "metadata '" + key + "' is not a boolean");
+}
 bool gguf_file::has_tensor(const std::string& n) const { return by_name_.count(n) != 0; }
 const gguf_tensor& gguf_file::tensor(const std::string& n) const {
   const auto it = by_name_.find(n);

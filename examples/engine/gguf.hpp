@@ -107,6 +107,9 @@ class gguf_file {
   [[nodiscard]] std::string get_string(const std::string& key) const;
   [[nodiscard]] std::vector<std::string> get_strings(const std::string& key) const;
   [[nodiscard]] std::vector<std::int64_t> get_ints(const std::string& key) const;
+  [[nodiscard]] std::vector<double> get_floats(const std::string& key) const;
+  /// A boolean (or integer, as some writers store them) value, or `fallback` when absent.
+  [[nodiscard]] bool get_bool(const std::string& key, bool fallback) const;
 
   [[nodiscard]] const std::vector<gguf_tensor>& tensors() const noexcept { return tensors_; }
   [[nodiscard]] const gguf_tensor& tensor(const std::string& name) const;

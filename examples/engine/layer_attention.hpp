@@ -51,14 +51,15 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
                relokv::block_table_view view, const float* q, const std::int32_t* pos, int n,
                int num_q_heads, float scale, float* out, bool decode,
                const std::array<relokv::attention_group, 3>* groups = nullptr,
-               std::int32_t query_start = 0) {
+               std::int32_t query_start = 0, std::int32_t window = 0) {
   const std::size_t row = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
   if (groups != nullptr && n > 0 && pos[n - 1] >= query_start) {
     // APE: the reader's rows (a suffix: positions ascend) attend by groups; rows before
     // them plainly. Few rows: the KV heads split between the lanes.
     int i0 = 0;
     while (pos[i0] < query_start) ++i0;
-    if (i0 > 0) attention<P>(rope, kv, view, q, pos, i0, num_q_heads, scale, out, decode);
+    if (i0 > 0)
+      attention<P>(rope, kv, view, q, pos, i0, num_q_heads, scale, out, decode, nullptr, 0, window);
     const int m = n - i0;
     const std::int32_t qind[2] = {0, m};
     const auto call = [&](relokv::kv_head_range heads) {
@@ -74,6 +75,7 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
       p.scale = scale;
       p.out = out + static_cast<std::size_t>(i0) * row;
       p.heads = heads;
+      p.window = window;
       relokv::grouped_attention<P>(p, *groups);
     };
     if (lanes::get().two() && kv.num_kv_heads >= 2) {
@@ -105,6 +107,7 @@ void attention(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv
     p.out = o + static_cast<std::size_t>(begin) * row;
     p.lse = lse;
     p.heads = heads;
+    p.window = window;
     relokv::paged_attention<P>(p);
   };
   const std::int32_t blocks = view.indptr[1] - view.indptr[0];

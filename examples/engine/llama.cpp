@@ -45,8 +45,9 @@ typename llama_engine<P, T>::cache_type make_cache(const llama_model& m,
                                                    relokv::any_store store) {
   using cache_t = typename llama_engine<P, T>::cache_type;
   if (!store) return cache_t(relokv::lru_block_pool(num_blocks), block_size);
-  const relokv::store_options so{relokv::store_fingerprint(m.cfg.weights_id, m.cfg.rope, P::kind),
-                                 kv.block_layout()};
+  const relokv::store_options so{
+      relokv::store_fingerprint(m.cfg.weights_id, relokv::layer_rope(m.cfg.geometry(), 1), P::kind),
+      kv.block_layout()};
   return cache_t(relokv::lru_block_pool(num_blocks), block_size, relokv::xxh3_128(),
                  relokv::recompute::any_strategy(), std::move(store), so);
 }
@@ -56,14 +57,14 @@ template <class P, class T>
 llama_engine<P, T>::llama_engine(std::shared_ptr<const llama_model> model, std::int32_t num_blocks,
                                  std::int32_t block_size, relokv::any_store store)
     : model_(std::move(model)),
-      rope_(model_->cfg.rope, 8192),
+      rope_(model_->cfg.geometry(), 8192),
       kv_(relokv::kv_shape{model_->cfg.n_layers, num_blocks, model_->cfg.n_kv_heads, block_size,
                            model_->cfg.head_dim}),
       cache_(make_cache<P, T>(*model_, kv_, num_blocks, block_size, std::move(store))) {}
 
 template <class P, class T>
 std::uint64_t llama_engine<P, T>::store_fingerprint() const noexcept {
-  return relokv::store_fingerprint(model_->cfg.weights_id, model_->cfg.rope, P::kind);
+  return relokv::store_fingerprint(model_->cfg.weights_id, rope_, P::kind);
 }
 
 template <class P, class T>
@@ -314,7 +315,7 @@ template <class T>
 struct contiguous_prefill<T>::state {
   std::shared_ptr<const llama_model> model;
   std::int32_t max_tokens;
-  relokv::rope_table rope;
+  relokv::layer_rope rope;
   relokv::host_kv_storage<T> kv;
   kv_map map;
   std::vector<std::int32_t> positions;
@@ -322,7 +323,7 @@ struct contiguous_prefill<T>::state {
   state(std::shared_ptr<const llama_model> m, std::int32_t n)
       : model(std::move(m)),
         max_tokens(n),
-        rope(model->cfg.rope, n),
+        rope(model->cfg.geometry(), n),
         kv(relokv::kv_shape{model->cfg.n_layers, 1, model->cfg.n_kv_heads, n,
                             model->cfg.head_dim}) {}
 };

@@ -18,6 +18,7 @@
 #include <relokv/recompute/any_strategy.hpp>
 #include <relokv/rope/at_attention.hpp>
 #include <relokv/rope/block_relative.hpp>
+#include <relokv/rope/layer_rope.hpp>
 #include <relokv/rope/pre_rotated.hpp>
 #include <relokv/rope/rotate.hpp>
 #include <relokv/store/any_store.hpp>
@@ -41,13 +42,36 @@ struct llama_config {
   /// Identity of the weights (XXH3-64 of the tensor data, or of the synthetic seed and shape):
   /// with the RoPE configuration and placement it is the store fingerprint of this model's KV.
   std::uint64_t weights_id = 0;
-  relokv::rope_config rope;
+  relokv::rope_config rope;  ///< the global layers' RoPE (every layer's but Gemma 3's local ones)
+  // Gemma 3 (arch "gemma3"): sliding-window layers with their own RoPE base, QK norms, norms
+  // after attention and MLP, GELU-tanh, scaled embeddings. Zero/empty for llama and qwen2.
+  std::int32_t sliding_window = 0;  ///< tokens a windowed layer sees (0: no windowed layer)
+  std::int32_t swa_pattern = 0;     ///< layer l is windowed when l % swa_pattern < swa_pattern - 1
+  relokv::rope_config rope_local;   ///< the windowed layers' RoPE
+  float embed_scale = 1.0f;         ///< embeddings are multiplied by it (Gemma: sqrt(dim))
+  float logit_softcap = 0.0f;       ///< final logits c tanh(x / c) when > 0 (Gemma 2)
+  [[nodiscard]] bool gemma() const noexcept { return arch == "gemma3"; }
+  /// Whether layer l attends through a sliding window.
+  [[nodiscard]] bool windowed(std::int32_t l) const noexcept {
+    return sliding_window > 0 && swa_pattern > 0 && l % swa_pattern < swa_pattern - 1;
+  }
+  /// Every layer's RoPE and window, for relokv::layer_rope.
+  [[nodiscard]] std::vector<relokv::layer_rope::layer> geometry() const {
+    std::vector<relokv::layer_rope::layer> g;
+    for (std::int32_t l = 0; l < n_layers; ++l)
+      g.push_back(windowed(l) ? relokv::layer_rope::layer{rope_local, sliding_window}
+                              : relokv::layer_rope::layer{rope, 0});
+    return g;
+  }
 };
 
 struct llama_layer {
   std::vector<float> attn_norm, ffn_norm;
   qmatrix wq, wk, wv, wo, w_gate, w_up, w_down;  ///< [out][in], in the file's types
   std::vector<float> bq, bk, bv;                 ///< Q/K/V biases (qwen2); empty for llama
+  /// Gemma 3: RMS norms of each head's query and key ([head_dim]), and of the attention and
+  /// MLP outputs before the residual adds ([dim]); empty otherwise.
+  std::vector<float> q_norm, k_norm, post_attn_norm, post_ffn_norm;
 };
 
 /// The weights as the file has them: each matrix a qmatrix [out][in] in its GGUF type,
@@ -60,8 +84,8 @@ struct llama_model {
   std::vector<llama_layer> layers;
 
   /// Reads a GGUF model of architecture "llama" (GPT-J pair layout: the converter permutes Q
-  /// and K) or "qwen2" (Q/K/V biases, NeoX half-split RoPE on unpermuted weights, untied
-  /// output); throws gguf_error naming what is wrong.
+  /// and K), "qwen2" (Q/K/V biases, NeoX half-split RoPE on unpermuted weights, untied
+  /// output) or "gemma3" (see llama_config); throws gguf_error naming what is wrong.
   static llama_model from_gguf(const gguf_file& f);
   /// A small model with deterministic pseudo-random weights, so that everything runs offline.
   static llama_model synthetic(const llama_config& cfg = {}, std::uint32_t seed = 1);
@@ -179,7 +203,7 @@ class llama_engine {
   live_request& seq(seq_id s, const char* what) const;
 
   std::shared_ptr<const llama_model> model_;
-  relokv::rope_table rope_;
+  relokv::layer_rope rope_;  ///< each layer's RoPE table and window
   relokv::host_kv_storage<T> kv_;
   cache_type cache_;
   std::map<seq_id, std::unique_ptr<live_request>> seqs_;

@@ -25,7 +25,7 @@ inline llama_config demo_config() {
 
 struct loaded_model {
   std::shared_ptr<const llama_model> model;
-  std::unique_ptr<bpe_tokenizer> tokenizer;  ///< null for the synthetic model
+  std::unique_ptr<relokv_engine::tokenizer> tokenizer;  ///< null for the synthetic model
 };
 
 /// Reads a GGUF model and its tokenizer; an empty path gives the synthetic model.
@@ -38,7 +38,7 @@ inline loaded_model load_model(const std::string& path) {
   }
   const gguf_file f = gguf_file::open(path);
   out.model = std::make_shared<const llama_model>(llama_model::from_gguf(f));
-  out.tokenizer = std::make_unique<bpe_tokenizer>(f);
+  out.tokenizer = std::make_unique<relokv_engine::tokenizer>(f);
   return out;
 }
 

@@ -49,10 +49,10 @@ void apply_isa_cap() {
 llama_model llama_model::from_gguf(const gguf_file& f) {
   apply_isa_cap();
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen2")
+  if (arch != "llama" && arch != "qwen2" && arch != "gemma3")
     throw gguf_error(f.name(), 0,
-                     "architecture '" + arch + "' is not supported (llama and qwen2 are)");
-  const bool qwen2 = arch == "qwen2";
+                     "architecture '" + arch + "' is not supported (llama, qwen2 and gemma3 are)");
+  const bool qwen2 = arch == "qwen2", gemma = arch == "gemma3";
   const std::string a = arch + ".";  // hyperparameter keys are prefixed by the architecture
   llama_model m;
   llama_config& c = m.cfg;
@@ -82,12 +82,20 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
   c.n_heads = int_key(a + "attention.head_count", 1, 4096);
   c.n_kv_heads = int_key(a + "attention.head_count_kv", 1, c.n_heads, c.n_heads);
   c.ffn = int_key(a + "feed_forward_length", 1, 1 << 20);
-  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads)
+  // A head's width: attention.key_length where the file gives it (Gemma 3: 256 for a dim of
+  // 640 and 4 heads), else dim / head_count.
+  const bool key_length = f.has(a + "attention.key_length");
+  if ((!key_length && c.dim % c.n_heads != 0) || c.n_heads % c.n_kv_heads)
     throw gguf_error(f.name(), 0,
                      "inconsistent attention head counts: embedding_length " +
                          std::to_string(c.dim) + ", head_count " + std::to_string(c.n_heads) +
                          ", head_count_kv " + std::to_string(c.n_kv_heads));
-  c.head_dim = c.dim / c.n_heads;
+  c.head_dim =
+      key_length ? int_key(a + "attention.key_length", 2, relokv::kMaxHeadDim) : c.dim / c.n_heads;
+  if (key_length &&
+      int_key(a + "attention.value_length", 1, relokv::kMaxHeadDim, c.head_dim) != c.head_dim)
+    bad(a + "attention.value_length", std::to_string(f.get_int(a + "attention.value_length")),
+        "must equal attention.key_length (" + std::to_string(c.head_dim) + ")");
   if (c.head_dim > relokv::kMaxHeadDim)
     bad(a + "embedding_length / llama.attention.head_count", std::to_string(c.head_dim),
         "head dimension above relokv::kMaxHeadDim");
@@ -104,7 +112,7 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
   c.rope.theta = float_key(a + "rope.freq_base", 10000.0, 1.0);
   // GGUF llama checkpoints permute Q and K at conversion so that pairs are adjacent; qwen2
   // keeps the checkpoint's layout, whose pairs are half a rotary dimension apart.
-  c.rope.layout = qwen2 ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
+  c.rope.layout = qwen2 || gemma ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
   if (f.has(a + "rope.scaling.type")) {
     const std::string t = f.get_string(a + "rope.scaling.type");
     if (t == "linear" || t == "yarn")
@@ -119,8 +127,24 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
       bad(a + "rope.scaling.type", "'" + t + "'", "is not none, linear or yarn");
     }
   }
+  if (gemma) {
+    // Gemma 3: windowed layers (attention.sliding_window tokens; five in six by default, as
+    // llama.cpp reads attention.sliding_window_pattern) on their own RoPE base
+    // (rope.freq_base_swa, 10,000 by default) without the global layers' scaling.
+    c.sliding_window = int_key(a + "attention.sliding_window", 0, 1 << 24, 0);
+    c.swa_pattern = int_key(a + "attention.sliding_window_pattern", 1, 4096, 6);
+    c.rope_local = c.rope;
+    c.rope_local.scaling = relokv::rope_scaling::kNone;
+    c.rope_local.factor = 1.0;
+    c.rope_local.theta = float_key(a + "rope.freq_base_swa", 10000.0, 1.0);
+    c.embed_scale = std::sqrt(static_cast<float>(c.dim));
+    c.logit_softcap = static_cast<float>(f.get_float(a + "final_logit_softcapping", 0.0));
+    if (!std::isfinite(c.logit_softcap) || c.logit_softcap < 0.0f)
+      bad(a + "final_logit_softcapping", std::to_string(c.logit_softcap), "must be >= 0");
+  }
   try {
     c.rope.validate();
+    if (gemma) c.rope_local.validate();
   } catch (const relokv::error& e) {
     throw gguf_error(f.name(), 0, e.what());
   }
@@ -150,6 +174,13 @@ llama_model llama_model::from_gguf(const gguf_file& f) {
       L.bv = tensor_as(f, p + "attn_v.bias", {K});
     }
     L.wo = mat(p + "attn_output.weight", {Q, D});
+    if (gemma) {
+      const auto hd = static_cast<std::uint64_t>(c.head_dim);
+      L.q_norm = tensor_as(f, p + "attn_q_norm.weight", {hd});
+      L.k_norm = tensor_as(f, p + "attn_k_norm.weight", {hd});
+      L.post_attn_norm = tensor_as(f, p + "post_attention_norm.weight", {D});
+      L.post_ffn_norm = tensor_as(f, p + "post_ffw_norm.weight", {D});
+    }
     L.ffn_norm = tensor_as(f, p + "ffn_norm.weight", {D});
     L.w_gate = mat(p + "ffn_gate.weight", {D, F});
     L.w_up = mat(p + "ffn_up.weight", {D, F});
@@ -179,7 +210,18 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
   c.rope.rotary_dim = c.head_dim;
   // arch "qwen2": NeoX pairs and Q/K/V biases, as from_gguf reads a qwen2 file.
   const bool qwen2 = c.arch == "qwen2";
-  c.rope.layout = qwen2 ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
+  // arch "gemma3": NeoX pairs, QK and post norms, GELU, scaled embeddings, and windowed layers
+  // (the caller's sliding_window; pattern 6 unless given) on a base of 10,000 beside the
+  // global layers' 1,000,000.
+  const bool gemma = c.gemma();
+  c.rope.layout = qwen2 || gemma ? relokv::rope_layout::kNeoX : relokv::rope_layout::kGPTJ;
+  if (gemma) {
+    c.rope.theta = 1000000.0;
+    if (c.swa_pattern == 0) c.swa_pattern = 6;
+    c.rope_local = c.rope;
+    c.rope_local.theta = 10000.0;
+    c.embed_scale = std::sqrt(static_cast<float>(c.dim));
+  }
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   auto vec = [&](int out, int in, float gain = 1.0f) {
@@ -210,6 +252,10 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
       L.bv = vec(1, c.n_kv_heads * c.head_dim);
     }
     L.wo = mat(c.dim, c.n_heads * c.head_dim);
+    if (gemma) {
+      L.q_norm = L.k_norm = ones(c.head_dim);
+      L.post_attn_norm = L.post_ffn_norm = ones(c.dim);
+    }
     L.ffn_norm = ones(c.dim);
     L.w_gate = mat(c.ffn, c.dim);
     L.w_up = mat(c.ffn, c.dim);
@@ -226,6 +272,10 @@ llama_model llama_model::synthetic(const llama_config& cfg_in, std::uint32_t see
                                  std::uint64_t(c.vocab),
                                  std::uint64_t(qwen2)};
   c.weights_id = XXH3_64bits(shape, sizeof shape);
+  if (gemma) {
+    const std::uint64_t g[] = {1, std::uint64_t(c.sliding_window), std::uint64_t(c.swa_pattern)};
+    c.weights_id = XXH3_64bits_withSeed(g, sizeof g, c.weights_id);
+  }
   return m;
 }
 

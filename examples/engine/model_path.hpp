@@ -14,7 +14,9 @@ inline std::string model_file_name(const std::string& name) {
   if (name == "smollm2") return "SmolLM2-135M-Instruct.Q4_1.gguf";
   if (name == "qwen2.5-0.5b") return "Qwen2.5-Coder-0.5B-Instruct.gguf";
   if (name == "qwen2.5-1.5b") return "Qwen2.5-Coder-1.5B-Instruct.gguf";
-  throw std::invalid_argument("unknown model '" + name + "' (smollm2, qwen2.5-0.5b, qwen2.5-1.5b)");
+  if (name == "gemma3-270m") return "gemma-3-270m-q4_k_m.gguf";
+  throw std::invalid_argument("unknown model '" + name +
+                              "' (smollm2, qwen2.5-0.5b, qwen2.5-1.5b, gemma3-270m)");
 }
 
 inline std::string default_model_path(const std::string& name = "smollm2") {

@@ -408,4 +408,74 @@ std::string bpe_tokenizer::chat(const std::string& system, const std::string& us
          "<|im_end|>\n<|im_start|>assistant\n";
 }
 
+tokenizer::tokenizer(const gguf_file& f) {
+  const std::string model = f.get_string("tokenizer.ggml.model");
+  if (model == "llama") {
+    spm_.emplace(f);
+  } else if (model == "gpt2") {
+    bpe_.emplace(f);
+  } else {
+    throw gguf_error(f.name(), 0,
+                     "tokenizer model '" + model +
+                         "' is not supported (gpt2: byte-level BPE; llama: SentencePiece)");
+  }
+  if (!f.has("tokenizer.chat_template")) {
+    format_ = chat_format::kPlain;
+    eot_ = "\n";
+  } else if (id("<start_of_turn>") >= 0 && id("<end_of_turn>") >= 0) {
+    format_ = chat_format::kGemma;
+    eot_ = "<end_of_turn>";
+  }
+}
+
+tokenizer::tokenizer(bpe_tokenizer bpe) : bpe_(std::move(bpe)) {}
+
+std::vector<relokv::token_t> tokenizer::encode(const std::string& text) const {
+  return bpe_ ? bpe_->encode(text) : spm_->encode(text);
+}
+std::string tokenizer::decode(const std::vector<relokv::token_t>& ids) const {
+  return bpe_ ? bpe_->decode(ids) : spm_->decode(ids);
+}
+std::int32_t tokenizer::vocab_size() const noexcept {
+  return bpe_ ? bpe_->vocab_size() : spm_->vocab_size();
+}
+relokv::token_t tokenizer::id(const std::string& token) const {
+  return bpe_ ? bpe_->id(token) : spm_->id(token);
+}
+
+std::string tokenizer::open(const std::string& system, const std::vector<turn>& history) const {
+  if (format_ == chat_format::kPlain) {  // earlier turns as "Question:"/"Answer:" lines
+    std::string s = (id("<bos>") >= 0 ? "<bos>" : "") + system + (system.empty() ? "" : "\n\n");
+    for (const auto& [role, content] : history)
+      s += (role == "assistant" ? "Answer: " : "") + content + "\n";
+    return s;
+  }
+  if (format_ == chat_format::kGemma) {  // Gemma has no system role: it leads a user turn
+    std::string s = "<bos>", lead = system.empty() ? std::string() : system + "\n\n";
+    for (const auto& [role, content] : history) {
+      const bool user = role != "assistant";
+      s += "<start_of_turn>" + std::string(user ? "user" : "model") + "\n" +
+           (user ? std::exchange(lead, std::string()) : std::string()) + content +
+           "<end_of_turn>\n";
+    }
+    return s + "<start_of_turn>user\n" + lead;
+  }
+  std::string s = "<|im_start|>system\n" + system + "<|im_end|>\n";
+  for (const auto& [role, content] : history)
+    s += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+  return s + "<|im_start|>user\n";
+}
+std::string tokenizer::close() const {
+  if (format_ == chat_format::kPlain) return "\nAnswer:";
+  if (format_ == chat_format::kGemma) return "<end_of_turn>\n<start_of_turn>model\n";
+  return "<|im_end|>\n<|im_start|>assistant\n";
+}
+std::vector<std::string> tokenizer::stop_texts() const {
+  std::vector<std::string> s{eot_};
+  if (format_ == chat_format::kPlain && id("\n\n") >= 0) s.emplace_back("\n\n");
+  for (const char* t : {"<|endoftext|>", "<eos>"})
+    if (id(t) >= 0) s.emplace_back(t);
+  return s;
+}
+
 }  // namespace relokv_engine

@@ -1,7 +1,9 @@
 #pragma once
-// GPT-2-style byte-level BPE read from a GGUF (what SmolLM2 and Qwen2 use): the model's
-// pre-tokenizer, encode, decode, special tokens and the ChatML role markers.
+// The engine's tokenizers: GPT-2-style byte-level BPE read from a GGUF (what SmolLM2 and Qwen2
+// use: the model's pre-tokenizer, encode, decode, special tokens), and `tokenizer`, which holds
+// the model's own (BPE, or SentencePiece for Gemma 3) with its chat format.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -11,6 +13,7 @@
 #include <relokv/types.hpp>
 
 #include "gguf.hpp"
+#include "spm_tokenizer.hpp"
 
 namespace relokv_engine {
 
@@ -60,6 +63,57 @@ class bpe_tokenizer {
   std::vector<std::uint8_t> is_special_;                                // per id
   std::string byte_sym_[256];  // byte -> its symbol (UTF-8)
   std::unordered_map<std::string, unsigned char> sym_byte_;
+};
+
+/// How a model's chat turns are written.
+enum class chat_format : std::uint8_t {
+  kChatML,  ///< <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen2)
+  kGemma,   ///< <bos><start_of_turn>user\n...<end_of_turn>\n, the system folded into the user
+  kPlain,   ///< a pretrained model's completion: "<bos>system\n\nuser\nAnswer:", ends at \n
+};
+
+/// The tokenizer a GGUF names (tokenizer.ggml.model "gpt2": byte-level BPE; "llama":
+/// SentencePiece) and the chat format of its model. relokv runs no Jinja: where the file has a
+/// tokenizer.chat_template, the format follows the vocabulary's markers (ChatML's, or Gemma's
+/// turns), as those templates write them; a file without one is a pretrained model (Gemma 3
+/// 270M's is google/gemma-3-270m), prompted as plain text that ends in "Answer:".
+class tokenizer {
+ public:
+  /// @throws gguf_error when the file has no tokenizer relokv reads
+  explicit tokenizer(const gguf_file& f);
+  /// A BPE tokenizer with the ChatML format (tests, the synthetic model).
+  explicit tokenizer(bpe_tokenizer bpe);
+
+  [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& text) const;
+  [[nodiscard]] std::string decode(const std::vector<relokv::token_t>& ids) const;
+  [[nodiscard]] std::int32_t vocab_size() const noexcept;
+  [[nodiscard]] relokv::token_t id(const std::string& token) const;
+  [[nodiscard]] chat_format format() const noexcept { return format_; }
+
+  /// The text that ends a turn (<|im_end|> or <end_of_turn>), and its id (-1: none).
+  [[nodiscard]] const std::string& end_of_turn_text() const noexcept { return eot_; }
+  [[nodiscard]] relokv::token_t end_of_turn() const { return id(eot_); }
+  /// An earlier turn of a conversation: role ("user" or "assistant") and content.
+  using turn = std::pair<std::string, std::string>;
+  /// The prompt up to the last user's words: ChatML's system turn, the earlier turns and the
+  /// user's opening; Gemma's <bos>, the earlier turns and the user's opening, the system text
+  /// (Gemma has no system role) leading the first user turn with a blank line after it.
+  [[nodiscard]] std::string open(const std::string& system,
+                                 const std::vector<turn>& history = {}) const;
+  /// The user's turn closed and the assistant's opened.
+  [[nodiscard]] std::string close() const;
+  /// open(system) + user + close(): a one-question prompt.
+  [[nodiscard]] std::string chat(const std::string& system, const std::string& user) const {
+    return open(system) + user + close();
+  }
+  /// Texts that end an answer (the end of turn, and the vocabulary's end of text).
+  [[nodiscard]] std::vector<std::string> stop_texts() const;
+
+ private:
+  std::optional<bpe_tokenizer> bpe_;
+  std::optional<spm_tokenizer> spm_;
+  chat_format format_ = chat_format::kChatML;
+  std::string eot_ = "<|im_end|>";
 };
 
 }  // namespace relokv_engine

@@ -26,10 +26,18 @@ std::vector<relokv::token_t> text_codec::encode(const std::string& s) const {
   for (unsigned char c : s) out.push_back(static_cast<relokv::token_t>(c % vocab));
   return out;
 }
+std::string text_codec::open(const std::string& system) const {
+  if (tok) return tok->open(system);
+  return "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n";
+}
+std::string text_codec::close() const {
+  return tok ? tok->close() : "<|im_end|>\n<|im_start|>assistant\n";
+}
 std::string text_codec::decode(const std::vector<relokv::token_t>& t) const {
   if (tok) {
     std::string s = tok->decode(t);
-    if (const auto p = s.find("<|im_end|>"); p != std::string::npos) s.resize(p);
+    for (const std::string& stop : tok->stop_texts())
+      if (const auto p = s.find(stop); p != std::string::npos) s.resize(p);
     return s;
   }
   std::string s;
@@ -43,9 +51,7 @@ workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint
   if (!in) throw std::runtime_error(path + ": cannot open");
   workload w;
   w.source = path;
-  w.prefix = codec.encode(
-      "<|im_start|>system\nAnswer the question from the documents, in a few words.<|im_end|>\n"
-      "<|im_start|>user\n");
+  w.prefix = codec.encode(codec.open("Answer the question from the documents, in a few words."));
   std::map<std::string, std::size_t> index;
   std::mt19937 rng(seed);
   std::string line;
@@ -67,8 +73,7 @@ workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint
       r.passages.push_back(it->second);
     }
     std::shuffle(r.passages.begin(), r.passages.end(), rng);
-    r.question_tokens =
-        codec.encode("Question: " + r.question + "<|im_end|>\n<|im_start|>assistant\n");
+    r.question_tokens = codec.encode("Question: " + r.question + codec.close());
     r.answer_tokens = codec.encode(r.answer);
     w.requests.push_back(std::move(r));
   }

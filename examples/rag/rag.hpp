@@ -37,9 +37,13 @@ struct workload {
 
 /// Text to tokens: the model's tokenizer, or bytes folded into the vocabulary (synthetic model).
 struct text_codec {
-  const relokv_engine::bpe_tokenizer* tok = nullptr;
+  const relokv_engine::tokenizer* tok = nullptr;
   std::int32_t vocab = 256;
   [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& s) const;
+  /// The chat format's prompt opening (system, then the user's) and closing (the assistant's
+  /// opening); ChatML's without a tokenizer.
+  [[nodiscard]] std::string open(const std::string& system) const;
+  [[nodiscard]] std::string close() const;
   [[nodiscard]] std::string decode(const std::vector<relokv::token_t>& t) const;
 };
 

@@ -221,29 +221,27 @@ relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& ge
   return b.question(q).build();
 }
 
-built_prompt build_prompt(const chat_request& r, const relokv_engine::bpe_tokenizer& tok,
+built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer& tok,
                           const std::string& default_system, bool spans, const api_limits& limits) {
-  std::string system = default_system, turns;
+  std::string system = default_system;
+  std::vector<relokv_engine::tokenizer::turn> history;
   std::size_t first = 0;
   if (r.messages.front().role == "system") {
     system = r.messages.front().content;
     first = 1;
   }
-  for (std::size_t i = first; i + 1 < r.messages.size(); ++i) {
-    const auto& m = r.messages[i];
-    turns += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  }
+  for (std::size_t i = first; i + 1 < r.messages.size(); ++i)
+    history.emplace_back(r.messages[i].role, r.messages[i].content);
   built_prompt p;
   p.spans = spans;
-  p.prefix =
-      tok.encode("<|im_start|>system\n" + system + "<|im_end|>\n" + turns + "<|im_start|>user\n");
+  p.prefix = tok.encode(tok.open(system, history));
   for (const document& d : r.documents) {
     const std::string& name = d.title.empty() ? d.id : d.title;
     p.documents.push_back(
         tok.encode("Document: " + (name.empty() ? "" : name + "\n") + d.text + "\n"));
   }
   p.question = tok.encode((r.documents.empty() ? "" : "Question: ") + r.messages.back().content +
-                          "<|im_end|>\n<|im_start|>assistant\n");
+                          tok.close());
   p.layout = p.with({});
   const auto n = static_cast<std::int64_t>(p.layout.tokens.size());
   if (n + r.max_tokens > limits.context)

@@ -81,7 +81,7 @@ struct built_prompt {
   /// answer so far continues the question).
   [[nodiscard]] relokv::request_layout with(const std::vector<relokv::token_t>& generated) const;
 };
-built_prompt build_prompt(const chat_request& r, const relokv_engine::bpe_tokenizer& tok,
+built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer& tok,
                           const std::string& default_system, bool spans, const api_limits& limits);
 
 /// JSON text of `v` with any invalid UTF-8 in its strings replaced by U+FFFD: generated text

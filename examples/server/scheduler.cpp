@@ -37,10 +37,10 @@ std::size_t utf8_whole(const std::string& s, std::size_t n) {
 }
 }  // namespace
 
-scheduler::scheduler(serving_engine& eng, const relokv_engine::bpe_tokenizer& tok, metrics& m,
+scheduler::scheduler(serving_engine& eng, const relokv_engine::tokenizer& tok, metrics& m,
                      options o)
     : eng_(eng), tok_(tok), metrics_(m), opt_(o) {
-  for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+  for (const std::string& s : tok_.stop_texts())
     if (const auto id = tok_.id(s); id >= 0) stops_.push_back(id);
   thread_ = std::thread([this] { loop(); });
 }

@@ -77,7 +77,7 @@ class scheduler {
     std::int32_t max_queue = 64;       ///< jobs waiting for admission; beyond: 503
     std::int32_t prefill_chunk = 256;  ///< prompt rows computed per step
   };
-  scheduler(serving_engine& eng, const relokv_engine::bpe_tokenizer& tok, metrics& m, options o);
+  scheduler(serving_engine& eng, const relokv_engine::tokenizer& tok, metrics& m, options o);
   ~scheduler();
   scheduler(const scheduler&) = delete;
   scheduler& operator=(const scheduler&) = delete;
@@ -107,7 +107,7 @@ class scheduler {
   relokv::token_t sample(seq_state& s, const std::vector<float>& logits);
 
   serving_engine& eng_;
-  const relokv_engine::bpe_tokenizer& tok_;
+  const relokv_engine::tokenizer& tok_;
   metrics& metrics_;
   options opt_;
   std::vector<relokv::token_t> stops_;  // end of turn, end of text

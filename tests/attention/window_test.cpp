@@ -205,7 +205,9 @@ TEMPLATE_TEST_CASE("attention: a sliding window by logical position agrees with 
   SECTION("bf16, GQA, head_dim 64, blocks of 32") {
     window_case<TestType, relokv::bf16>(64, 32, 4, 2);
   }
-  SECTION("bf16, MQA, head_dim 256 (Gemma 3)") { window_case<TestType, relokv::bf16>(256, 16, 4, 1); }
+  SECTION("bf16, MQA, head_dim 256 (Gemma 3)") {
+    window_case<TestType, relokv::bf16>(256, 16, 4, 1);
+  }
   SECTION("fp16, head_dim 128") { window_case<TestType, relokv::fp16>(128, 16, 2, 2); }
   SECTION("fp32, portable path (head_dim 32, blocks of 8)") {
     window_case<TestType, float>(32, 8, 2, 1);

@@ -104,8 +104,8 @@ void attention_case(int head_dim, int block_size, bool prefill, int heads, bool 
   } else {
     a.q_pos = {3 * block_size - 4, 2 * block_size - 1};
   }
-  a.q = randn(
-      a.q_pos.size() * static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim), rng);
+  a.q = randn(a.q_pos.size() * static_cast<std::size_t>(heads) * static_cast<std::size_t>(head_dim),
+              rng);
   want.resize(a.q.size());
   want_lse.resize(a.q_pos.size() * static_cast<std::size_t>(heads));
   // The host kernel (itself checked against the fp64 oracle, windows included) is the oracle.

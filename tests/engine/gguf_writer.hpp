@@ -27,6 +27,13 @@ class gguf_writer {
     pod(kv_, std::uint64_t{v.size()});
     for (auto x : v) pod(kv_, x);
   }
+  void kv_f32s(const std::string& k, const std::vector<float>& v) {
+    key(k, 9);
+    pod(kv_, std::uint32_t{6});
+    pod(kv_, std::uint64_t{v.size()});
+    for (auto x : v) pod(kv_, x);
+  }
+  void kv_bool(const std::string& k, bool v) { key(k, 7), pod(kv_, std::uint8_t{v}); }
   /// A tensor with raw block bytes (already in the type's layout).
   void tensor(const std::string& name, std::vector<std::uint64_t> dims, std::uint32_t type,
               const std::vector<std::uint8_t>& bytes) {

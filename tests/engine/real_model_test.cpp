@@ -1,5 +1,6 @@
 // Tests on a real model, named by the first argument (smollm2: SmolLM2-135M-Instruct, llama;
-// qwen2.5-0.5b: Qwen2.5-Coder-0.5B-Instruct, qwen2), as scripts/get-model fetches them. Without
+// qwen2.5-0.5b: Qwen2.5-Coder-0.5B-Instruct, qwen2; gemma3-270m: Gemma 3 270M, gemma3, with
+// sliding-window layers and a SentencePiece vocabulary), as scripts/get-model fetches them. Without
 // the model the binary says so and exits with 77, which ctest reports as skipped; the
 // synthetic-model tests (relokv_engine_test) always run.
 #define CATCH_CONFIG_RUNNER
@@ -32,18 +33,19 @@
 namespace {
 std::string g_name = "smollm2", g_model;
 bool qwen() { return g_name == "qwen2.5-0.5b"; }
+bool gemma() { return g_name == "gemma3-270m"; }
 
 struct loaded {
   relokv_engine::gguf_file file;
   std::shared_ptr<const relokv_engine::llama_model> model;
-  relokv_engine::bpe_tokenizer tok;
+  relokv_engine::tokenizer tok;
 };
 const loaded& model() {
   static const loaded l = [] {
     auto f = relokv_engine::gguf_file::open(g_model);
     auto m = std::make_shared<const relokv_engine::llama_model>(
         relokv_engine::llama_model::from_gguf(f));
-    relokv_engine::bpe_tokenizer t(f);
+    relokv_engine::tokenizer t(f);
     return loaded{std::move(f), std::move(m), std::move(t)};
   }();
   return l;
@@ -64,7 +66,34 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("real model: shapes and tokenizer", "[model]") {
   const auto& m = model();
   const auto& c = m.model->cfg;
-  if (qwen()) {
+  if (gemma()) {
+    // Against the file's own metadata, and llama.cpp's defaults where it is silent (the
+    // local base, the pattern): 18 layers, a window of 512 on five layers in six, bases
+    // 10,000 and 1,000,000, head_dim 256 over one KV head, 262,144 SentencePiece tokens.
+    CHECK(c.arch == "gemma3");
+    CHECK(c.n_layers == 18);
+    CHECK(c.dim == 640);
+    CHECK(c.n_heads == 4);
+    CHECK(c.n_kv_heads == 1);
+    CHECK(c.head_dim == 256);
+    CHECK(c.vocab == 262144);
+    CHECK(c.sliding_window == 512);
+    CHECK(c.swa_pattern == 6);
+    CHECK(c.rope.layout == relokv::rope_layout::kNeoX);
+    CHECK(c.rope.theta == 1e6);
+    CHECK(c.rope_local.theta == 1e4);
+    CHECK(c.embed_scale == Approx(std::sqrt(640.0f)));
+    int windowed = 0;
+    for (int l = 0; l < c.n_layers; ++l) windowed += c.windowed(l) ? 1 : 0;
+    CHECK(windowed == 15);
+    CHECK_FALSE(c.windowed(5));
+    CHECK_FALSE(c.windowed(17));
+    CHECK(m.model->layers[0].q_norm.size() == 256);
+    CHECK(m.model->layers[0].post_ffn_norm.size() == 640);
+    CHECK(m.model->output.empty());  // tied
+    CHECK(m.tok.id("<bos>") == 2);
+    CHECK(m.tok.format() == relokv_engine::chat_format::kPlain);  // no chat template: base
+  } else if (qwen()) {
     CHECK(c.arch == "qwen2");
     CHECK(c.n_layers == 24);
     CHECK(c.vocab == 151936);
@@ -81,13 +110,14 @@ TEST_CASE("real model: shapes and tokenizer", "[model]") {
   }
   for (const std::string s : {"Hello world, it's 2026!", "  spaces\tand\nlines  ", "café ü 東京"})
     CHECK(m.tok.decode(m.tok.encode(s)) == s);
-  const auto ids = m.tok.encode(relokv_engine::bpe_tokenizer::chat("sys", "hi"));
-  CHECK(ids.front() == m.tok.id("<|im_start|>"));  // one token
-  CHECK(m.tok.end_of_turn() == m.tok.id("<|im_end|>"));
+  const auto ids = m.tok.encode(m.tok.chat("sys", "hi"));
+  CHECK(ids.front() == m.tok.id(gemma() ? "<bos>" : "<|im_start|>"));  // one token
+  CHECK(m.tok.end_of_turn() == m.tok.id(gemma() ? "\n" : "<|im_end|>"));
   CHECK(m.tok.end_of_turn() >= 0);
 }
 
-// Ids the reference implementation (Hugging Face tokenizers, tests/reference/tokenizer_ref.py)
+// Ids the reference implementation (Hugging Face tokenizers, tests/reference/tokenizer_ref.py,
+// for BPE; llama.cpp's SentencePiece, tests/reference/spm_tokenizer_ref.cpp, for Gemma 3)
 // produced for tests/engine/data/tokenizer_strings.txt: non-ASCII punctuation, paragraph
 // breaks, tabs, digits, contractions, CJK, emoji, specials.
 TEST_CASE("real model: token ids equal the reference tokenizer's", "[model]") {
@@ -131,8 +161,12 @@ TEST_CASE("real model: logits agree with the numpy reference", "[.][numpy]") {
       "two million residents, it is the centre of the Ile-de-France region, which has more "
       "than twelve million people. Since the seventeenth century Paris has been a major "
       "centre of finance, diplomacy, commerce, fashion, science and the arts. The city of";
-  for (const std::string& prompt :
-       std::vector<std::string>{"The capital of France is", "1, 2, 3, 4,", longer}) {
+  std::vector<std::string> prompts{"The capital of France is", "1, 2, 3, 4,", longer};
+  // Gemma 3: a prompt of over 512 tokens, so that the windowed layers cut it.
+  if (gemma())
+    prompts.push_back(longer + " " + longer + " " + longer + " " + longer + " " + longer + " " +
+                      longer + " " + longer + " " + longer + ".");
+  for (const std::string& prompt : prompts) {
     const auto ids = m.tok.encode(prompt);
     std::string cmd =
         "python3 " RELOKV_SOURCE_DIR "/tests/reference/llama_ref.py '" + g_model + "'";
@@ -166,10 +200,11 @@ TEST_CASE("real model: logits agree with the numpy reference", "[.][numpy]") {
 TEST_CASE("real model: a coherent greedy answer", "[model]") {
   const auto& m = model();
   relokv_engine::llama_engine<relokv::at_attention, float> eng(m.model, 256);
-  const auto prompt = m.tok.encode(relokv_engine::bpe_tokenizer::chat(
-      qwen() ? "You are a helpful assistant."
-             : "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
-      "What is the capital of France?"));
+  const auto prompt = m.tok.encode(
+      m.tok.chat(qwen()    ? "You are a helpful assistant."
+                 : gemma() ? ""
+                           : "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+                 "What is the capital of France?"));
   const auto out = eng.generate(
       eng.prefill(relokv::layout_builder(16).prefix(prompt).build(), relokv::recompute::none{}), 24,
       m.tok.end_of_turn());
@@ -210,6 +245,71 @@ TEST_CASE("real model: full recompute after reuse equals no reuse; placements ag
   CHECK(max_rel(full16, want) < kBf16Tolerance);
 }
 
+TEST_CASE("real model: spans relocated across a sliding window", "[model]") {
+  // Three long passages (about 250 tokens each) read in another order: on Gemma 3 the windowed
+  // layers (512 tokens) cut the request, its spans and the relocated ones; on the others the
+  // same request exercises long relocations. Full recompute after reuse is a prefill without
+  // reuse, every placement agrees with the fp32 plain prefill, and exact reuse of the whole
+  // request is bit for bit.
+  const auto& m = model();
+  std::vector<std::vector<relokv::token_t>> docs;
+  for (const char* topic : {"the river", "the old bridge", "the lighthouse"}) {
+    std::string text;
+    for (int i = 0; i < 12; ++i)
+      text += "Record " + std::to_string(i) + " about " + topic +
+              " says the keeper counted boats, wrote the weather down and mended the nets. ";
+    docs.push_back(m.tok.encode(text));
+  }
+  const auto sys = m.tok.encode(m.tok.open("Answer from the documents."));
+  const auto q = m.tok.encode("Question: who mended the nets?" + m.tok.close());
+  const auto build = [&](std::initializer_list<int> order) {
+    relokv::layout_builder b(16);
+    b.prefix(sys);
+    for (const int d : order) b.span(docs[static_cast<std::size_t>(d)]);
+    return b.question(q).build();
+  };
+  const auto l1 = build({0, 1, 2}), l2 = build({2, 0, 1});
+  REQUIRE(l2.tokens.size() > 700);
+  const auto want = relokv_engine::plain_prefill(*m.model, l2.tokens);
+  relokv_engine::llama_engine<relokv::block_relative, float> eng(m.model, 256);
+  (void)eng.prefill(l1, relokv::recompute::none{});
+  eng.end();
+  relokv_engine::prefill_stats st;
+  const auto full = eng.prefill(l2, relokv::recompute::full{}, &st);
+  eng.end(false);
+  CHECK(st.relocated_hits > 0);
+  CHECK(max_rel(full, want) < 1e-3);
+  relokv_engine::llama_engine<relokv::pre_rotated, float> pre(m.model, 256);
+  relokv_engine::llama_engine<relokv::at_attention, float> at(m.model, 256);
+  CHECK(max_rel(pre.prefill(l2, relokv::recompute::none{}), want) < 1e-3);
+  CHECK(max_rel(at.prefill(l2, relokv::recompute::none{}), want) < 1e-3);
+  pre.end(false);
+  at.end(false);
+  // pre_rotated relocation rotates each layer by its own base: reused spans under none{}
+  // give what at_attention's give (the same K/V, rotated at attention instead).
+  (void)pre.prefill(l1, relokv::recompute::none{});
+  pre.end();
+  (void)at.prefill(l1, relokv::recompute::none{});
+  at.end();
+  relokv_engine::prefill_stats sp, sa;
+  const auto reused_pre = pre.prefill(l2, relokv::recompute::none{}, &sp);
+  const auto reused_at = at.prefill(l2, relokv::recompute::none{}, &sa);
+  CHECK(sp.relocated_hits > 0);
+  CHECK(sa.relocated_hits == sp.relocated_hits);
+  CHECK(max_rel(reused_pre, reused_at) < 1e-3);
+  pre.end(false);
+  at.end(false);
+  // The whole request again: exact hits, bit for bit.
+  relokv_engine::llama_engine<relokv::block_relative> e16(m.model, 256), fresh16(m.model, 256);
+  const auto first16 = fresh16.prefill(l2, relokv::recompute::none{});
+  fresh16.end(false);
+  (void)e16.prefill(l2, relokv::recompute::none{});
+  e16.end();
+  relokv_engine::prefill_stats se;
+  CHECK(e16.prefill(l2, relokv::recompute::none{}, &se) == first16);
+  CHECK(se.exact_hits > 0);
+}
+
 TEST_CASE("real model: a sequence's bits do not depend on its batch", "[model][exact]") {
   // A server's step decodes many sequences in one forward and prefills in chunks: every
   // sequence must get the logits it gets alone, bit for bit (greedy answers that do not
@@ -225,9 +325,8 @@ TEST_CASE("real model: a sequence's bits do not depend on its batch", "[model][e
     std::string q = "Tell me one fact about " + std::string(topics[i % 6]);
     for (int j = 0; j < i; ++j) q += " and why";
     q += "?";
-    layouts.push_back(relokv::layout_builder(16)
-                          .prefix(m.tok.encode(relokv_engine::bpe_tokenizer::chat("Be brief.", q)))
-                          .build());
+    layouts.push_back(
+        relokv::layout_builder(16).prefix(m.tok.encode(m.tok.chat("Be brief.", q))).build());
   }
   std::vector<std::vector<std::vector<float>>> alone(kSeqs);
   {

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Independent reference forward pass for GGUF llama and qwen2 models, in numpy.
+"""Independent reference forward pass for GGUF llama, qwen2 and gemma3 models, in numpy.
 
 Reads the GGUF itself (no code shared with the C++ engine), dequantizes
 F32/F16/Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K, and runs a plain causal forward pass over the given
 token ids, printing the last token's logits, one per line. qwen2 adds Q/K/V biases and rotates
-pairs half a head apart (NeoX) where llama's converted weights pair adjacent elements.
+pairs half a head apart (NeoX) where llama's converted weights pair adjacent elements. gemma3
+(as Google's gemma_pytorch and the GGUF describe it): embeddings times sqrt(dim), per-head RMS
+norms of Q and K, norms after attention and after the MLP, GELU-tanh, head width from
+attention.key_length, and five layers in six attending through a sliding window of
+attention.sliding_window tokens on RoPE base 10,000 (the sixth global, on rope.freq_base).
 
     python3 tests/reference/llama_ref.py MODEL.gguf 1 2 3 ...
 """
@@ -143,21 +147,29 @@ def main():
     D = meta[a + "embedding_length"]
     H = meta[a + "attention.head_count"]
     Hk = meta.get(a + "attention.head_count_kv", H)
-    hd = D // H
+    gemma = arch == "gemma3"
+    hd = meta.get(a + "attention.key_length", D // H)
     rot = meta.get(a + "rope.dimension_count", hd)
     theta = meta.get(a + "rope.freq_base", 10000.0)
     eps = meta.get(a + "attention.layer_norm_rms_epsilon", 1e-5)
-    neox = arch == "qwen2"
+    neox = arch in ("qwen2", "gemma3")
+    window = meta.get(a + "attention.sliding_window", 0) if gemma else 0
+    pattern = meta.get(a + "attention.sliding_window_pattern", 6)
+    theta_local = meta.get(a + "rope.freq_base_swa", 10000.0)
     n = len(tokens)
 
     def rms(x, g):
         return x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + eps).astype(np.float32) * g
 
-    inv = theta ** (-np.arange(0, rot, 2, dtype=np.float64) / rot)
-    ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
-    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    def table(base):
+        inv = base ** (-np.arange(0, rot, 2, dtype=np.float64) / rot)
+        ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
+        return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
-    def rope(x):  # x: [n, heads, hd]
+    tables = {theta: table(theta), theta_local: table(theta_local)}
+
+    def rope(x, base):  # x: [n, heads, hd]
+        cos, sin = tables[base]
         y = x.copy()
         if neox:  # pair (i, i + rot/2)
             ia, ib = slice(0, rot // 2), slice(rot // 2, rot)
@@ -173,26 +185,50 @@ def main():
         return y + w[name + ".bias"] if name + ".bias" in w else y
 
     x = w["token_embd.weight"][tokens]
-    mask = np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
+    if gemma:
+        x = x * np.float32(np.sqrt(D))
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    causal = np.where(j <= i, 0.0, -np.inf).astype(np.float32)
+    # a windowed layer's query at i sees keys j with i - window < j <= i
+    windowed = np.where((j <= i) & (j > i - window), 0.0, -np.inf).astype(np.float32)
     for l in range(L):
         p = f"blk.{l}."
+        local = gemma and window > 0 and l % pattern < pattern - 1
+        base = theta_local if local else theta
+        mask = windowed if local else causal
         h = rms(x, w[p + "attn_norm.weight"])
-        q = rope(lin(h, p + "attn_q").reshape(n, H, hd))
-        k = rope(lin(h, p + "attn_k").reshape(n, Hk, hd))
+        q = lin(h, p + "attn_q").reshape(n, H, hd)
+        k = lin(h, p + "attn_k").reshape(n, Hk, hd)
+        if gemma:
+            q = rms(q, w[p + "attn_q_norm.weight"])
+            k = rms(k, w[p + "attn_k_norm.weight"])
+        q, k = rope(q, base), rope(k, base)
         v = lin(h, p + "attn_v").reshape(n, Hk, hd)
         k = np.repeat(k, H // Hk, axis=1)
         v = np.repeat(v, H // Hk, axis=1)
         s = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(hd) + mask
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
-        o = np.einsum("hij,jhd->ihd", s, v).reshape(n, H * hd)
-        x = x + o @ w[p + "attn_output.weight"].T
+        o = np.einsum("hij,jhd->ihd", s, v).reshape(n, H * hd) @ w[p + "attn_output.weight"].T
+        if gemma:
+            o = rms(o, w[p + "post_attention_norm.weight"])
+        x = x + o
         h = rms(x, w[p + "ffn_norm.weight"])
         g = h @ w[p + "ffn_gate.weight"].T
         u = h @ w[p + "ffn_up.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "ffn_down.weight"].T
+        if gemma:  # GELU, tanh form
+            act = 0.5 * g * (1 + np.tanh(np.float32(np.sqrt(2 / np.pi)) * (g + 0.044715 * g ** 3)))
+        else:  # SiLU
+            act = g / (1 + np.exp(-g))
+        o = (act * u) @ w[p + "ffn_down.weight"].T
+        if gemma:
+            o = rms(o, w[p + "post_ffw_norm.weight"])
+        x = x + o
     out = w.get("output.weight", w["token_embd.weight"])
     logits = rms(x[-1], w["output_norm.weight"]) @ out.T
+    cap = meta.get(a + "final_logit_softcapping", 0.0)
+    if cap:
+        logits = cap * np.tanh(logits / cap)
     sys.stdout.write("\n".join(f"{v:.6g}" for v in logits))
 
 

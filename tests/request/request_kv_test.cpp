@@ -82,10 +82,10 @@ double compute_and_check(Req& req, const std::vector<relokv::token_t>& all,
           {static_cast<int>(p), toy_vec(all[p], l, 1, kHk * kD), toy_vec(all[p], l, 2, kHk * kD)});
     for (std::int32_t i = 0; i < n; ++i) {
       const std::vector<float> qi(q.begin() + i * kHq * kD, q.begin() + (i + 1) * kHq * kD);
-      const auto ref = oracle::attend(
-          geometry != nullptr ? geometry->table(l).config() : rope_cfg(), keys, qi,
-          pos[static_cast<std::size_t>(i)], kHq, kHk, scale, nullptr,
-          geometry != nullptr ? geometry->window(l) : 0);
+      const auto ref =
+          oracle::attend(geometry != nullptr ? geometry->table(l).config() : rope_cfg(), keys, qi,
+                         pos[static_cast<std::size_t>(i)], kHq, kHk, scale, nullptr,
+                         geometry != nullptr ? geometry->window(l) : 0);
       for (int d = 0; d < kHq * kD; ++d)
         worst = std::max(worst, std::abs(ref[static_cast<std::size_t>(d)] -
                                          out[static_cast<std::size_t>(i * kHq * kD + d)]));

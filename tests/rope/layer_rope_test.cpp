@@ -73,8 +73,7 @@ TEST_CASE("rope: DeepSeek's mscale and mscale_all_dim set the magnitude and soft
   CHECK_THROWS_WITH(c.validate(), Catch::Contains("mscale_all_dim must not be negative"));
 }
 
-TEST_CASE("layer_rope: Gemma 3's two bases and windows, one table per distinct config",
-          "[rope]") {
+TEST_CASE("layer_rope: Gemma 3's two bases and windows, one table per distinct config", "[rope]") {
   relokv::rope_config local, global;
   local.head_dim = local.rotary_dim = global.head_dim = global.rotary_dim = 256;
   local.theta = 10000.0;

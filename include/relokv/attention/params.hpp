@@ -72,8 +72,8 @@ template <class T>
                        std::to_string(kv.num_kv_heads) + " KV heads"};
   if (p.num_tokens < 0) return {false, "attention: negative num_tokens"};
   if (p.window < 0)
-    return {false, "attention: window must be 0 (none) or positive, got " +
-                       std::to_string(p.window)};
+    return {false,
+            "attention: window must be 0 (none) or positive, got " + std::to_string(p.window)};
   if (p.num_tokens > 0 && (p.q == nullptr || p.q_pos == nullptr || p.out == nullptr))
     return {false, "attention: null q, q_pos or out"};
   if (auto s = validate_block_table(p.table, kv.num_blocks, kv.block_size); !s) return s;

@@ -53,7 +53,8 @@ class layer_rope {
                     std::to_string(layers[0].rope.head_dim));
       std::size_t t = 0;
       while (t < tables_.size() && !(tables_[t]->config() == x.rope)) ++t;
-      if (t == tables_.size()) tables_.push_back(std::make_unique<rope_table>(x.rope, max_position));
+      if (t == tables_.size())
+        tables_.push_back(std::make_unique<rope_table>(x.rope, max_position));
       index_.push_back(static_cast<std::int32_t>(t));
       window_.push_back(x.window);
     }

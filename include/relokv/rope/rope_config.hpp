@@ -65,8 +65,9 @@ struct rope_config {
     if (scaling == rope_scaling::kYaRN && (original_max_position <= 0 || !(beta_fast > beta_slow)))
       throw error("rope_config: YaRN needs original_max_position > 0 and beta_fast > beta_slow");
     if (yarn_attn_factor < 0.0 || yarn_mscale < 0.0 || yarn_mscale_all_dim < 0.0)
-      throw error("rope_config: YaRN attention factor, mscale and mscale_all_dim must not be "
-                  "negative");
+      throw error(
+          "rope_config: YaRN attention factor, mscale and mscale_all_dim must not be "
+          "negative");
   }
   [[nodiscard]] std::int32_t pairs() const noexcept { return rotary_dim / 2; }
 };

@@ -267,9 +267,9 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
           for (int g = 0; g < G; ++g) {
             const std::size_t r =
                 static_cast<std::size_t>(qi) * hq + static_cast<std::size_t>(h * G + g);
-            w.rows[static_cast<std::size_t>(n++)] = {
-                qsrc + r * hd, w.acc.data() + r * hd, w.mx.data() + r, w.sum.data() + r, valid,
-                first};
+            w.rows[static_cast<std::size_t>(n++)] = {qsrc + r * hd,   w.acc.data() + r * hd,
+                                                     w.mx.data() + r, w.sum.data() + r,
+                                                     valid,           first};
           }
         }
         if (n == 0) continue;

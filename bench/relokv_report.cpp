@@ -29,7 +29,9 @@ void usage() {
       "  --filter S   only figures whose name contains S (llama_cpp: that group alone;\n"
       "               a filter starting with rag_: the QA group alone; server_: relokv_server\n"
       "               side by side with llama-server, bench/serve_compare, tens of minutes;\n"
-      "               store_cluster: the Redis Cluster group alone; rag_escalation: the\n"
+      "               store_cluster: the Redis Cluster group alone; rag_gemma3: the QA\n"
+      "               job on Gemma 3 270M (sliding windows), $RELOKV_GEMMA3_REQUESTS\n"
+      "               questions; rag_escalation: the\n"
       "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions)\n");
 }
 }  // namespace
@@ -96,6 +98,14 @@ int main(int argc, char** argv) {
   };
   if (filter.rfind("store_cluster", 0) == 0) {
     cluster();
+    return 0;
+  }
+  if (filter.rfind("rag_gemma3", 0) == 0) {
+#if RELOKV_REPORT_ENGINE
+    const char* n = std::getenv("RELOKV_GEMMA3_REQUESTS");
+    print(relokv_bench::gemma3_report(
+        n != nullptr && std::atoi(n) > 1 ? static_cast<std::size_t>(std::atoi(n)) : 32));
+#endif
     return 0;
   }
   if (filter.rfind("rag_escalation", 0) == 0) {

@@ -92,6 +92,26 @@ void run_decode(decode_setup& s, const relokv::host_kv_storage<T>& st,
   keep(s.out[0]);
 }
 
+/// The same decode through a sliding window of `window` tokens (the last blocks only).
+template <class P, class T>
+void run_decode_window(decode_setup& s, const relokv::host_kv_storage<T>& st, std::int32_t window,
+                       relokv::kv_head_range heads = {}) {
+  relokv::attention_params<T> p;
+  p.rope = &s.rope;
+  p.kv = st.layer(0);
+  p.table = s.view();
+  p.q = s.q.data();
+  p.q_pos = &s.m;
+  p.num_tokens = 1;
+  p.num_q_heads = decode_setup::kHq;
+  p.scale = 0.0884f;
+  p.out = s.out.data();
+  p.heads = heads;
+  p.window = window;
+  relokv::paged_attention<P>(p);
+  keep(s.out[0]);
+}
+
 /// Threads for the split decode: the machine's, at most one per KV head.
 inline int decode_threads() {
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
@@ -140,6 +160,44 @@ bw_figures bw_fraction(decode_setup& s, int reps, int threads) {
   };
   kernel();  // warm up (first touch, tables)
   // time(stream) / time(kernel) = (bytes/time(kernel)) / (bytes/time(stream))
+  std::vector<double> ratio, gb_s;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now_ns();
+    kernel();
+    const double t1 = now_ns();
+    stream();
+    const double t2 = now_ns();
+    ratio.push_back((t2 - t1) / (t1 - t0));
+    gb_s.push_back(static_cast<double>(total) / (t2 - t1));
+  }
+  return {median(ratio), median(gb_s)};
+}
+
+/// decode_bw_fraction through a sliding window of `window` tokens over the 32k context: the
+/// kernel reads the window's blocks (and skips the others by their positions), the stream
+/// reference reads the same bytes.
+inline bw_figures bw_fraction_window(decode_setup& s, int reps, int threads, std::int32_t window) {
+  const auto st = random_pool<relokv::bf16>(s);
+  const int H = decode_setup::kHkv;
+  auto kernel = [&] {
+    on_threads(threads, [&](int t) {
+      run_decode_window<relokv::block_relative>(s, st, window,
+                                                {H * t / threads, H * (t + 1) / threads});
+    });
+  };
+  const std::size_t block_bytes = st.bytes() / (decode_setup::kContext / decode_setup::kBlock);
+  const std::size_t blocks = static_cast<std::size_t>(window / decode_setup::kBlock) + 1;
+  const std::size_t total = block_bytes * blocks;
+  const auto* base = reinterpret_cast<const char*>(st.data()) + st.bytes() - total;
+  const std::size_t share = total / static_cast<std::size_t>(threads) / 64 * 64;
+  auto stream = [&] {
+    on_threads(threads, [&](int t) {
+      const std::size_t begin = share * static_cast<std::size_t>(t);
+      const std::size_t end = t + 1 == threads ? total : begin + share;
+      keep(stream_read(base + begin, end - begin));
+    });
+  };
+  kernel();
   std::vector<double> ratio, gb_s;
   for (int r = 0; r < reps; ++r) {
     const double t0 = now_ns();
@@ -259,7 +317,19 @@ inline figure_lines attention_figures(int reps) {
     base();
     out.emplace_back("rotate_overhead_at_attention", median_ratio(at, base, reps, 1));
     out.emplace_back("rotate_overhead_block_relative", median_ratio(rel, base, reps, 1));
+    // The same with a sliding window of 8,192 tokens (Mistral's 4k, Gemma's 512-1k: the
+    // shape of a windowed layer), beside off: bf16 decode reads block by block under a window
+    // (its multi-block spans take none), so the window's own cost shows in these.
+    constexpr std::int32_t kWindow = 8192;
+    auto wbase = [&] { run_decode_window<relokv::pre_rotated>(s, st, kWindow); };
+    auto wat = [&] { run_decode_window<relokv::at_attention>(s, st, kWindow); };
+    auto wrel = [&] { run_decode_window<relokv::block_relative>(s, st, kWindow); };
+    wbase();
+    out.emplace_back("rotate_overhead_at_attention_window", median_ratio(wat, wbase, reps, 1));
+    out.emplace_back("rotate_overhead_block_relative_window", median_ratio(wrel, wbase, reps, 1));
   }
+  out.emplace_back("decode_bw_fraction_bf16_window",
+                   bw_fraction_window(s, reps, threads, 8192).fraction);
   {
     // Relocating 1k pre-rotated tokens (64 blocks) of one layer: copy + delta rotation.
     relokv::host_kv_storage<relokv::bf16> st(

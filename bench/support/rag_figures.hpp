@@ -66,6 +66,58 @@ inline std::vector<std::pair<std::string, double>> escalation_report(std::size_t
   return out;
 }
 
+/// The QA job on Gemma 3 270M (sliding windows, two RoPE bases): every default variant over
+/// `requests` questions of the sample against full recompute, KV bf16, placement
+/// block_relative. Lines: naive and EPIC k=16 (first-token KL, greedy agreement, work), the
+/// question's attention (15%; its probe reads windowed layers through their windows), and the
+/// best variant at <= 20% of full's work by agreement (KL beside it). Minutes; relokv_report
+/// --filter rag_gemma3 runs it alone ($RELOKV_GEMMA3_REQUESTS, default 32).
+inline std::vector<std::pair<std::string, double>> gemma3_report(std::size_t requests) {
+  const std::string path = relokv_engine::default_model_path("gemma3-270m");
+  const std::string data = qa_sample();
+  if (path.empty() || data.empty() || !std::ifstream(data).good()) {
+    std::fprintf(stderr,
+                 "relokv_report: rag_gemma3_* skipped: needs Gemma 3 270M (scripts/get-model "
+                 "gemma3-270m) and the QA sample\n");
+    return {};
+  }
+  const auto loaded = relokv_engine::load_model(path);
+  const relokv_rag::text_codec codec{loaded.tokenizer.get(), loaded.model->cfg.vocab};
+  const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
+  const auto variants = relokv_rag::default_variants();
+  relokv_rag::run_options opt;
+  opt.max_answer = 8;
+  const auto res = relokv_rag::run(loaded.model, w, codec, variants, opt);
+  const auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0.0 : s / double(v.size());
+  };
+  std::vector<std::pair<std::string, double>> out;
+  out.emplace_back("rag_gemma3_questions", double(w.requests.size()));
+  double best_agree = -1, best_kl = 0;
+  std::string best = "none_within_20pct";
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    const auto& key = variants[v].key;
+    const auto& r = res[v];
+    if (key == "naive" || key == "epic" || key == "question") {
+      out.emplace_back("rag_gemma3_" + key + "_kl", mean(r.kl));
+      out.emplace_back("rag_gemma3_" + key + "_agreement", mean(r.agreement));
+      out.emplace_back("rag_gemma3_" + key + "_work", mean(r.work));
+    }
+    if (key == "full" || key == "prefix" || !variants[v].spans || mean(r.work) > 0.20) continue;
+    if (mean(r.agreement) > best_agree) {
+      best_agree = mean(r.agreement);
+      best_kl = mean(r.kl);
+      best = key;
+    }
+  }
+  out.emplace_back("rag_gemma3_best_agreement_at_20pct", std::max(best_agree, 0.0));
+  out.emplace_back("rag_gemma3_best_kl_at_20pct", best_kl);
+  out.emplace_back("rag_gemma3_best_at_20pct_is_" + best, 1.0);
+  return out;
+}
+
 inline std::vector<std::pair<std::string, double>> rag_figures() {
   const std::string path = relokv_engine::default_model_path();
   const auto loaded = relokv_engine::load_model(path);

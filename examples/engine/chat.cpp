@@ -63,7 +63,8 @@ int run(std::shared_ptr<const relokv_engine::llama_model> m, const relokv_engine
                  ans.escalated_at, escalation.label().c_str());
   if (tok) {
     std::string text = tok->decode(out);
-    if (const auto p = text.find("<|im_end|>"); p != std::string::npos) text.resize(p);
+    for (const std::string& end : tok->stop_texts())
+      if (const auto p = text.find(end); p != std::string::npos) text.resize(p);
     std::printf("%s\n", text.c_str());
   } else {
     for (auto t : out) std::printf("%d ", t);

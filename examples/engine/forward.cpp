@@ -358,7 +358,7 @@ void run_layers(const llama_model& m, const relokv::layer_rope& ropes,
     }
     if (probe && probe->strategy->counts_layer(l, c.n_layers))
       probe_mass<P>(rope, relokv::paged_kv_view<const T>(layer_kv), map.table, q.data(), positions,
-                    H, scale, *probe);
+                    H, scale, *probe, window);
     if (refined) {
       // Every candidate's K/V of the check layer are written; the rows dropped there need no
       // attention or MLP (nothing reads their hidden state again).

@@ -180,7 +180,7 @@ template <class P, class T>
 void probe_mass(const relokv::rope_table& rope, relokv::paged_kv_view<const T> kv,
                 const std::vector<relokv::block_entry>& table, const float* q,
                 const std::vector<std::int32_t>& positions, int H, float scale,
-                const mass_probe& probe) {
+                const mass_probe& probe, std::int32_t window = 0) {
   const std::size_t qrow = static_cast<std::size_t>(H) * kv.head_dim;
   thread_local std::vector<float> qs;
   thread_local std::vector<std::int32_t> ps;
@@ -210,6 +210,7 @@ void probe_mass(const relokv::rope_table& rope, relokv::paged_kv_view<const T> k
     a.num_tokens = rows;
     a.num_q_heads = H;
     a.scale = scale;
+    a.window = window;
     a.heads =
         half == 0 ? relokv::kv_head_range{0, mid} : relokv::kv_head_range{mid, kv.num_kv_heads};
     a.mass = half == 0 ? std::span<float>(mass) : std::span<float>(other);

@@ -25,6 +25,10 @@ namespace {
 constexpr llama_seq_id kRequestSeq = 0;
 /// The request's sequence, and one for each run of cached blocks loaded at once (a wave).
 constexpr std::int32_t kSeqs = 64;
+/// Sliding-window models: every cell the request fills is also in this sequence, so that
+/// llama.cpp never hands a cell behind the window to another token (it reuses a cell held by
+/// one sequence only) before the adapter has read it back.
+constexpr llama_seq_id kPinSeq = kSeqs - 1;
 
 template <class T>
 constexpr ggml_type kv_type_of = std::is_same_v<T, float> ? GGML_TYPE_F32 : GGML_TYPE_F16;
@@ -57,6 +61,35 @@ std::uint64_t file_id(const std::string& path) {
   return id;
 }
 
+/// A metadata value of the model as text, or nullopt when the file has none.
+std::optional<std::string> meta(const llama_model* m, const std::string& key) {
+  char buf[256];
+  const std::int32_t n = llama_model_meta_val_str(m, key.c_str(), buf, sizeof buf);
+  if (n < 0) return std::nullopt;
+  return std::string(buf, static_cast<std::size_t>(std::min<std::int32_t>(n, sizeof buf - 1)));
+}
+
+/// The images of a sequence's state (image_geometry::parts): one of every layer, or for a
+/// sliding-window model, its global layers' then its windowed layers'. llama.cpp knows which
+/// layers are windowed from the architecture's pattern; its public API does not say, so the
+/// adapter reads the same metadata llama.cpp does (Gemma 3: layer l is windowed when
+/// l % pattern < pattern - 1, pattern 6 unless attention.sliding_window_pattern says) and
+/// refuses the sliding-window architectures whose pattern it does not know.
+std::vector<std::vector<std::int32_t>> image_parts(const llama_model* m, std::int32_t layers) {
+  if (llama_model_n_swa(m) <= 0) return {};
+  const std::string arch = meta(m, "general.architecture").value_or("?");
+  if (arch != "gemma3")
+    throw std::runtime_error("llama.cpp engine: the sliding-window layers of architecture '" +
+                             arch + "' are not known to the adapter (gemma3 is)");
+  const auto p = meta(m, arch + ".attention.sliding_window_pattern");
+  const std::int32_t pattern = p ? std::stoi(*p) : 6;
+  if (pattern < 1)
+    throw std::runtime_error("llama.cpp engine: sliding_window_pattern " + std::to_string(pattern));
+  std::vector<std::vector<std::int32_t>> parts(2);
+  for (std::int32_t l = 0; l < layers; ++l) parts[l % pattern < pattern - 1 ? 1 : 0].push_back(l);
+  return parts;
+}
+
 std::string decode_error(std::int32_t rc) {
   switch (rc) {
     case 1:
@@ -82,6 +115,7 @@ struct engine<T>::impl {
   std::int32_t vocab = 0, layers = 0, kv_heads = 0, head_dim = 0;
   image_geometry geo;
   bool v_trans = false;
+  std::int32_t window = 0;  ///< llama.cpp's sliding window (0: none; then no pinning)
   std::uint64_t fingerprint = 0;
   std::optional<relokv::host_kv_storage<T>> pool;
   std::optional<cache_type> cache;
@@ -139,6 +173,11 @@ struct engine<T>::impl {
     cp.n_ubatch = static_cast<std::uint32_t>(opt.n_batch);
     cp.n_seq_max = kSeqs;
     cp.kv_unified = true;  // one pool of cells: a loaded run is shared into the request
+    // A sliding-window model keeps its whole window (llama-server's --swa-full): a windowed
+    // layer's cache must hold every cell for a span to be loaded, shifted and shared into a
+    // request like the global layers' (the default SWA cache holds the last window and reuses
+    // its cells, so positions a later request reads are gone).
+    cp.swa_full = true;
     const auto threads = static_cast<std::int32_t>(
         opt.n_threads > 0 ? opt.n_threads : std::max(1u, std::thread::hardware_concurrency()));
     cp.n_threads = threads;
@@ -158,7 +197,15 @@ struct engine<T>::impl {
     vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     layers = llama_model_n_layer(model);
     kv_heads = llama_model_n_head_kv(model);
-    head_dim = llama_model_n_embd(model) / std::max(1, llama_model_n_head(model));
+    // A head's width: attention.key_length where the file has it (Gemma 3: 256 for a model
+    // width of 640 over 4 heads), else the width over the heads.
+    const std::string arch = meta(model, "general.architecture").value_or("");
+    if (const auto kl = meta(model, arch + ".attention.key_length"))
+      head_dim = std::stoi(*kl);
+    else
+      head_dim = llama_model_n_embd(model) / std::max(1, llama_model_n_head(model));
+    geo.parts = image_parts(model, layers);
+    window = geo.parts.empty() ? 0 : llama_model_n_swa(model);
     geo.n_layers = layers;
     geo.ggml_type = kv_type_of<T>;
     geo.elem_bytes = static_cast<std::int32_t>(sizeof(T));
@@ -216,6 +263,9 @@ struct engine<T>::impl {
         throw std::runtime_error("llama.cpp engine: llama_decode failed at position " +
                                  std::to_string(p0 + static_cast<std::int32_t>(i)) + ": " +
                                  decode_error(rc));
+      if (window > 0)
+        llama_memory_seq_cp(mem, kRequestSeq, kPinSeq, p0 + static_cast<std::int32_t>(i),
+                            p0 + static_cast<std::int32_t>(i + n));
       i += n;
     }
   }
@@ -252,12 +302,12 @@ struct engine<T>::impl {
     std::int32_t last_pos = 0;                     // its last cached position (new)
   };
 
-  /// Loads groups [g, end) (up to kSeqs - 1) into sequences 1.., each at its stored positions,
+  /// Loads groups [g, end) (up to kSeqs - 2) into sequences 1.., each at its stored positions,
   /// then shifts each by its delta: llama.cpp re-rotates the keys at its next decode.
   void load_wave(std::vector<load_group>& groups, std::size_t g, const relokv::reuse_plan& plan,
                  const std::vector<std::int32_t>& stored, const std::vector<std::uint8_t>& comp) {
     const auto hd = static_cast<std::size_t>(head_dim);
-    for (std::size_t i = g; i < groups.size() && i - g < kSeqs - 1; ++i) {
+    for (std::size_t i = g; i < groups.size() && i - g < kSeqs - 2; ++i) {
       load_group& lg = groups[i];
       lg.seq = static_cast<llama_seq_id>(1 + i - g);
       std::vector<std::int32_t> pos;
@@ -282,6 +332,7 @@ struct engine<T>::impl {
         throw std::runtime_error("llama.cpp engine: llama.cpp did not take a span's " +
                                  std::to_string(pos.size()) + " cells (context of " +
                                  std::to_string(opt.n_ctx) + ")");
+      if (window > 0) llama_memory_seq_cp(mem, lg.seq, kPinSeq, -1, -1);
       if (lg.delta != 0) llama_memory_seq_add(mem, lg.seq, -1, -1, lg.delta);
     }
   }
@@ -369,8 +420,30 @@ struct engine<T>::impl {
   }
 
   /// The request's private blocks (computed, or relocated copies), from llama.cpp into the pool.
+  /// A sliding-window model's windowed layers export only the cells within a window of the
+  /// sequence's last position: the request is read a window of positions at a time, each
+  /// copied into a scratch sequence (which shares the cells) whose last position ends it.
   void write_back(const relokv::reuse_plan& plan) {
-    const seq_image im = read_image(kRequestSeq);
+    const std::int32_t n = live->n_tokens;
+    const std::int32_t step = window > 0 ? window : std::max<std::int32_t>(n, 1);
+    for (std::int32_t a = 0; a < n; a += step) {
+      const std::int32_t b = std::min(n, a + step);
+      if (window > 0) {
+        constexpr llama_seq_id kScratch = 1;
+        (void)llama_memory_seq_rm(mem, kScratch, -1, -1);
+        llama_memory_seq_cp(mem, kRequestSeq, kScratch, a, b);
+        const seq_image im = read_image(kScratch);
+        (void)llama_memory_seq_rm(mem, kScratch, -1, -1);
+        write_back_range(plan, im, a, b);
+      } else {
+        write_back_range(plan, read_image(kRequestSeq), a, b);
+      }
+    }
+  }
+
+  /// The private blocks' rows at positions [a, b) from an image that holds them.
+  void write_back_range(const relokv::reuse_plan& plan, const seq_image& im, std::int32_t a,
+                        std::int32_t b) {
     std::vector<std::int32_t> cell_of(static_cast<std::size_t>(live->n_tokens), -1);
     for (std::int32_t c = 0; c < im.cells(); ++c)
       if (im.pos(c) >= 0 && im.pos(c) < live->n_tokens)
@@ -380,6 +453,7 @@ struct engine<T>::impl {
     for (const relokv::planned_block& pb : plan.blocks) {
       if (!pb.fresh && !pb.copy_on_write) continue;
       for (std::int32_t s = 0; s < pb.len; ++s) {
+        if (pb.pos0 + s < a || pb.pos0 + s >= b) continue;
         const std::int32_t c = cell_of[static_cast<std::size_t>(pb.pos0 + s)];
         if (c < 0)
           throw std::logic_error("llama.cpp engine: position " + std::to_string(pb.pos0 + s) +

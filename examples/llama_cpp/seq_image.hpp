@@ -12,6 +12,11 @@
 //   v_trans = 0: n_layer x { i32 v_type, u64 v_row_bytes, cell_count rows }
 //   v_trans = 1: n_layer x { i32 v_type, u32 elem_bytes, u32 n_embd_v, n_embd_v x cell_count elems
 //   }
+// A sliding-window model's context (llama.cpp's iSWA cache, its window kept whole: swa_full)
+// writes two caches after the magic and the sequence, each from n_stream on: its global
+// layers', then its windowed layers', each with its own n_layer (image_geometry::parts). The
+// windowed cache leaves out the cells behind the window of the sequence's last position, so
+// the adapter reads a sequence a window at a time (the parser wants the same cells in both).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -27,9 +32,15 @@ struct image_geometry {
   std::int32_t ggml_type = 0;
   std::int32_t elem_bytes = 0;
   std::int32_t row_elems = 0;
+  /// The images a sequence's state is made of, in order, each the model layers its cache holds
+  /// (ascending): empty means one image of every layer; a sliding-window model has two, its
+  /// global layers then its windowed ones.
+  std::vector<std::vector<std::int32_t>> parts;
   [[nodiscard]] std::size_t row_bytes() const noexcept {
     return static_cast<std::size_t>(row_elems) * static_cast<std::size_t>(elem_bytes);
   }
+  /// parts, or the one part of every layer.
+  [[nodiscard]] std::vector<std::vector<std::int32_t>> layer_parts() const;
 };
 
 /// A parsed image: each cell's position, and its K and V rows per layer.
@@ -53,7 +64,7 @@ class seq_image {
   std::vector<std::uint8_t> bytes_;
   image_geometry g_;
   std::vector<std::int32_t> pos_;
-  std::vector<std::size_t> k_at_, v_at_;  // per layer: offset of cell 0's data
+  std::vector<std::size_t> k_at_, v_at_;  // per model layer: offset of cell 0's data
   bool v_trans_ = false;
 };
 

@@ -22,6 +22,7 @@
 #include "rag.hpp"
 #include "report.hpp"
 #include "store_mode.hpp"
+#include "window_study.hpp"
 
 extern char** environ;
 
@@ -346,6 +347,14 @@ int main(int argc, char** argv) {
     if (!o.quiet) o.run.progress = progress_bar;
     if (!o.store.empty()) return store_mode(argc, argv, o, model, w, codec);
 
+    if (!o.layer_deviation_out.empty()) {
+      const auto st = relokv_rag::run_deviation_study(
+          model, w, o.requests, model_path.empty() ? "synthetic" : model->cfg.name);
+      relokv_rag::write_deviation_study(o.layer_deviation_out, st);
+      std::printf("layer deviation: %s.md, %s.json\n", o.layer_deviation_out.c_str(),
+                  o.layer_deviation_out.c_str());
+      return 0;
+    }
     if (!o.escalation_out.empty())
       return escalation_study(o, model, w, codec,
                               model_path.empty() ? "synthetic" : model->cfg.name);

@@ -99,6 +99,11 @@ void add_options(CLI::App& app, options& o) {
                  "also run each variant (but full and prefix) with this per-request escalation "
                  "to full recompute: margin<T or entropy>T, then @first (before the first token) "
                  "or @every (before any answer token); e.g. margin<0.3@first");
+  app.add_option("--layer-deviation", o.layer_deviation_out,
+                 "the layer-deviation study: relocated spans' K/V against full recompute's at "
+                 "every layer (cosine), by layer kind (windowed or global) and by offset in the "
+                 "span (below the window or beyond it), for spans of one passage and of half "
+                 "the passages each; writes PREFIX.md and PREFIX.json");
   app.add_option("--escalation", o.escalation_out,
                  "the escalation study: naive, EPIC and the question's attention with every "
                  "signal, thresholds fitted on half the questions for --target-agreement and "

@@ -15,6 +15,8 @@ struct options {
   std::string data, model, json_out, csv_out, svg_out, sweep_out, calibrate_out, profile;
   /// --escalate POLICY (each variant again with it), --escalation PREFIX (the study).
   std::string escalate, escalation_out;
+  /// --layer-deviation PREFIX: reused spans' K/V against full recompute, layer by layer.
+  std::string layer_deviation_out;
   double target_agreement = 0.95;
   std::size_t requests = 24, passages = 10, corpus = 40;
   double zipf = 1.0, max_kl = 0.05, min_agreement = 0.8;

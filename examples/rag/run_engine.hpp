@@ -97,7 +97,7 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
                                        const text_codec& codec,
                                        const std::vector<variant>& variants,
                                        const run_options& opt) {
-  const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
+  const relokv::token_t stop = codec.tok ? codec.tok->end_of_turn() : -1;
   const std::size_t total = w.requests.size() * (variants.size() + 1);
   std::size_t done = 0;
   // A question's passages are cached as spans computed after the system prompt, just before

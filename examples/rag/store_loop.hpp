@@ -54,7 +54,7 @@ writer_report writer_on(E& eng, const workload& w) {
 template <class E>
 reader_report reader_on(E& full, E& eng, const workload& w, const text_codec& codec,
                         const std::vector<variant>& variants, const store_mode_options& opt) {
-  const relokv::token_t stop = codec.tok ? codec.tok->id("<|im_end|>") : -1;
+  const relokv::token_t stop = codec.tok ? codec.tok->end_of_turn() : -1;
   reader_report rep;
   rep.rows.resize(variants.size());
   for (std::size_t v = 0; v < variants.size(); ++v) rep.rows[v].name = variants[v].name;

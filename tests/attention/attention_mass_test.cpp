@@ -25,7 +25,8 @@ namespace {
 std::vector<double> reference_mass(const relokv::rope_config& c,
                                    const std::vector<oracle::key_token>& keys,
                                    const std::vector<float>& q, const std::vector<int>& q_pos,
-                                   int num_q_heads, int num_kv_heads, double scale, int positions) {
+                                   int num_q_heads, int num_kv_heads, double scale, int positions,
+                                   int window = 0) {
   const int D = c.head_dim, G = num_q_heads / num_kv_heads;
   std::vector<double> mass(static_cast<std::size_t>(positions), 0.0);
   for (std::size_t i = 0; i < q_pos.size(); ++i)
@@ -37,7 +38,7 @@ std::vector<double> reference_mass(const relokv::rope_config& c,
       std::vector<double> s;
       std::vector<int> at;
       for (const auto& kt : keys) {
-        if (kt.pos > q_pos[i]) continue;
+        if (kt.pos > q_pos[i] || (window > 0 && kt.pos <= q_pos[i] - window)) continue;
         std::vector<double> kr(kt.k.begin() + h * D, kt.k.begin() + (h + 1) * D);
         oracle::rotate_exact(c, kr, kt.pos);
         double d = 0;
@@ -212,4 +213,49 @@ TEST_CASE("attention_mass: head ranges add up to the whole; bad calls add nothin
   p.q = nullptr;
   CHECK_THROWS_WITH(relokv::attention_mass<P>(p), Catch::Contains("null q"));
   for (float x : untouched) CHECK(x == 0.0f);
+}
+
+TEMPLATE_TEST_CASE("attention_mass: a windowed layer's rows give mass inside their window only",
+                   "[attention][mass][window]", relokv::pre_rotated, relokv::at_attention,
+                   relokv::block_relative) {
+  // question_topk ranks by the question's attention; in a sliding-window layer (Gemma 3) that
+  // attention reaches only the last `window` positions, and the probe must see what attention
+  // sees. Windows of 1 (each row's own key, where there is one), 9 (cuts a block) and 20.
+  using P = TestType;
+  std::mt19937 rng(17);
+  relokv::rope_config cfg;
+  cfg.head_dim = cfg.rotary_dim = 32;
+  const relokv::rope_table rope(cfg, 2048);
+  relokv::host_kv_storage<float> st(relokv::kv_shape{1, 4, 2, 16, 32});
+  const auto m = make_case<P>(st, rope, cfg, 4, rng);
+  const float scale = 1.0f / std::sqrt(32.0f);
+  for (const int window : {1, 9, 20}) {
+    std::vector<float> mass(static_cast<std::size_t>(m.positions), 0.0f);
+    relokv::attention_mass_params<float> p;
+    p.rope = &rope;
+    p.kv = relokv::paged_kv_view<const float>(st.layer(0));
+    p.blocks = m.table;
+    p.q = m.q.data();
+    p.q_pos = m.q_pos.data();
+    p.num_tokens = static_cast<std::int32_t>(m.q_pos.size());
+    p.num_q_heads = 4;
+    p.scale = scale;
+    p.mass = mass;
+    p.window = window;
+    relokv::attention_mass<P>(p);
+    const auto want = reference_mass(m.cfg, m.keys, m.q, m.q_pos, 4, 2, scale, m.positions, window);
+    double err = 0;
+    for (std::size_t t = 0; t < mass.size(); ++t) err = std::max(err, std::fabs(mass[t] - want[t]));
+    INFO("window " << window << ": max |mass - fp64 reference| = " << err);
+    CHECK(err < 2e-5 * 4);
+    // Nothing before the earliest window: the first row is at 20, the others past the keys.
+    for (int t = 0; t < 20 - window + 1 && t < m.positions; ++t)
+      CHECK(mass[static_cast<std::size_t>(t)] == 0.0f);
+  }
+  relokv::attention_mass_params<float> bad;
+  bad.rope = &rope;
+  bad.kv = relokv::paged_kv_view<const float>(st.layer(0));
+  bad.num_q_heads = 4;
+  bad.window = -1;
+  CHECK_THROWS_WITH(relokv::attention_mass<P>(bad), Catch::Contains("negative window"));
 }

@@ -1,4 +1,5 @@
-// relokv inside llama.cpp on a real model (the first argument: smollm2 or qwen2.5-0.5b), against
+// relokv inside llama.cpp on a real model (the first argument: smollm2, qwen2.5-0.5b or
+// gemma3-270m, whose windowed layers llama.cpp keeps whole for the adapter), against
 // two references: llama.cpp's own prefill of the same tokens, and relokv's engine with the same
 // placement (pre_rotated) and KV type (fp32). Skipped (77) without the model.
 #define CATCH_CONFIG_RUNNER
@@ -46,21 +47,26 @@ struct texts {
 const texts& words() {
   static const texts t = [] {
     auto f = relokv_engine::gguf_file::open(g_model);
-    relokv_engine::bpe_tokenizer tok(f);
+    const relokv_engine::tokenizer tok(f);
     texts r;
-    r.prefix = tok.encode(
-        "<|im_start|>system\nAnswer the question from the passages.<|im_end|>\n<|im_start|>user\n");
+    r.prefix = tok.encode(tok.open("Answer the question from the passages."));
+    // Gemma 3: passages long enough (about 200 tokens each) that its 512-token windows cut
+    // the request, its spans and the relocated ones.
+    const int repeat = g_name == "gemma3-270m" ? 5 : 1;
     for (const char* s :
          {"The lighthouse on Skerry Point was built in 1852 by the engineer Alan Brodie, who "
           "also designed the harbour walls of the nearby town of Carrick.",
           "Carrick is a fishing town on the west coast. Its population was 4,200 at the last "
           "census, and its school was founded by the Brodie family.",
           "Alan Brodie was born in Leith in 1811 and died in Carrick in 1879; he is buried in the "
-          "churchyard beside the harbour he built."})
-      r.spans.push_back(tok.encode(std::string(s) + "\n"));
-    r.question = tok.encode(
-        "Question: Where did the engineer of the Skerry Point lighthouse "
-        "die?<|im_end|>\n<|im_start|>assistant\n");
+          "churchyard beside the harbour he built."}) {
+      std::string text;
+      for (int i = 0; i < repeat; ++i)
+        text += (repeat > 1 ? "(" + std::to_string(i + 1) + ") " : std::string()) + s + "\n";
+      r.spans.push_back(tok.encode(text));
+    }
+    r.question = tok.encode("Question: Where did the engineer of the Skerry Point lighthouse die?" +
+                            tok.close());
     return r;
   }();
   return t;
@@ -99,7 +105,7 @@ std::size_t argmax(const std::vector<float>& v) {
 relokv_llama_cpp::engine_options small(std::int32_t blocks = 256) {
   relokv_llama_cpp::engine_options o;
   o.num_blocks = blocks;
-  o.n_ctx = 1024;
+  o.n_ctx = g_name == "gemma3-270m" ? 4096 : 1024;
   o.n_batch = 64;  // several batches per request
   o.n_threads = 2;
   return o;
@@ -196,7 +202,8 @@ TEST_CASE("llama.cpp: naive, EPIC and the seam window agree with relokv's engine
   // products, relokv's engine does not everywhere; about 2% of the largest logit on SmolLM2.
   const double floor = max_rel(e_full, r_full);
   INFO("full prefill, llama.cpp against relokv: " << floor);
-  CHECK(floor < 5e-2);
+  // Gemma 3: 4-6% (its 262k-row output and llama.cpp's 8-bit activations in every product).
+  CHECK(floor < (g_name == "gemma3-270m" ? 8e-2 : 5e-2));
   const relokv::recompute::any_strategy strategies[] = {
       relokv::recompute::none{}, relokv::recompute::first_k{4}, relokv::recompute::seam_window{4}};
   for (const auto& s : strategies) {
@@ -236,11 +243,16 @@ TEST_CASE("llama.cpp: exact hits are loaded from the pool, and load what was com
   CHECK(st.exact_hits >= full_blocks - 1);
   CHECK(st.computed <= 16);
   const auto ref = e.plain_prefill(flat.tokens);
-  // llama.cpp's own floor: the same tokens prefilled in batches of another size.
-  auto o = small();
-  o.n_batch = 96;
-  adapter other(g_model, std::move(o));
-  const double floor = max_rel(other.plain_prefill(flat.tokens), ref);
+  // llama.cpp's own floor: the same tokens prefilled in batches of other sizes (its kernels
+  // are not batch-invariant: on Gemma 3 a prompt's logits move by 4-5% with the size of its
+  // last batch, and one size can split the prompt as the reference does, so several).
+  double floor = 0;
+  for (const std::int32_t nb : {72, 96, 128}) {
+    auto o = small();
+    o.n_batch = nb;
+    adapter other(g_model, std::move(o));
+    floor = std::max(floor, max_rel(other.plain_prefill(flat.tokens), ref));
+  }
   const double d = max_rel(got, ref);
   INFO("loaded exact hits vs plain prefill: " << d << "; llama.cpp's batching floor: " << floor);
   CHECK(d <= 2 * floor + 1e-4);
@@ -376,7 +388,10 @@ TEST_CASE("llama.cpp: a batch smaller than the sequences is refused, not an abor
 }
 
 TEST_CASE("llama.cpp: bad input is refused and loses nothing", "[llama_cpp]") {
-  adapter e(g_model, small(40));
+  // A pool that holds the spans and a request, and no more (Gemma's spans are longer).
+  const std::int32_t pool = g_name == "gemma3-270m" ? 120 : 40;
+  const std::int32_t ctx = small().n_ctx;
+  adapter e(g_model, small(pool));
   warm(e);
   const auto layout = spans_layout({0, 1, 2});
   const auto before = e.prefill(layout, relokv::recompute::first_k{2});
@@ -384,9 +399,10 @@ TEST_CASE("llama.cpp: bad input is refused and loses nothing", "[llama_cpp]") {
   const auto free_before = e.cache().allocator().num_free();
   SECTION("a request longer than the context") {
     relokv::layout_builder b(16);
-    std::vector<token_t> many(1100, words().prefix[0]);
-    CHECK_THROWS_WITH(e.prefill(b.prefix(many).build(), relokv::recompute::none{}),
-                      Catch::Contains("does not fit the context of 1024 cells"));
+    std::vector<token_t> many(static_cast<std::size_t>(ctx) + 76, words().prefix[0]);
+    CHECK_THROWS_WITH(
+        e.prefill(b.prefix(many).build(), relokv::recompute::none{}),
+        Catch::Contains("does not fit the context of " + std::to_string(ctx) + " cells"));
   }
   SECTION("a token outside the vocabulary") {
     relokv::layout_builder b(16);
@@ -400,7 +416,7 @@ TEST_CASE("llama.cpp: bad input is refused and loses nothing", "[llama_cpp]") {
   }
   SECTION("an exhausted pool") {
     relokv::layout_builder b(16);
-    std::vector<token_t> many(1000);
+    std::vector<token_t> many(static_cast<std::size_t>(pool) * 16 + 40);
     for (std::size_t i = 0; i < many.size(); ++i) many[i] = static_cast<token_t>(100 + i);
     CHECK_THROWS_WITH(e.prefill(b.prefix(many).build(), relokv::recompute::none{}),
                       Catch::Contains("out of KV blocks"));

@@ -81,3 +81,45 @@ TEST_CASE("seq_image: every truncation and every wrong field is refused", "[llam
   other.ggml_type = 0;  // an f32 engine reading an f16 image
   CHECK_THROWS_WITH(seq_image::parse(good, other), Catch::Contains("k_type"));
 }
+
+TEST_CASE("seq_image: a sliding-window model's two images, global layers then windowed",
+          "[llama_cpp]") {
+  // Gemma 3's split in five layers: layer 2 global (llama.cpp's base cache), the others
+  // windowed (its SWA cache, written after); rows land on their model layers.
+  image_geometry g = geo();
+  g.n_layers = 5;
+  g.parts = {{2}, {0, 1, 3, 4}};
+  const std::vector<std::int32_t> pos{3, 4, 9};
+  const auto fill = [&](std::int32_t l, std::int32_t c, bool v, std::byte* out) {
+    for (std::size_t i = 0; i < g.row_bytes(); ++i) out[i] = pattern(l, c, v, i);
+  };
+  for (bool vt : {false, true}) {
+    const auto bytes = write_image(pos, 1, vt, g, fill);
+    const seq_image im = seq_image::parse(bytes, g);
+    REQUIRE(im.cells() == 3);
+    std::vector<std::byte> row(g.row_bytes());
+    for (std::int32_t l = 0; l < 5; ++l)
+      for (std::int32_t c = 0; c < 3; ++c)
+        for (bool v : {false, true}) {
+          im.row(l, c, v, row.data());
+          for (std::size_t i = 0; i < row.size(); ++i) CHECK(row[i] == pattern(l, c, v, i));
+        }
+    // The first image holds one layer: its n_layer field says 1.
+    std::uint32_t n_layer = 0;
+    std::memcpy(&n_layer, bytes.data() + 16 + 3 * 12 + 4, sizeof n_layer);
+    CHECK(n_layer == 1);
+  }
+  // Parts that disagree on their cells, or do not cover the layers, are refused.
+  auto bytes = write_image(pos, 1, false, g, fill);
+  // The second cache starts after the first's n_stream, cells, v_trans, n_layer and rows.
+  const std::size_t second = 8 + 8 + 3 * 12 + 8 + 2 * (12 + 3 * g.row_bytes());
+  const std::int32_t moved = 77;
+  std::memcpy(bytes.data() + second + 8, &moved, sizeof moved);
+  CHECK_THROWS_WITH(seq_image::parse(bytes, g),
+                    Catch::Contains("part 1's cell 0 is at position 77"));
+  image_geometry missing = g;
+  missing.parts = {{2}, {0, 1, 3}};
+  CHECK_THROWS_WITH(seq_image::parse(write_image(pos, 1, false, g, fill), missing),
+                    Catch::Contains("the parts hold 4 layers of 5"));
+  CHECK(seq_image::parse(write_image({}, 1, false, g, fill), g).cells() == 0);
+}

@@ -5,7 +5,8 @@
 /// ProphetKV, arXiv 2602.02579, rank by the question's attention).
 ///
 /// For every query row i (at logical position m_i) and query head h of the call, the softmax
-/// over the keys it sees (logical positions n <= m_i) is added into mass[n]:
+/// over the keys it sees (logical positions n <= m_i, and n > m_i - window in a windowed layer)
+/// is added into mass[n]:
 ///   mass[n] += exp(scale * <R(m_i) q_ih, R(n) k_n> - lse_ih)
 /// so each row and head adds exactly 1 in total. Keys are brought to their logical rotation
 /// from any placement (pre_rotated: as stored; block_relative: R(pos0) applied to the stored
@@ -45,6 +46,9 @@ struct attention_mass_params {
   kv_head_range heads{};  ///< the KV heads (and their query heads) this call covers
   /// Per logical position, added to (never cleared): mass[n] for every key n of `blocks`.
   std::span<float> mass;
+  /// A windowed layer's sliding window, as attention_params::window: a row at m sees the keys
+  /// at positions in (m - window, m] and gives the others nothing. 0: no window.
+  std::int32_t window = 0;
 };
 
 /// Adds each key's received attention into p.mass (see the file comment).
@@ -65,6 +69,7 @@ void attention_mass(const attention_mass_params<T>& p) {
     throw error("attention_mass: head_dim " + std::to_string(kv.head_dim) +
                 " differs from the rope table's");
   if (p.num_tokens < 0) throw error("attention_mass: negative num_tokens");
+  if (p.window < 0) throw error("attention_mass: negative window");
   if (p.num_tokens > 0 && (p.q == nullptr || p.q_pos == nullptr))
     throw error("attention_mass: null q or q_pos");
   const std::int32_t hb = p.heads.begin, he = std::min(p.heads.end, kv.num_kv_heads);
@@ -121,7 +126,7 @@ void attention_mass(const attention_mass_params<T>& p) {
         const float* kh = kf.data() + static_cast<std::size_t>(h - hb) * nkeys * hd;
         float mx = -INFINITY;
         for (std::size_t t = 0; t < nkeys; ++t) {
-          if (kpos[t] > m) {
+          if (kpos[t] > m || (p.window > 0 && kpos[t] <= std::int64_t{m} - p.window)) {
             s[t] = -INFINITY;
             continue;
           }

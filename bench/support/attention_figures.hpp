@@ -144,51 +144,11 @@ struct bw_figures {
   double stream_gb_s;  ///< the plain read's median bandwidth in the same repetitions
 };
 
-template <class T>
-bw_figures bw_fraction(decode_setup& s, int reps, int threads) {
-  const auto st = random_pool<T>(s);
-  auto kernel = [&] { run_decode_threads<relokv::block_relative>(s, st, threads); };
-  const auto* base = reinterpret_cast<const char*>(st.data());
-  const std::size_t total = st.bytes();
-  const std::size_t share = total / static_cast<std::size_t>(threads) / 64 * 64;
-  auto stream = [&] {  // the same bytes, split over the same number of threads
-    on_threads(threads, [&](int t) {
-      const std::size_t begin = share * static_cast<std::size_t>(t);
-      const std::size_t end = t + 1 == threads ? total : begin + share;
-      keep(stream_read(base + begin, end - begin));
-    });
-  };
-  kernel();  // warm up (first touch, tables)
-  // time(stream) / time(kernel) = (bytes/time(kernel)) / (bytes/time(stream))
-  std::vector<double> ratio, gb_s;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = now_ns();
-    kernel();
-    const double t1 = now_ns();
-    stream();
-    const double t2 = now_ns();
-    ratio.push_back((t2 - t1) / (t1 - t0));
-    gb_s.push_back(static_cast<double>(total) / (t2 - t1));
-  }
-  return {median(ratio), median(gb_s)};
-}
-
-/// decode_bw_fraction through a sliding window of `window` tokens over the 32k context: the
-/// kernel reads the window's blocks (and skips the others by their positions), the stream
-/// reference reads the same bytes.
-inline bw_figures bw_fraction_window(decode_setup& s, int reps, int threads, std::int32_t window) {
-  const auto st = random_pool<relokv::bf16>(s);
-  const int H = decode_setup::kHkv;
-  auto kernel = [&] {
-    on_threads(threads, [&](int t) {
-      run_decode_window<relokv::block_relative>(s, st, window,
-                                                {H * t / threads, H * (t + 1) / threads});
-    });
-  };
-  const std::size_t block_bytes = st.bytes() / (decode_setup::kContext / decode_setup::kBlock);
-  const std::size_t blocks = static_cast<std::size_t>(window / decode_setup::kBlock) + 1;
-  const std::size_t total = block_bytes * blocks;
-  const auto* base = reinterpret_cast<const char*>(st.data()) + st.bytes() - total;
+/// The kernel against a plain read of the `total` bytes at `base` that it reads, split over the
+/// same number of threads, alternated `reps` times after a warm-up (first touch, tables):
+/// time(stream) / time(kernel) = (bytes/time(kernel)) / (bytes/time(stream)).
+template <class K>
+bw_figures against_stream(K&& kernel, const char* base, std::size_t total, int reps, int threads) {
   const std::size_t share = total / static_cast<std::size_t>(threads) / 64 * 64;
   auto stream = [&] {
     on_threads(threads, [&](int t) {
@@ -209,6 +169,32 @@ inline bw_figures bw_fraction_window(decode_setup& s, int reps, int threads, std
     gb_s.push_back(static_cast<double>(total) / (t2 - t1));
   }
   return {median(ratio), median(gb_s)};
+}
+
+template <class T>
+bw_figures bw_fraction(decode_setup& s, int reps, int threads) {
+  const auto st = random_pool<T>(s);
+  return against_stream([&] { run_decode_threads<relokv::block_relative>(s, st, threads); },
+                        reinterpret_cast<const char*>(st.data()), st.bytes(), reps, threads);
+}
+
+/// decode_bw_fraction through a sliding window of `window` tokens over the 32k context: the
+/// kernel reads the window's blocks (and skips the others by their positions), the stream
+/// reference reads the same bytes.
+inline bw_figures bw_fraction_window(decode_setup& s, int reps, int threads, std::int32_t window) {
+  const auto st = random_pool<relokv::bf16>(s);
+  const int H = decode_setup::kHkv;
+  auto kernel = [&] {
+    on_threads(threads, [&](int t) {
+      run_decode_window<relokv::block_relative>(s, st, window,
+                                                {H * t / threads, H * (t + 1) / threads});
+    });
+  };
+  const std::size_t block_bytes = st.bytes() / (decode_setup::kContext / decode_setup::kBlock);
+  const std::size_t total =
+      block_bytes * (static_cast<std::size_t>(window / decode_setup::kBlock) + 1);
+  return against_stream(kernel, reinterpret_cast<const char*>(st.data()) + st.bytes() - total,
+                        total, reps, threads);
 }
 
 /// MQA decode (8 query heads over one KV head, head_dim 256, as Gemma 2B; bf16, 64k tokens, 64

@@ -216,8 +216,11 @@ void score_answer(const std::vector<std::vector<float>>& ref_steps,
   const auto mine = strip(answer), ref = strip(ref_answer);
   std::size_t same = 0;
   for (std::size_t i = 0; i < std::min(mine.size(), ref.size()); ++i) same += mine[i] == ref[i];
-  out.agreement.push_back(double(same) /
-                          double(std::max<std::size_t>({mine.size(), ref.size(), 1})));
+  // Two empty answers (the end of turn first: a pretrained model's newline after "Answer:")
+  // agree; they counted 0 before.
+  out.agreement.push_back(
+      mine == ref ? 1.0
+                  : double(same) / double(std::max<std::size_t>({mine.size(), ref.size(), 1})));
   const std::string text = codec.decode(mine);
   out.f1.push_back(answer_f1(text, r.answer));
   out.em.push_back(exact_match(text, r.answer));

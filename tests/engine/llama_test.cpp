@@ -602,3 +602,52 @@ TEMPLATE_TEST_CASE("engine: spans from the store give the logits of spans from t
   CHECK(victim.cache().stats().store_rejected[static_cast<std::size_t>(
             relokv::block_check::kFingerprint)] == *forged.answered);
 }
+
+TEMPLATE_TEST_CASE("engine: a gemma3-shaped model (windows, two bases) through relokv equals plain",
+                   "[engine][window]", relokv::pre_rotated, relokv::at_attention,
+                   relokv::block_relative) {
+  // Six layers, five of them windowed (24 tokens: the window cuts the spans of the ~100-token
+  // request) on base 10,000, the sixth global on 1,000,000; QK and post norms, GELU, scaled
+  // embeddings; head_dim 16 (the portable path) and 64 (the SIMD one). What runs on the real
+  // model in the model tests, here under the sanitizers too.
+  for (const int hd : {16, 64}) {
+    relokv_engine::llama_config c;
+    c.arch = "gemma3";
+    c.n_layers = 6;
+    c.dim = 64;
+    c.n_heads = 4;
+    c.n_kv_heads = 1;
+    c.head_dim = hd;  // the Q width (4 x hd) differs from dim, as Gemma's does
+    c.sliding_window = 24;
+    const auto m = std::make_shared<const llama_model>(llama_model::synthetic(c, 5));
+    INFO("head_dim " << hd);
+    REQUIRE(m->cfg.windowed(0));
+    REQUIRE_FALSE(m->cfg.windowed(5));
+    REQUIRE(m->cfg.rope_local.theta == 10000.0);
+    REQUIRE(m->cfg.rope.theta == 1e6);
+    llama_engine<TestType, float> eng(m, 64);
+    const auto l = rag(kA, kB);
+    CHECK(max_diff(eng.prefill(l, relokv::recompute::none{}),
+                   relokv_engine::plain_prefill(*m, l.tokens)) < 1e-3);
+    eng.end();
+    const auto l2 = rag(kB, kA);
+    auto tokens = l2.tokens;
+    relokv_engine::prefill_stats st;
+    const auto full = eng.prefill(l2, relokv::recompute::full{}, &st);
+    CHECK(st.relocated_hits > 0);
+    CHECK(max_diff(full, relokv_engine::plain_prefill(*m, tokens)) < 1e-3);
+    auto logits = full;
+    for (int i = 0; i < 30; ++i) {  // decode past the window
+      const token_t next = relokv_engine::argmax(logits);
+      tokens.push_back(next);
+      logits = eng.decode(next);
+    }
+    CHECK(max_diff(logits, relokv_engine::plain_prefill(*m, tokens)) < 1e-3);
+    eng.end(false);
+    // The windows matter: the same weights without them give other logits.
+    auto global = *m;
+    global.cfg.sliding_window = 0;
+    CHECK(max_diff(relokv_engine::plain_prefill(global, l.tokens),
+                   relokv_engine::plain_prefill(*m, l.tokens)) > 1e-3);
+  }
+}

@@ -310,6 +310,57 @@ TEST_CASE("real model: spans relocated across a sliding window", "[model]") {
   CHECK(se.exact_hits > 0);
 }
 
+TEST_CASE("real model: CacheBlend's candidates confined to the windows' seam", "[model]") {
+  // Gemma 3 only (its layer 0 is windowed; the others have no window): two relocated spans of
+  // about 700 tokens. Beyond offset W - 1 a token's K/V at CacheBlend's check layer (1) match
+  // a fresh computation up to rounding, so confining the candidates to the first W - 1
+  // tokens of each span must choose the same tokens, for less work. (The logits are close,
+  // not equal: unconfined, the candidates beyond the seams write their fresh layer-0 and
+  // layer-1 K/V, which differ from the cached ones in their last bits.)
+  const auto& m = model();
+  const auto& c = m.model->cfg;
+  if (!c.windowed(0)) {
+    SUCCEED("no windowed layer below the check layer");
+    return;
+  }
+  std::vector<std::vector<relokv::token_t>> docs;
+  for (const char* topic : {"the harbour", "the mill"}) {
+    std::string text;
+    for (int i = 0; i < 32; ++i)
+      text += "Entry " + std::to_string(i) + " on " + topic +
+              ": the tide turned, two boats came in and the catch was weighed. ";
+    docs.push_back(m.tok.encode(text));
+  }
+  REQUIRE(docs[0].size() > 600);
+  const auto sys = m.tok.encode(m.tok.open("Answer from the records."));
+  const auto q = m.tok.encode("Question: how many boats came in?" + m.tok.close());
+  const auto build = [&](int a, int b) {
+    return relokv::layout_builder(16)
+        .prefix(sys)
+        .span(docs[static_cast<std::size_t>(a)])
+        .span(docs[static_cast<std::size_t>(b)])
+        .question(q)
+        .build();
+  };
+  relokv_engine::llama_engine<relokv::block_relative> eng(m.model, 512);
+  (void)eng.prefill(build(0, 1), relokv::recompute::none{});
+  eng.end();
+  const auto l2 = build(1, 0);
+  const relokv::recompute::deviation_topk blend(0.15f);
+  relokv_engine::prefill_stats all, seam;
+  const auto want = eng.prefill(l2, blend, &all);
+  eng.end(false);
+  const auto got = eng.prefill(l2, blend.with_seam(c.sliding_window - 1), &seam);
+  eng.end(false);
+  INFO("token-layers: every candidate " << all.token_layers << ", the seams' "
+                                        << seam.token_layers);
+  CHECK(all.relocated_hits > 0);
+  CHECK(seam.check_kept == all.check_kept);  // the same tokens chosen at the check layer
+  CHECK(max_rel(got, want) < 1e-2);
+  CHECK(relokv_engine::argmax(got) == relokv_engine::argmax(want));
+  CHECK(seam.token_layers < all.token_layers);
+}
+
 TEST_CASE("real model: a sequence's bits do not depend on its batch", "[model][exact]") {
   // A server's step decodes many sequences in one forward and prefills in chunks: every
   // sequence must get the logits it gets alone, bit for bit (greedy answers that do not

@@ -1,5 +1,6 @@
 #include "rag.hpp"
 #include <relokv/layout/builder.hpp>
+#include "run_engine.hpp"
 
 #include "escalate.hpp"
 #include "escalation.hpp"
@@ -127,6 +128,24 @@ TEST_CASE("rag: JSONL workloads pool passages and report bad lines", "[rag]") {
   CHECK_THROWS_AS(relokv_rag::generate(5, 12, 0, 1.0, 3, 512), std::invalid_argument);
   CHECK_THROWS_AS(relokv_rag::generate(5, 0, 4, 1.0, 3, 512), std::invalid_argument);
   CHECK_THROWS_AS(relokv_rag::generate(5, 12, 4, -1.0, 3, 512), std::invalid_argument);
+}
+
+TEST_CASE("rag: two empty answers agree", "[rag]") {
+  // A pretrained model (Gemma 3 270M) may answer "Answer:" with the newline that ends it: the
+  // answer is empty, and the same empty answer from a variant agrees with it (it scored 0).
+  const relokv::token_t stop = 7;
+  const std::vector<std::vector<float>> steps{{0.0f, 1.0f, 2.0f}};
+  relokv_rag::qa_request r;
+  r.answer = "x";
+  const relokv_rag::text_codec codec{nullptr, 16};
+  relokv_rag::variant_result out;
+  relokv_rag::detail::score_answer(steps, steps, {stop}, {stop}, stop, r, codec, out);
+  relokv_rag::detail::score_answer(steps, steps, {3, 4, stop}, {3, 5, stop}, stop, r, codec, out);
+  relokv_rag::detail::score_answer(steps, steps, {stop}, {3, stop}, stop, r, codec, out);
+  REQUIRE(out.agreement.size() == 3);
+  CHECK(out.agreement[0] == 1.0);
+  CHECK(out.agreement[1] == 0.5);
+  CHECK(out.agreement[2] == 0.0);
 }
 
 TEST_CASE("rag: a run needs at least one answer token", "[rag]") {

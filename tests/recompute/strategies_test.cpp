@@ -120,6 +120,31 @@ TEST_CASE("deviation_topk: candidates, then the top r% by deviation", "[recomput
   CHECK_THROWS_AS(s.refine(1, dev, reused, m), relokv::error);
 }
 
+TEST_CASE("deviation_topk: with_seam confines the candidates to each span's first tokens",
+          "[recompute][window]") {
+  // A sliding-window model's seam: span A (10 tokens at 6..15) keeps its first 3, span B (3
+  // tokens at 16..18) all 3; the budget still counts every reused token, and the choice
+  // equals the unconfined one when the tokens beyond the seams deviate least.
+  const auto full = relokv::recompute::deviation_topk(0.25f);
+  const auto seamed = full.with_seam(3);
+  CHECK(seamed.seam() == 3);
+  CHECK(full.seam() == 0);
+  const auto l = layout();
+  auto m = initial_mask(l, kStatus);
+  seamed.select(l, kStatus, m);
+  CHECK(ones(m) == cat({6, 7, 8, 16, 17, 18}, kQuestion));
+  std::vector<std::uint8_t> reused(24, 0);
+  for (int t = 0; t < 19; ++t) reused[static_cast<std::size_t>(t)] = 1;
+  std::vector<float> dev(24, 0.0f);
+  for (int t : {6, 7, 8, 16, 17}) dev[static_cast<std::size_t>(t)] = 1.0f + static_cast<float>(t);
+  auto all = initial_mask(l, kStatus);
+  full.select(l, kStatus, all);
+  full.refine(0, dev, reused, all);
+  seamed.refine(0, dev, reused, m);
+  CHECK(m == all);  // 5 kept either way: ceil(0.25 x 19)
+  CHECK_THROWS_WITH(full.with_seam(-1), Catch::Contains("seam must be >= 0"));
+}
+
 TEST_CASE("deviation_topk: budgets at the edges and gradual filtering", "[recompute]") {
   const auto l = layout();
   std::vector<std::uint8_t> reused(24, 0);

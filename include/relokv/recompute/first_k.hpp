@@ -29,6 +29,18 @@ inline void mark_relocated_blocks(const request_layout& l, std::span<const block
       mark(mask, l.blocks[static_cast<std::size_t>(b)].pos0,
            l.blocks[static_cast<std::size_t>(b)].len);
 }
+/// The tokens of relocated blocks at offsets below `seam` in their segment (the first `seam`
+/// tokens of each relocated span).
+inline void mark_relocated_seam(const request_layout& l, std::span<const block_status> status,
+                                std::span<std::uint8_t> mask, std::int32_t seam) {
+  for (std::int32_t b = 0; b < l.num_blocks(); ++b) {
+    if (status[static_cast<std::size_t>(b)] != block_status::kRelocatedHit) continue;
+    const block_extent& e = l.blocks[static_cast<std::size_t>(b)];
+    const std::int32_t first = l.segments[static_cast<std::size_t>(e.segment)].first_token;
+    const std::int32_t end = std::min<std::int32_t>(e.len, first + seam - e.pos0);
+    if (end > 0) mark(mask, e.pos0, end);
+  }
+}
 }  // namespace detail
 
 /// Recomputes the first k tokens of every span that is reused at a new position: the tokens

@@ -285,6 +285,9 @@ void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, att
                     : DC <= simd::kAccRegs / 2 ? 2
                                                : 1;  // R * DC accumulators
   float* kt = w.ktile.data();
+  // A window that cuts the block for some row: a row sees a chunk only from its first slot on.
+  bool cut = false;
+  for (int i = 0; i < nrows; ++i) cut = cut || rows[i].first > 0;
   for (int j0 = bh.first / L * L; j0 < bh.valid; j0 += L) {
     const int vc = bh.valid - j0 < L ? bh.valid - j0 : L;
     const float* kf = key_rows<DC, P>(bh, j0, vc, w);
@@ -299,7 +302,7 @@ void group_block_head(const block_head_t<T>& bh, group_row* rows, int nrows, att
     // under a window, those whose window starts before the chunk ends.
     const group_row* live = rows;
     int n = nrows;
-    if (j0 > 0 || bh.first > 0) {
+    if (j0 > 0 || cut) {
       n = 0;
       for (int i = 0; i < nrows; ++i)
         if (rows[i].valid > j0 && rows[i].first < j0 + L)

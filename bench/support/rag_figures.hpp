@@ -88,11 +88,7 @@ inline std::vector<std::pair<std::string, double>> gemma3_report(std::size_t req
   relokv_rag::run_options opt;
   opt.max_answer = 8;
   const auto res = relokv_rag::run(loaded.model, w, codec, variants, opt);
-  const auto mean = [](const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return v.empty() ? 0.0 : s / double(v.size());
-  };
+  using relokv_rag::mean;
   std::vector<std::pair<std::string, double>> out;
   out.emplace_back("rag_gemma3_questions", double(w.requests.size()));
   double best_agree = -1, best_kl = 0;
@@ -141,11 +137,7 @@ inline std::vector<std::pair<std::string, double>> rag_figures() {
   opt.max_answer = 8;
   opt.noise_floor = true;  // one more row, last: full prefill with fp32 KV
   const auto res = relokv_rag::run(model, w, codec, variants, opt);
-  const auto mean = [](const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return v.empty() ? 0.0 : s / double(v.size());
-  };
+  using relokv_rag::mean;
   // Prompt tokens first_k computes per token full prefill computes: the speedup's ceiling
   // where the cost is linear in the tokens computed (these questions' prompts are short).
   double computed[2] = {0, 0};

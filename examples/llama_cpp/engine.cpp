@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -17,6 +16,7 @@
 #include <relokv/memory/host_kv_storage.hpp>
 #include <relokv/store/block_format.hpp>
 
+#include "model_info.hpp"
 #include "seq_image.hpp"
 
 namespace relokv_llama_cpp {
@@ -43,51 +43,6 @@ void init_backend() {
     llama_log_set(log_errors_only, nullptr);
     llama_backend_init();
   });
-}
-
-/// XXH3 of the GGUF file's bytes: the weights (and everything else the file says).
-std::uint64_t file_id(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("llama.cpp engine: cannot read '" + path + "'");
-  XXH3_state_t* h = XXH3_createState();
-  XXH3_64bits_reset(h);
-  std::vector<char> buf(std::size_t{8} << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    XXH3_64bits_update(h, buf.data(), static_cast<std::size_t>(in.gcount()));
-  }
-  const std::uint64_t id = XXH3_64bits_digest(h);
-  XXH3_freeState(h);
-  return id;
-}
-
-/// A metadata value of the model as text, or nullopt when the file has none.
-std::optional<std::string> meta(const llama_model* m, const std::string& key) {
-  char buf[256];
-  const std::int32_t n = llama_model_meta_val_str(m, key.c_str(), buf, sizeof buf);
-  if (n < 0) return std::nullopt;
-  return std::string(buf, static_cast<std::size_t>(std::min<std::int32_t>(n, sizeof buf - 1)));
-}
-
-/// The images of a sequence's state (image_geometry::parts): one of every layer, or for a
-/// sliding-window model, its global layers' then its windowed layers'. llama.cpp knows which
-/// layers are windowed from the architecture's pattern; its public API does not say, so the
-/// adapter reads the same metadata llama.cpp does (Gemma 3: layer l is windowed when
-/// l % pattern < pattern - 1, pattern 6 unless attention.sliding_window_pattern says) and
-/// refuses the sliding-window architectures whose pattern it does not know.
-std::vector<std::vector<std::int32_t>> image_parts(const llama_model* m, std::int32_t layers) {
-  if (llama_model_n_swa(m) <= 0) return {};
-  const std::string arch = meta(m, "general.architecture").value_or("?");
-  if (arch != "gemma3")
-    throw std::runtime_error("llama.cpp engine: the sliding-window layers of architecture '" +
-                             arch + "' are not known to the adapter (gemma3 is)");
-  const auto p = meta(m, arch + ".attention.sliding_window_pattern");
-  const std::int32_t pattern = p ? std::stoi(*p) : 6;
-  if (pattern < 1)
-    throw std::runtime_error("llama.cpp engine: sliding_window_pattern " + std::to_string(pattern));
-  std::vector<std::vector<std::int32_t>> parts(2);
-  for (std::int32_t l = 0; l < layers; ++l) parts[l % pattern < pattern - 1 ? 1 : 0].push_back(l);
-  return parts;
 }
 
 std::string decode_error(std::int32_t rc) {
@@ -197,13 +152,7 @@ struct engine<T>::impl {
     vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     layers = llama_model_n_layer(model);
     kv_heads = llama_model_n_head_kv(model);
-    // A head's width: attention.key_length where the file has it (Gemma 3: 256 for a model
-    // width of 640 over 4 heads), else the width over the heads.
-    const std::string arch = meta(model, "general.architecture").value_or("");
-    if (const auto kl = meta(model, arch + ".attention.key_length"))
-      head_dim = std::stoi(*kl);
-    else
-      head_dim = llama_model_n_embd(model) / std::max(1, llama_model_n_head(model));
+    head_dim = head_width(model);
     geo.parts = image_parts(model, layers);
     window = geo.parts.empty() ? 0 : llama_model_n_swa(model);
     geo.n_layers = layers;

@@ -411,6 +411,12 @@ estimate bootstrap_ratio(const std::vector<double>& num, const std::vector<doubl
   return e;
 }
 
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (const double x : v) s += x;
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

@@ -164,5 +164,7 @@ estimate bootstrap_mean(const std::vector<double>& v, std::uint32_t seed = 1);
 estimate bootstrap_ratio(const std::vector<double>& num, const std::vector<double>& den,
                          std::uint32_t seed = 1);
 double percentile(std::vector<double> v, double p);
+/// The plain mean (0 for no values).
+double mean(const std::vector<double>& v);
 
 }  // namespace relokv_rag

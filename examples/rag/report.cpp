@@ -14,9 +14,6 @@
 namespace relokv_rag {
 namespace {
 
-double mean(const std::vector<double>& v) {
-  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
-}
 std::string fmt(double v, int prec = 2) {
   char b[64];
   std::snprintf(b, sizeof b, "%.*f", prec, v);

@@ -64,12 +64,6 @@ auto by_placement(const std::string& placement, F&& f) {
                               "' (pre_rotated, at_attention or block_relative)");
 }
 
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / double(v.size());
-}
-
 }  // namespace
 
 writer_report run_writer(std::shared_ptr<const relokv_engine::llama_model> model, const workload& w,

@@ -6,7 +6,7 @@ RELOKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # the exact command is printed and the script stops.
 RELOKV_DEB_PACKAGES=(cmake ninja-build g++ clang libclang-rt-dev clang-format libxxhash-dev
   catch2 libbenchmark-dev libssl-dev libopenblas-dev ccache
-  nlohmann-json3-dev libcli11-dev libhiredis-dev libcpp-httplib-dev redis-server python3 python3-pip python3-numpy)
+  nlohmann-json3-dev libcli11-dev libhiredis-dev libboost1.81-dev redis-server python3 python3-pip python3-numpy)
 
 relokv_ensure_packages() {
   local missing=() p

@@ -26,6 +26,19 @@ struct strategy_spec {
   [[nodiscard]] relokv::recompute::any_strategy make() const;
 };
 
+/// A strategy an engine serves by name: the QA program's variants and relokv_server's
+/// --strategy and relokv.strategy share this one table.
+struct named_strategy {
+  std::string key;   ///< short name: full, prefix, naive, block, epic, kvboost, cacheblend, ...
+  std::string name;  ///< what the tables print
+  std::string note;
+  strategy_spec spec;
+  bool spans = true;  ///< false: the whole prompt is one prefix (exact keys only)
+};
+/// The twelve named strategies, reference first (first_k: EPIC's and the seam's k; topk:
+/// CacheBlend's share).
+std::vector<named_strategy> strategy_table(std::int32_t first_k = 16, float topk = 0.15f);
+
 /// The result of calibrating a model (relokv_rag --calibrate): the cheapest strategy whose
 /// first-token KL and answer agreement with full recompute stayed within the thresholds on the
 /// calibration set, or none (safe = false: serve this model with full recompute).

@@ -65,30 +65,47 @@ relokv::token_t spm_tokenizer::id(const std::string& token) const {
   return it == ids_.end() ? -1 : it->second;
 }
 
-std::vector<relokv::token_t> spm_tokenizer::encode(const std::string& text) const {
-  // Fragments: raw text, or a special token's id. Each special in turn (longest first) splits
-  // the raw fragments where it occurs.
+std::vector<relokv::token_t> spm_tokenizer::encode(const marked_text& text) const {
+  return encode(text.str(), &text);
+}
+
+std::vector<relokv::token_t> spm_tokenizer::encode(const std::string& text,
+                                                   const marked_text* marks) const {
+  // Fragments: raw text [begin, begin + len), or a special token's id. Each special in turn
+  // (longest first) splits the raw fragments where it occurs (with marks: only inside a
+  // template piece; elsewhere its literal is text).
   struct fragment {
-    std::string text;
+    std::size_t begin = 0, len = 0;
     relokv::token_t id = -1;
   };
-  std::vector<fragment> frags{{text, -1}};
+  std::vector<fragment> frags{{0, text.size(), -1}};
+  const std::string_view all(text);
+  // The next place `sp` is a control token within raw fragment fr, at or after `from`.
+  const auto find = [&](const std::string& sp, const fragment& fr, std::size_t from) {
+    const std::string_view v = all.substr(fr.begin, fr.len);
+    std::size_t p = v.find(sp, from);
+    while (marks != nullptr && p != std::string_view::npos &&
+           !marks->control_at(fr.begin + p, sp.size()))
+      p = v.find(sp, p + 1);
+    return p;
+  };
   for (const auto& [sp, sid] : specials_) {
     bool hit = false;
-    for (const fragment& fr : frags) hit = hit || (fr.id < 0 && fr.text.find(sp) != fr.text.npos);
+    for (const fragment& fr : frags)
+      hit = hit || (fr.id < 0 && find(sp, fr, 0) != std::string_view::npos);
     if (!hit) continue;
     std::vector<fragment> next;
-    for (fragment& fr : frags) {
-      if (fr.id >= 0 || fr.text.find(sp) == std::string::npos) {
-        next.push_back(std::move(fr));
+    for (const fragment& fr : frags) {
+      if (fr.id >= 0 || find(sp, fr, 0) == std::string_view::npos) {
+        next.push_back(fr);
         continue;
       }
       std::size_t i = 0;
-      for (std::size_t at; (at = fr.text.find(sp, i)) != std::string::npos; i = at + sp.size()) {
-        if (at > i) next.push_back({fr.text.substr(i, at - i), -1});
-        next.push_back({{}, sid});
+      for (std::size_t at; (at = find(sp, fr, i)) != std::string_view::npos; i = at + sp.size()) {
+        if (at > i) next.push_back({fr.begin + i, at - i, -1});
+        next.push_back({0, 0, sid});
       }
-      if (i < fr.text.size()) next.push_back({fr.text.substr(i), -1});
+      if (i < fr.len) next.push_back({fr.begin + i, fr.len - i, -1});
     }
     frags = std::move(next);
   }
@@ -101,7 +118,7 @@ std::vector<relokv::token_t> spm_tokenizer::encode(const std::string& text) cons
       continue;
     }
     std::string s = space_prefix_ && prev_special ? " " : "";
-    s += fr.text;
+    s += all.substr(fr.begin, fr.len);
     std::string escaped;
     for (const char c : s) {
       if (c == ' ')

@@ -14,6 +14,7 @@
 #include <relokv/types.hpp>
 
 #include "gguf.hpp"
+#include "marked_text.hpp"
 
 namespace relokv_engine {
 
@@ -25,7 +26,11 @@ class spm_tokenizer {
 
   /// Text (UTF-8) to ids; control tokens written literally become their ids. No BOS is added:
   /// the chat format writes it (<bos>).
-  [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& text) const;
+  [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& text) const {
+    return encode(text, nullptr);
+  }
+  /// Control tokens only where `text` marks a template piece (tokenizer.hpp's marked_text).
+  [[nodiscard]] std::vector<relokv::token_t> encode(const marked_text& text) const;
   /// Ids to text: U+2581 back to spaces, byte tokens to their bytes, special tokens as written.
   /// @throws std::out_of_range for an id outside the vocabulary
   [[nodiscard]] std::string decode(const std::vector<relokv::token_t>& ids) const;
@@ -36,6 +41,7 @@ class spm_tokenizer {
   [[nodiscard]] relokv::token_t id(const std::string& token) const;
 
  private:
+  std::vector<relokv::token_t> encode(const std::string& text, const marked_text* marks) const;
   void encode_text(const std::string& text, std::vector<relokv::token_t>& out) const;
 
   std::vector<std::string> tokens_;

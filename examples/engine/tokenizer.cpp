@@ -349,8 +349,18 @@ void bpe_tokenizer::encode_word(std::string_view word, std::vector<relokv::token
   }
 }
 
-std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text) const {
+std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text,
+                                                  const marked_text* marks) const {
   std::vector<relokv::token_t> out;
+  // The next occurrence of special k at or after `from` that may be a control token: with
+  // marks, only one inside a template piece (elsewhere its literal is text).
+  const auto next_special = [&](std::size_t k, std::size_t from) {
+    const std::string& sp = special_pairs_[k].first;
+    std::size_t p = text.find(sp, from);
+    while (marks != nullptr && p != std::string::npos && !marks->control_at(p, sp.size()))
+      p = text.find(sp, p + 1);
+    return p;
+  };
   // Where each special token next occurs at or after i: searched again only once passed, so
   // the text is scanned once per special token, however many of them it holds.
   std::vector<std::size_t> at(special_pairs_.size(), 0);
@@ -361,7 +371,7 @@ std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text) cons
     std::size_t which = special_pairs_.size();
     for (std::size_t k = 0; k < special_pairs_.size(); ++k) {
       if (first || (at[k] != std::string::npos && at[k] < i))
-        at[k] = text.find(special_pairs_[k].first, i);
+        at[k] = next_special(k, i);
       if (at[k] < best) {  // ties: the longer special (sorted first) wins
         best = at[k];
         which = k;
@@ -419,6 +429,8 @@ tokenizer::tokenizer(const gguf_file& f) {
                      "tokenizer model '" + model +
                          "' is not supported (gpt2: byte-level BPE; llama: SentencePiece)");
   }
+  if (f.has("tokenizer.chat_template"))
+    default_system_ = template_default_system(f.get_string("tokenizer.chat_template"));
   if (!f.has("tokenizer.chat_template")) {
     format_ = chat_format::kPlain;
     eot_ = "\n";
@@ -426,12 +438,22 @@ tokenizer::tokenizer(const gguf_file& f) {
     format_ = chat_format::kGemma;
     eot_ = "<end_of_turn>";
   }
+  measure();
 }
 
-tokenizer::tokenizer(bpe_tokenizer bpe) : bpe_(std::move(bpe)) {}
+tokenizer::tokenizer(bpe_tokenizer bpe) : bpe_(std::move(bpe)) { measure(); }
 
 std::vector<relokv::token_t> tokenizer::encode(const std::string& text) const {
   return bpe_ ? bpe_->encode(text) : spm_->encode(text);
+}
+std::vector<relokv::token_t> tokenizer::encode(const marked_text& text) const {
+  return bpe_ ? bpe_->encode(text) : spm_->encode(text);
+}
+void tokenizer::measure() {
+  max_token_bytes_ = 1;
+  const std::int32_t n = vocab_size();
+  for (std::int32_t t = 0; t < n; ++t)
+    max_token_bytes_ = std::max(max_token_bytes_, decode({t}).size());
 }
 std::string tokenizer::decode(const std::vector<relokv::token_t>& ids) const {
   return bpe_ ? bpe_->decode(ids) : spm_->decode(ids);
@@ -443,32 +465,58 @@ relokv::token_t tokenizer::id(const std::string& token) const {
   return bpe_ ? bpe_->id(token) : spm_->id(token);
 }
 
-std::string tokenizer::open(const std::string& system, const std::vector<turn>& history) const {
+std::string template_default_system(const std::string& t) {
+  for (const char* open : {"<|im_start|>system\\n", "<|im_start|>system\n"}) {
+    const std::string o(open);
+    for (std::size_t at = t.find(o); at != std::string::npos; at = t.find(o, at + 1)) {
+      const std::size_t b = at + o.size();
+      const std::size_t e = t.find("<|im_end|>", b);
+      if (e == std::string::npos) break;
+      const std::string text = t.substr(b, e - b);
+      // A literal only: no template code, no end of the string literal inside.
+      if (text.empty() || text.find_first_of("{}'\"\\") != std::string::npos) continue;
+      return text;
+    }
+  }
+  return {};
+}
+
+marked_text tokenizer::open_marked(const std::string& system,
+                                   const std::vector<turn>& history) const {
+  marked_text s;
   if (format_ == chat_format::kPlain) {  // earlier turns as "Question:"/"Answer:" lines
-    std::string s = (id("<bos>") >= 0 ? "<bos>" : "") + system + (system.empty() ? "" : "\n\n");
+    s.control(id("<bos>") >= 0 ? "<bos>" : "").plain(system).control(system.empty() ? "" : "\n\n");
     for (const auto& [role, content] : history)
-      s += (role == "assistant" ? "Answer: " : "") + content + "\n";
+      s.control(role == "assistant" ? "Answer: " : "").plain(content).control("\n");
     return s;
   }
   if (format_ == chat_format::kGemma) {  // Gemma has no system role: it leads a user turn
-    std::string s = "<bos>", lead = system.empty() ? std::string() : system + "\n\n";
+    s.control("<bos>");
+    bool lead = !system.empty();
+    const auto lead_in = [&] {
+      if (lead) s.plain(system).control("\n\n");
+      lead = false;
+    };
     for (const auto& [role, content] : history) {
       const bool user = role != "assistant";
-      s += "<start_of_turn>" + std::string(user ? "user" : "model") + "\n" +
-           (user ? std::exchange(lead, std::string()) : std::string()) + content +
-           "<end_of_turn>\n";
+      s.control("<start_of_turn>").control(user ? "user" : "model").control("\n");
+      if (user) lead_in();
+      s.plain(content).control("<end_of_turn>\n");
     }
-    return s + "<start_of_turn>user\n" + lead;
+    s.control("<start_of_turn>user\n");
+    lead_in();
+    return s;
   }
-  std::string s = "<|im_start|>system\n" + system + "<|im_end|>\n";
+  s.control("<|im_start|>system\n").plain(system).control("<|im_end|>\n");
   for (const auto& [role, content] : history)
-    s += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
-  return s + "<|im_start|>user\n";
+    s.control("<|im_start|>").control(role).control("\n").plain(content).control("<|im_end|>\n");
+  return s.control("<|im_start|>user\n");
 }
-std::string tokenizer::close() const {
-  if (format_ == chat_format::kPlain) return "\nAnswer:";
-  if (format_ == chat_format::kGemma) return "<end_of_turn>\n<start_of_turn>model\n";
-  return "<|im_end|>\n<|im_start|>assistant\n";
+marked_text tokenizer::close_marked() const {
+  marked_text s;
+  if (format_ == chat_format::kPlain) return s.control("\nAnswer:");
+  if (format_ == chat_format::kGemma) return s.control("<end_of_turn>\n<start_of_turn>model\n");
+  return s.control("<|im_end|>\n<|im_start|>assistant\n");
 }
 std::vector<std::string> tokenizer::stop_texts() const {
   std::vector<std::string> s{eot_};

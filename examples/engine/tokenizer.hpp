@@ -13,6 +13,7 @@
 #include <relokv/types.hpp>
 
 #include "gguf.hpp"
+#include "marked_text.hpp"
 #include "spm_tokenizer.hpp"
 
 namespace relokv_engine {
@@ -36,7 +37,13 @@ class bpe_tokenizer {
                 std::vector<std::string> specials, pre_tokenizer pre = pre_tokenizer::kGPT2);
 
   /// Text to ids; special tokens written literally in the text become their ids.
-  [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& text) const;
+  [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& text) const {
+    return encode(text, nullptr);
+  }
+  /// Special tokens become their ids only where `text` marks a template piece.
+  [[nodiscard]] std::vector<relokv::token_t> encode(const marked_text& text) const {
+    return encode(text.str(), &text);
+  }
   /// Ids to text (bytes); ids outside the vocabulary throw.
   [[nodiscard]] std::string decode(const std::vector<relokv::token_t>& ids) const;
   [[nodiscard]] std::int32_t vocab_size() const noexcept {
@@ -52,6 +59,7 @@ class bpe_tokenizer {
   [[nodiscard]] static std::string chat(const std::string& system, const std::string& user);
 
  private:
+  std::vector<relokv::token_t> encode(const std::string& text, const marked_text* marks) const;
   void build(const std::vector<std::string>& merges);
   void encode_word(std::string_view word, std::vector<relokv::token_t>& out) const;
 
@@ -84,9 +92,14 @@ class tokenizer {
   /// A BPE tokenizer with the ChatML format (tests, the synthetic model).
   explicit tokenizer(bpe_tokenizer bpe);
 
+  /// Text to ids, special-token literals as control tokens (trusted text: the template's).
   [[nodiscard]] std::vector<relokv::token_t> encode(const std::string& text) const;
+  /// Text to ids, control tokens only from the template's pieces (marked_text).
+  [[nodiscard]] std::vector<relokv::token_t> encode(const marked_text& text) const;
   [[nodiscard]] std::string decode(const std::vector<relokv::token_t>& ids) const;
   [[nodiscard]] std::int32_t vocab_size() const noexcept;
+  /// The longest token's bytes (a bound on the bytes one token can stand for).
+  [[nodiscard]] std::size_t max_token_bytes() const noexcept { return max_token_bytes_; }
   [[nodiscard]] relokv::token_t id(const std::string& token) const;
   [[nodiscard]] chat_format format() const noexcept { return format_; }
 
@@ -99,21 +112,41 @@ class tokenizer {
   /// user's opening; Gemma's <bos>, the earlier turns and the user's opening, the system text
   /// (Gemma has no system role) leading the first user turn with a blank line after it.
   [[nodiscard]] std::string open(const std::string& system,
-                                 const std::vector<turn>& history = {}) const;
+                                 const std::vector<turn>& history = {}) const {
+    return open_marked(system, history).str();
+  }
   /// The user's turn closed and the assistant's opened.
-  [[nodiscard]] std::string close() const;
+  [[nodiscard]] std::string close() const { return close_marked().str(); }
+  /// open() with the system text and the turns' contents marked as plain text (a server's
+  /// prompt: only the template's own literals become control tokens).
+  [[nodiscard]] marked_text open_marked(const std::string& system,
+                                        const std::vector<turn>& history = {}) const;
+  [[nodiscard]] marked_text close_marked() const;
   /// open(system) + user + close(): a one-question prompt.
   [[nodiscard]] std::string chat(const std::string& system, const std::string& user) const {
     return open(system) + user + close();
   }
+  /// The system message the model's chat template writes when a conversation has none (a
+  /// literal of tokenizer.chat_template: SmolLM2's "You are a helpful AI assistant named
+  /// SmolLM, ...", Qwen2.5's "You are Qwen, ..."); empty when the template has none.
+  [[nodiscard]] const std::string& default_system() const noexcept { return default_system_; }
   /// Texts that end an answer (the end of turn, and the vocabulary's end of text).
   [[nodiscard]] std::vector<std::string> stop_texts() const;
 
  private:
   std::optional<bpe_tokenizer> bpe_;
   std::optional<spm_tokenizer> spm_;
+  void measure();
+
   chat_format format_ = chat_format::kChatML;
   std::string eot_ = "<|im_end|>";
+  std::size_t max_token_bytes_ = 1;
+  std::string default_system_;
 };
+
+/// The default system message written as a literal in a ChatML chat template (Jinja): the
+/// text between "<|im_start|>system\n" and "<|im_end|>" in a string literal that holds no
+/// template code; empty when there is none.
+[[nodiscard]] std::string template_default_system(const std::string& chat_template);
 
 }  // namespace relokv_engine

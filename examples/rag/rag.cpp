@@ -127,34 +127,10 @@ workload generate(std::size_t requests, std::size_t corpus, std::size_t k, doubl
 }
 
 std::vector<variant> default_variants(std::int32_t first_k, float topk) {
-  using relokv_engine::strategy_spec;
-  const std::string k = std::to_string(first_k);
-  const std::string r = std::to_string(static_cast<int>(std::lround(100.0 * topk)));
-  auto v = [](std::string name, strategy_spec spec, bool spans, std::string note, std::string key) {
-    return variant{std::move(name), spec.make(), spans, std::move(note), std::move(key), spec};
-  };
-  return {
-      v("full prefill (no cache)", {"full"}, false, "reference: the whole prompt, one segment",
-        "full"),
-      v("prefix caching (exact keys)", {"none"}, false, "vLLM-style", "prefix"),
-      v("naive PIC", {"none"}, true, "", "naive"),
-      v("Block-Attention", {"none"}, true, "question only; same compute as naive PIC here",
-        "block"),
-      v("EPIC first_k=" + k, {"first_k", first_k}, true, "", "epic"),
-      v("KVBoost seam=" + k + " +" + r + "% cos", {"kvboost", first_k, topk}, true,
-        "seam window + CacheBlend by cosine for approximate matches", "kvboost"),
-      v("CacheBlend topk=" + r + "%", {"deviation_topk", 0, topk}, true, "", "cacheblend"),
-      v("EPIC+CacheBlend k=" + k + " " + r + "%", {"union", first_k, topk}, true,
-        "first k pinned, top-k at the check layer", "union"),
-      v("Question-driven " + r + "%", {"question", 0, topk}, true,
-        "A3/ProphetKV: the question's attention (deeper half) picks; probe counted", "question"),
-      v("Question+EPIC k=2 12%", {"question", 2, 0.12f}, true,
-        "first 2 of each span pinned, the question's top 12%", "qepic"),
-      v("APE T=0.9 S=0.9", {"ape", 0, 0.0f, 0.9f, 0.9f}, true,
-        "grouped attention at the question and answer; nothing recomputed", "ape"),
-      v("seam window k=" + k, {"seam_window", first_k}, true,
-        "KVBoost's window alone: the k tokens before each seam, no check layer", "seam"),
-  };
+  std::vector<variant> out;
+  for (const auto& n : relokv_engine::strategy_table(first_k, topk))
+    out.push_back(variant{n.name, n.spec.make(), n.spans, n.note, n.key, n.spec});
+  return out;
 }
 
 variant variant_of(const relokv_engine::strategy_spec& spec) {

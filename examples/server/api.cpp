@@ -96,9 +96,49 @@ std::string content_of(const json& c, const std::string& param) {
 
 chat_request parse_chat_request(const std::string& body, const api_limits& limits) {
   json j;
+  // The path of the value being parsed (object keys, "[]" for an array's elements), for the
+  // error that names it; nesting is bounded before it costs memory.
+  std::vector<std::string> path;
+  const auto where = [&path] {
+    std::string w;
+    for (const std::string& k : path)
+      w += k == "[]" ? k : k.empty() ? std::string() : (w.empty() ? "" : ".") + k;
+    return w;
+  };
   try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
+    j = json::parse(body, [&](int depth, json::parse_event_t ev, json& parsed) {
+      if (depth > kMaxJsonDepth)
+        throw api_error(400,
+                        "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels",
+                        "invalid_request_error", where(), "invalid_json");
+      switch (ev) {
+        case json::parse_event_t::object_start:
+          path.emplace_back();
+          break;
+        case json::parse_event_t::array_start:
+          path.emplace_back("[]");
+          break;
+        case json::parse_event_t::key:
+          if (!path.empty()) path.back() = parsed.is_string() ? parsed.get<std::string>() : "";
+          break;
+        case json::parse_event_t::object_end:
+        case json::parse_event_t::array_end:
+          if (!path.empty()) path.pop_back();
+          break;
+        default:
+          break;
+      }
+      return true;
+    });
+  } catch (const api_error&) {
+    throw;
+  } catch (const json::out_of_range& e) {  // a number past double's range (1e999)
+    const std::string w = where();
+    throw api_error(400,
+                    (w.empty() ? std::string("a number") : "'" + w + "'") +
+                        " is out of range: " + e.what(),
+                    "invalid_request_error", w, "invalid_json");
+  } catch (const json::exception& e) {
     throw api_error(400, std::string("the body is not valid JSON: ") + e.what(),
                     "invalid_request_error", {}, "invalid_json");
   }
@@ -132,8 +172,12 @@ chat_request parse_chat_request(const std::string& body, const api_limits& limit
   for (const char* key : {"max_tokens", "max_completion_tokens"})
     if (j.contains(key) && !j[key].is_null())
       r.max_tokens = static_cast<std::int32_t>(need_int(j[key], key, 1, limits.context));
-  if (j.contains("temperature") && !j["temperature"].is_null())
+  if (j.contains("temperature") && !j["temperature"].is_null()) {
     r.temperature = need_number(j["temperature"], "temperature", 0.0, 2.0);
+    // Below kGreedyTemperature the distribution is the argmax to double precision (and
+    // 1 / T would overflow): served as greedy (docs/server.md).
+    if (r.temperature < kGreedyTemperature) r.temperature = 0.0;
+  }
   if (j.contains("top_p") && !j["top_p"].is_null()) {
     r.top_p = need_number(j["top_p"], "top_p", 0.0, 1.0);
     if (r.top_p <= 0.0) bad("top_p", "'top_p' must be above 0");
@@ -209,7 +253,7 @@ chat_request parse_chat_request(const std::string& body, const api_limits& limit
 relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& generated) const {
   std::vector<relokv::token_t> q = question;
   q.insert(q.end(), generated.begin(), generated.end());
-  relokv::layout_builder b(16);
+  relokv::layout_builder b(block_size);
   if (!spans || documents.empty()) {
     std::vector<relokv::token_t> all = prefix;
     for (const auto& d : documents) all.insert(all.end(), d.begin(), d.end());
@@ -232,16 +276,34 @@ built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer&
   }
   for (std::size_t i = first; i + 1 < r.messages.size(); ++i)
     history.emplace_back(r.messages[i].role, r.messages[i].content);
+  // Before any tokenizing: text that cannot fit the context whatever its tokens (a token
+  // stands for at most max_token_bytes bytes) is refused by its size alone.
+  std::size_t bytes = system.size() + r.messages.back().content.size();
+  for (const auto& [role, content] : history) bytes += content.size();
+  for (const document& d : r.documents) bytes += d.text.size() + d.title.size() + d.id.size();
+  if (bytes / std::max<std::size_t>(tok.max_token_bytes(), 1) >
+      static_cast<std::size_t>(limits.context))
+    throw api_error(400,
+                    "this request's text is " + std::to_string(bytes) +
+                        " bytes: more tokens than the context of " +
+                        std::to_string(limits.context) + " tokens whatever it says",
+                    "invalid_request_error", "messages", "context_length_exceeded");
   built_prompt p;
   p.spans = spans;
-  p.prefix = tok.encode(tok.open(system, history));
+  p.block_size = limits.block_size;
+  // Only the template's own pieces make control tokens: a special token's literal in a
+  // message or a document is tokenized as the text it spells (relokv_engine::marked_text).
+  p.prefix = tok.encode(tok.open_marked(system, history));
   for (const document& d : r.documents) {
     const std::string& name = d.title.empty() ? d.id : d.title;
-    p.documents.push_back(
-        tok.encode("Document: " + (name.empty() ? "" : name + "\n") + d.text + "\n"));
+    relokv_engine::marked_text t;
+    t.control("Document: ");
+    if (!name.empty()) t.plain(name).control("\n");
+    p.documents.push_back(tok.encode(t.plain(d.text).control("\n")));
   }
-  p.question = tok.encode((r.documents.empty() ? "" : "Question: ") + r.messages.back().content +
-                          tok.close());
+  relokv_engine::marked_text q;
+  q.control(r.documents.empty() ? "" : "Question: ").plain(r.messages.back().content);
+  p.question = tok.encode(q.append(tok.close_marked()));
   p.layout = p.with({});
   const auto n = static_cast<std::int64_t>(p.layout.tokens.size());
   if (n + r.max_tokens > limits.context)

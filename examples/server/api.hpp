@@ -33,12 +33,19 @@ struct api_error : std::runtime_error {
   [[nodiscard]] std::string body() const;
 };
 
+/// JSON nesting a request may have (a chat request needs 5).
+inline constexpr int kMaxJsonDepth = 32;
+/// Temperatures below this are served as greedy (0): the softmax at such a temperature is the
+/// argmax, and its 1 / T would overflow.
+inline constexpr double kGreedyTemperature = 1e-4;
+
 /// What a request may ask for, as the server was started.
 struct api_limits {
   std::int32_t context = 4096;      ///< prompt + max_tokens, in tokens
   std::int32_t max_documents = 32;  ///< entries of `documents`
   std::int32_t default_max_tokens = 256;
   std::int32_t max_messages = 256;
+  std::int32_t block_size = 16;  ///< the engine's: documents start on block boundaries
 };
 
 struct document {
@@ -77,6 +84,7 @@ struct built_prompt {
   std::vector<relokv::token_t> prefix, question;
   std::vector<std::vector<relokv::token_t>> documents;
   bool spans = true;
+  std::int32_t block_size = 16;
   /// The layout of the prompt followed by `generated` (a preempted request's recompute: the
   /// answer so far continues the question).
   [[nodiscard]] relokv::request_layout with(const std::vector<relokv::token_t>& generated) const;

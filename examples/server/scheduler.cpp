@@ -22,6 +22,7 @@ struct scheduler::seq_state {
   bool full = false;  ///< escalated: served from here on with full recompute of full_prompt
   clock_type::time_point last_token;
   std::size_t published = 0;  ///< bytes of text published
+  bool ended = false;         ///< finished or failed: counted out of in_flight_ once
 };
 
 namespace {
@@ -51,7 +52,8 @@ bool scheduler::submit(std::shared_ptr<job> j) {
   {
     const std::lock_guard lock(mu_);
     // in_flight_ counts every job not finished: the live batch and the queue behind it.
-    if (stopping_ || in_flight_ >= opt_.max_running + opt_.max_queue) return false;
+    if (stopping_ || cancel_status_ != 0 || in_flight_ >= opt_.max_running + opt_.max_queue)
+      return false;
     intake_.push_back(std::move(j));
     ++in_flight_;
   }
@@ -62,6 +64,23 @@ bool scheduler::submit(std::shared_ptr<job> j) {
 std::int32_t scheduler::in_flight() const {
   const std::lock_guard lock(mu_);
   return in_flight_;
+}
+
+void scheduler::wake() {
+  {
+    const std::lock_guard lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_one();
+}
+
+void scheduler::cancel_all(int status, const std::string& message) {
+  {
+    const std::lock_guard lock(mu_);
+    cancel_status_ = status;
+    cancel_message_ = message;
+  }
+  cv_.notify_one();
 }
 
 void scheduler::stop() {
@@ -75,13 +94,35 @@ void scheduler::stop() {
 
 void scheduler::loop() {
   std::vector<std::shared_ptr<job>> incoming;
+  int cancel_status = 0;
+  std::string cancel_message;
   for (;;) {
     {
       std::unique_lock lock(mu_);
       const bool idle = waiting_.empty() && prefilling_.empty() && running_.empty();
-      if (idle) cv_.wait(lock, [&] { return stopping_ || !intake_.empty(); });
+      if (idle) cv_.wait(lock, [&] { return stopping_ || woken_ || !intake_.empty(); });
+      woken_ = false;
       if (stopping_ && idle && intake_.empty()) break;
       incoming.swap(intake_);
+      cancel_status = cancel_status_;
+      cancel_message = cancel_message_;
+    }
+    if (cancel_status != 0) {
+      // A drain out of time: every job ends now, with the error its client is told.
+      for (auto& j : incoming) {
+        auto s = std::make_unique<seq_state>();
+        s->j = std::move(j);
+        fail(*s, cancel_status, cancel_message);
+      }
+      incoming.clear();
+      for (auto* list : {&waiting_, &prefilling_})
+        for (auto& s : *list) fail(*s, cancel_status, cancel_message);
+      for (auto& s : running_) fail(*s, cancel_status, cancel_message);
+      waiting_.clear();
+      prefilling_.clear();
+      running_.clear();
+      snapshot();
+      continue;
     }
     step(incoming);
     incoming.clear();
@@ -104,6 +145,7 @@ void scheduler::step(std::vector<std::shared_ptr<job>>& incoming) {
     // An engine failure is not the requests' fault, and what it left is unknown: every live
     // sequence fails with it (500), the server goes on with an empty batch.
     auto fail_all = [&](auto& list) {
+      // A sequence that finished earlier in this step is already counted out (fail() skips it).
       for (auto& s : list) fail(*s, 500, std::string("engine error: ") + e.what());
       list.clear();
     };
@@ -217,9 +259,16 @@ void scheduler::decode_all() {
       continue;
     }
     // No block for this token: the youngest running sequence makes room (it may be this one).
-    seq_state& victim = *running_.back();
-    preempt(victim);
-    if (&victim == &s) break;  // it was the last one: nothing after it to append
+    // Never one that finished this step (next < 0): it holds no blocks and is counted out.
+    seq_state* victim = &s;
+    for (std::size_t k = running_.size(); k-- > i;)
+      if (running_[k]->next >= 0) {
+        victim = running_[k].get();
+        break;
+      }
+    const bool self = victim == &s;
+    preempt(*victim);
+    if (self) continue;  // s left running_; running_[i] is now the one after it
   }
   if (!ids.empty()) {
     const auto logits = eng_.decode_step(ids);
@@ -249,7 +298,11 @@ void scheduler::preempt(seq_state& s) {
 
 relokv::token_t scheduler::sample(seq_state& s, const std::vector<float>& logits) {
   const chat_request& r = s.j->req;
-  if (r.temperature <= 0.0) return relokv_engine::argmax(logits);
+  // Greedy at 0 (and below kGreedyTemperature, which parsing maps to 0); a distribution that
+  // cannot be sampled (a temperature whose 1 / T overflows, logits that are not finite) is
+  // served greedily rather than as NaN.
+  if (r.temperature < kGreedyTemperature || !std::isfinite(1.0 / r.temperature))
+    return relokv_engine::argmax(logits);
   // Softmax at the temperature, then the nucleus (top_p) in descending order, drawn with the
   // request's own generator: the same seed gives the same answer whatever the batch.
   const double inv_t = 1.0 / r.temperature;
@@ -258,6 +311,7 @@ relokv::token_t scheduler::sample(seq_state& s, const std::vector<float>& logits
   double sum = 0;
   for (std::size_t i = 0; i < logits.size(); ++i)
     sum += p[i] = std::exp((double(logits[i]) - mx) * inv_t);
+  if (!std::isfinite(sum) || !(sum > 0)) return relokv_engine::argmax(logits);
   std::vector<std::int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
@@ -331,9 +385,12 @@ void scheduler::publish(seq_state& s, const std::string& text, bool final) {
     if (final) j.done = true;
   }
   j.cv.notify_all();
+  if (j.on_update) j.on_update();
 }
 
 void scheduler::finish(seq_state& s, const std::string& reason) {
+  if (s.ended) return;
+  s.ended = true;
   if (s.id >= 0) eng_.close(s.id, /*commit=*/true);  // the documents stay for later requests
   s.id = -1;
   s.next = -1;
@@ -351,6 +408,8 @@ void scheduler::finish(seq_state& s, const std::string& reason) {
 }
 
 void scheduler::fail(seq_state& s, int status, const std::string& message) {
+  if (s.ended) return;
+  s.ended = true;
   if (s.id >= 0) eng_.close(s.id, /*commit=*/false);
   s.id = -1;
   s.next = -1;
@@ -362,6 +421,7 @@ void scheduler::fail(seq_state& s, int status, const std::string& message) {
     j.done = true;
   }
   j.cv.notify_all();
+  if (j.on_update) j.on_update();
   const std::lock_guard lock(mu_);
   --in_flight_;
 }

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,8 +53,12 @@ struct job {
   relokv::extra_keys keys;
   std::uint64_t principal = 0;
   clock_type::time_point arrived = clock_type::now();
-  /// Set by the HTTP thread when its client went away: the scheduler releases the sequence.
+  /// Set by the HTTP thread when its client went away: the scheduler releases the sequence
+  /// (scheduler::wake() makes it look now).
   std::atomic<bool> cancelled{false};
+  /// Called by the scheduler, without any lock held, after each publish (text, the end, an
+  /// error): the HTTP layer's cue to read what changed. Set before submit(), then read-only.
+  std::function<void()> on_update;
 
   // Published by the scheduler under mu.
   std::mutex mu;
@@ -84,8 +89,13 @@ class scheduler {
 
   /// Queues a job. False when the queue is full or the scheduler stops (answer 503).
   bool submit(std::shared_ptr<job> j);
-  /// Jobs queued or live.
+  /// Jobs queued or live: exact, each counted from submit() to its one finish or failure.
   [[nodiscard]] std::int32_t in_flight() const;
+  /// Makes the scheduler thread look at its jobs now (a job was cancelled).
+  void wake();
+  /// Ends every job it has (queued, prefilling, running) with an error of `status` at the next
+  /// step, and refuses new ones: a drain that ran out of time.
+  void cancel_all(int status, const std::string& message);
   /// Finishes every job it has, then stops the thread.
   void stop();
 
@@ -117,6 +127,9 @@ class scheduler {
   std::vector<std::shared_ptr<job>> intake_;
   std::int32_t in_flight_ = 0;
   bool stopping_ = false;
+  bool woken_ = false;
+  int cancel_status_ = 0;  ///< cancel_all(): every job ends with this status
+  std::string cancel_message_;
 
   // The scheduler thread's own.
   std::deque<std::unique_ptr<seq_state>> waiting_, prefilling_;

@@ -27,8 +27,8 @@ cache_snapshot snapshot_of(const Cache& cache) {
 class relokv_serving final : public serving_engine {
  public:
   relokv_serving(std::shared_ptr<const relokv_engine::llama_model> m, std::int32_t blocks,
-                 relokv::any_store store)
-      : eng_(std::move(m), blocks, 16, std::move(store)) {}
+                 relokv::any_store store, std::int32_t bs)
+      : eng_(std::move(m), blocks, bs, std::move(store)), block_size_(bs) {}
   std::int32_t open(const relokv::request_layout& layout,
                     const relokv::recompute::any_strategy& strategy,
                     relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
@@ -50,10 +50,12 @@ class relokv_serving final : public serving_engine {
   cache_snapshot snapshot() const override {
     return snapshot_of(const_cast<relokv_serving*>(this)->eng_.cache());
   }
+  std::int32_t block_size() const override { return block_size_; }
   std::string name() const override { return "relokv"; }
 
  private:
   relokv_engine::llama_engine<relokv::block_relative, relokv::bf16> eng_;
+  std::int32_t block_size_;
 };
 
 #if RELOKV_SERVER_LLAMA_CPP
@@ -105,6 +107,7 @@ class llama_cpp_serving final : public serving_engine {
   cache_snapshot snapshot() const override {
     return snapshot_of(const_cast<llama_cpp_serving*>(this)->eng_.cache());
   }
+  std::int32_t block_size() const override { return relokv_llama_cpp::engine_options{}.block_size; }
   std::string name() const override { return "llama.cpp"; }
 
  private:
@@ -133,8 +136,9 @@ class llama_cpp_serving final : public serving_engine {
 
 std::unique_ptr<serving_engine> make_relokv_engine(
     std::shared_ptr<const relokv_engine::llama_model> model, std::int32_t kv_blocks,
-    relokv::any_store store) {
-  return std::make_unique<relokv_serving>(std::move(model), kv_blocks, std::move(store));
+    relokv::any_store store, std::int32_t block_size) {
+  return std::make_unique<relokv_serving>(std::move(model), kv_blocks, std::move(store),
+                                          block_size);
 }
 
 std::unique_ptr<serving_engine> make_llama_cpp_engine(const std::string& path,

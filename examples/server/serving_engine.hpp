@@ -36,6 +36,8 @@ class serving_engine {
   /// Sequences it can hold at once (the scheduler admits no more).
   [[nodiscard]] virtual std::int32_t max_live() const = 0;
   [[nodiscard]] virtual std::int32_t n_layers() const = 0;
+  /// Tokens per KV block: the layouts the server builds break documents at its multiples.
+  [[nodiscard]] virtual std::int32_t block_size() const = 0;
   /// The pool and cache counters for /metrics (running/prefilling/waiting left at 0).
   [[nodiscard]] virtual cache_snapshot snapshot() const = 0;
   [[nodiscard]] virtual std::string name() const = 0;
@@ -44,7 +46,7 @@ class serving_engine {
 /// relokv's example engine: block_relative keys in bf16, every strategy.
 std::unique_ptr<serving_engine> make_relokv_engine(
     std::shared_ptr<const relokv_engine::llama_model> model, std::int32_t kv_blocks,
-    relokv::any_store store);
+    relokv::any_store store, std::int32_t block_size = 16);
 
 /// relokv inside llama.cpp on the GGUF at `path` (fp16 KV, placement pre_rotated), or a
 /// std::runtime_error saying this build has no llama.cpp (scripts/test --long builds it).

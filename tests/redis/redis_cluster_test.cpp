@@ -379,6 +379,49 @@ std::function<void(int)> lying_node(int& self_port, std::function<std::string(in
 
 }  // namespace
 
+TEST_CASE("redis cluster: a MOVED updates the map, an ASK does not", "[cluster]") {
+  progress("scripted nodes: MOVED and ASK");
+  // Node B serves every key; node A, the seed, claims every slot and redirects each key to B.
+  // A second refresh of the map is an interval away, so the second call goes where the map
+  // learnt from the redirect says.
+  const batch b(1);
+  std::vector<store_blob> out;
+  int b_port = 0;
+  scripted_peer node_b(node_script([] { return std::string("*0\r\n"); },
+                                   [] { return std::string("$3\r\nabc\r\n"); }));
+  b_port = node_b.port();
+  const auto run = [&](const std::string& kind) {
+    int a_port = 0;
+    const int slot = relokv::redis_cluster_slot("relokv:" + b.keys[0].hex());
+    scripted_peer node_a(lying_node(a_port, [&](int) {
+      return "-" + kind + " " + std::to_string(slot) + " 127.0.0.1:" + std::to_string(b_port) +
+             "\r\n";
+    }));
+    a_port = node_a.port();
+    auto o =
+        redis_cluster_options::from_url("redis-cluster://127.0.0.1:" + std::to_string(a_port));
+    o.command_timeout = 1000ms;
+    o.retry_interval = 60s;
+    redis_cluster_store s(o);
+    REQUIRE(s.slot_of(b.keys[0]) == slot);
+    for (int call = 0; call < 2; ++call) {
+      REQUIRE(s.get(b.keys, out) == store_status::kOk);
+      CHECK(!out[0].empty());
+    }
+    return std::make_pair(s.cluster_counters(), s.owner_of(slot));
+  };
+  SECTION("MOVED: the slot's new owner is kept; the second call goes there at once") {
+    const auto [c, owner] = run("MOVED");
+    CHECK(c.moved == 1);
+    CHECK(owner == "127.0.0.1:" + std::to_string(b_port));
+  }
+  SECTION("ASK: one key's detour during a migration; the map keeps the slot's owner") {
+    const auto [c, owner] = run("ASK");
+    CHECK(c.asked == 2);
+    CHECK(owner != "127.0.0.1:" + std::to_string(b_port));
+  }
+}
+
 TEST_CASE("redis cluster: a node that redirects forever or to nowhere costs misses, bounded",
           "[cluster]") {
   progress("scripted nodes that misbehave");

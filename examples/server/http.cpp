@@ -1,0 +1,598 @@
+// relokv_server's HTTP layer (http.hpp): Boost.Beast sessions on one I/O thread.
+#include "http.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <type_traits>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+
+namespace relokv_server::http {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = net::ip::tcp;
+using error_code = boost::system::error_code;
+
+std::string request::header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (beast::iequals(k, name)) return v;
+  return {};
+}
+
+namespace {
+
+struct route_entry {
+  std::string method, path;
+  handler h;
+  bool offload = false;
+};
+
+/// The layer's own refusals, in OpenAI's error shape (fixed ASCII messages: no escaping).
+std::string error_body(const char* message, const char* code) {
+  return std::string(R"({"error":{"message":")") + message +
+         R"(","type":"invalid_request_error","param":null,"code":")" + code + "\"}}";
+}
+
+}  // namespace
+
+struct server::impl {
+  struct listener {
+    tcp::acceptor acceptor;
+    std::shared_ptr<net::ssl::context> tls;
+    std::vector<std::string> allowed;
+    std::string name;
+  };
+
+  limits lim;
+  std::vector<route_entry> routes;
+  mutable std::mutex mu;  // c and per_client
+  counters c;
+  std::map<std::string, std::size_t> per_client;
+  std::atomic<bool> draining{false};
+  bool stopped = false;
+  // Declared after what sessions touch as they are destroyed (with the I/O context), and
+  // before what must go first: the listeners' acceptors, then the workers.
+  net::io_context ioc{1};
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> guard;
+  std::vector<std::unique_ptr<listener>> listeners;
+  net::thread_pool workers;
+  std::thread io_thread;
+
+  impl(limits l, int w) : lim(l), workers(static_cast<std::size_t>(std::max(w, 1))) {}
+
+  bool admit(const std::string& peer) {
+    const std::lock_guard lock(mu);
+    std::size_t& n = per_client[peer];
+    if (static_cast<std::size_t>(c.connections_open) >= lim.max_connections ||
+        n >= lim.max_connections_per_client) {
+      if (n == 0) per_client.erase(peer);
+      ++c.connections_refused;
+      return false;
+    }
+    ++n;
+    ++c.connections_open;
+    return true;
+  }
+  void release(const std::string& peer) {
+    const std::lock_guard lock(mu);
+    if (const auto it = per_client.find(peer); it != per_client.end() && --it->second == 0)
+      per_client.erase(it);
+    --c.connections_open;
+  }
+  void count(std::int64_t counters::*field) {
+    const std::lock_guard lock(mu);
+    ++(c.*field);
+  }
+  void accept(listener& l);
+};
+
+namespace {
+
+template <class Stream>
+class session;
+
+/// The reply of one request of a session: posts to the session's strand; a call meant for an
+/// earlier request (the session has moved on) or a session gone is ignored.
+template <class Stream>
+class reply_impl final : public reply {
+ public:
+  reply_impl(std::weak_ptr<session<Stream>> s, std::uint64_t seq, net::any_io_executor ex)
+      : s_(std::move(s)), seq_(seq), ex_(std::move(ex)) {}
+  void send(int status, std::string content_type, std::string body, header_list extra) override {
+    net::post(ex_, [s = s_, seq = seq_, status, ct = std::move(content_type),
+                    b = std::move(body), e = std::move(extra)]() mutable {
+      if (auto p = s.lock()) p->do_send(seq, status, std::move(ct), std::move(b), std::move(e));
+    });
+  }
+  void stream(int status, std::string content_type, header_list extra,
+              std::function<std::pair<std::string, bool>()> pull) override {
+    net::post(ex_, [s = s_, seq = seq_, status, ct = std::move(content_type),
+                    e = std::move(extra), pull = std::move(pull)]() mutable {
+      if (auto p = s.lock()) p->do_stream(seq, status, std::move(ct), std::move(e), std::move(pull));
+    });
+  }
+  void notify() override {
+    net::post(ex_, [s = s_, seq = seq_] {
+      if (auto p = s.lock()) p->do_notify(seq);
+    });
+  }
+  void on_disconnect(std::function<void()> f) override {
+    net::post(ex_, [s = s_, seq = seq_, f = std::move(f)]() mutable {
+      if (auto p = s.lock()) p->do_on_disconnect(seq, std::move(f));
+    });
+  }
+
+ private:
+  std::weak_ptr<session<Stream>> s_;
+  std::uint64_t seq_;
+  net::any_io_executor ex_;
+};
+
+template <class Stream>
+class session : public std::enable_shared_from_this<session<Stream>> {
+ public:
+  session(server::impl& srv, server::impl::listener& l, Stream stream, std::string peer)
+      : srv_(srv), listener_(l), stream_(std::move(stream)), peer_(std::move(peer)) {}
+  ~session() { srv_.release(peer_); }
+
+  void start() {
+    if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
+      read_request();
+    } else {
+      lowest().expires_after(srv_.lim.request_timeout);
+      stream_.async_handshake(net::ssl::stream_base::server,
+                              [self = this->shared_from_this()](const error_code& ec) {
+                                if (ec) return self->close();
+                                self->read_request();
+                              });
+    }
+  }
+
+  // The reply's calls, on the strand.
+  void do_send(std::uint64_t seq, int status, std::string ct, std::string body,
+               header_list extra) {
+    if (seq != seq_ || phase_ != phase::handling) return;
+    phase_ = phase::writing;
+    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
+        static_cast<bhttp::status>(status), version_);
+    res->set(bhttp::field::server, "relokv");
+    res->set(bhttp::field::content_type, ct);
+    for (auto& [k, v] : extra) res->set(k, v);
+    res->body() = std::move(body);
+    res->keep_alive(keep_alive_ && !srv_.draining);
+    res->prepare_payload();
+    lowest().expires_after(srv_.lim.write_timeout);
+    bhttp::async_write(stream_, *res,
+                       [self = this->shared_from_this(), res](const error_code& ec, std::size_t) {
+                         if (ec) return self->gone();
+                         self->response_done(res->keep_alive());
+                       });
+  }
+  void do_stream(std::uint64_t seq, int status, std::string ct, header_list extra,
+                 std::function<std::pair<std::string, bool>()> pull) {
+    if (seq != seq_ || phase_ != phase::handling) return;
+    phase_ = phase::streaming;
+    pull_ = std::move(pull);
+    head_.emplace(static_cast<bhttp::status>(status), version_);
+    head_->set(bhttp::field::server, "relokv");
+    head_->set(bhttp::field::content_type, ct);
+    for (auto& [k, v] : extra) head_->set(k, v);
+    head_->keep_alive(keep_alive_ && !srv_.draining);
+    head_->chunked(true);
+    head_sr_.emplace(*head_);
+    writing_ = true;
+    lowest().expires_after(srv_.lim.write_timeout);
+    bhttp::async_write_header(stream_, *head_sr_,
+                              [self = this->shared_from_this()](const error_code& ec, std::size_t) {
+                                self->writing_ = false;
+                                if (ec) return self->gone();
+                                self->pump();
+                              });
+  }
+  void do_notify(std::uint64_t seq) {
+    if (seq == seq_) pump();
+  }
+  void do_on_disconnect(std::uint64_t seq, std::function<void()> f) {
+    if (seq != seq_) return;
+    if (phase_ == phase::closed && !responded_whole_) {
+      f();  // already gone
+      return;
+    }
+    on_gone_ = std::move(f);
+  }
+
+ private:
+  enum class phase { reading, handling, writing, streaming, closed };
+
+  beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+
+  void read_request() {
+    phase_ = phase::reading;
+    responded_whole_ = false;
+    on_gone_ = {};
+    parser_.emplace();
+    parser_->header_limit(srv_.lim.max_header_bytes);
+    parser_->body_limit(srv_.lim.max_body_bytes);
+    // One deadline for the request's whole arrival: the wait for it, its headers and body.
+    lowest().expires_after(first_ ? srv_.lim.request_timeout
+                                  : std::min(srv_.lim.request_timeout, srv_.lim.idle_timeout));
+    first_ = false;
+    bhttp::async_read_header(
+        stream_, buf_, *parser_,
+        [self = this->shared_from_this()](const error_code& ec, std::size_t) {
+          self->on_header(ec);
+        });
+  }
+
+  void on_header(const error_code& ec) {
+    if (ec == bhttp::error::header_limit) {
+      srv_.count(&counters::header_too_large);
+      return refuse(431, "the request's headers are larger than --max-header-bytes",
+                    "header_too_large");
+    }
+    if (ec == beast::error::timeout) srv_.count(&counters::timeouts);
+    if (ec) return close();
+    const auto& req = parser_->get();
+    version_ = req.version();
+    if (static_cast<std::size_t>(std::distance(req.begin(), req.end())) >
+        srv_.lim.max_header_fields) {
+      srv_.count(&counters::header_too_large);
+      return refuse(431, "the request has more header fields than --max-header-fields",
+                    "header_too_large");
+    }
+    if (srv_.draining) return refuse(503, "the server is shutting down", "draining");
+    if (const auto enc = req[bhttp::field::content_encoding];
+        !enc.empty() && !beast::iequals(enc, "identity")) {
+      srv_.count(&counters::encoding_refused);
+      return refuse(415, "compressed request bodies are not accepted (Content-Encoding)",
+                    "unsupported_encoding");
+    }
+    if (const auto n = parser_->content_length(); n && *n > srv_.lim.max_body_bytes) {
+      srv_.count(&counters::body_too_large);
+      return refuse(413, "the request body is larger than --max-body", "body_too_large");
+    }
+    if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
+      auto cont = std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_,
+                                                                        version_);
+      bhttp::async_write(stream_, *cont,
+                         [self = this->shared_from_this(), cont](const error_code& e, std::size_t) {
+                           if (e) return self->close();
+                           self->read_body();
+                         });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    bhttp::async_read(stream_, buf_, *parser_,
+                      [self = this->shared_from_this()](const error_code& ec, std::size_t) {
+                        self->on_body(ec);
+                      });
+  }
+
+  void on_body(const error_code& ec) {
+    if (ec == bhttp::error::body_limit) {
+      srv_.count(&counters::body_too_large);
+      return refuse(413, "the request body is larger than --max-body", "body_too_large");
+    }
+    if (ec == beast::error::timeout) srv_.count(&counters::timeouts);
+    if (ec) return close();
+    dispatch();
+  }
+
+  void dispatch() {
+    auto& req = parser_->get();
+    keep_alive_ = req.keep_alive();
+    lowest().expires_never();  // the answer may take long: the watcher notices a client leaving
+    const std::string_view target(req.target().data(), req.target().size());
+    const std::string path(target.substr(0, target.find('?')));
+    const route_entry* found = nullptr;
+    bool path_known = false;
+    const auto& allowed = listener_.allowed;
+    if (allowed.empty() || std::find(allowed.begin(), allowed.end(), path) != allowed.end())
+      for (const route_entry& r : srv_.routes)
+        if (r.path == path) {
+          path_known = true;
+          if (beast::iequals(r.method, std::string_view(req.method_string().data(),
+                                                        req.method_string().size())))
+            found = &r;
+        }
+    ++seq_;
+    phase_ = phase::handling;
+    auto rep = std::make_shared<reply_impl<Stream>>(this->weak_from_this(), seq_,
+                                                    stream_.get_executor());
+    if (found == nullptr) {
+      if (path_known)
+        rep->send(405, "application/json", error_body("method not allowed", "method_not_allowed"),
+                  {});
+      else
+        rep->send(404, "application/json", error_body("no such endpoint", "not_found"), {});
+      return;
+    }
+    request r;
+    r.method = std::string(req.method_string());
+    r.target = std::string(target);
+    r.peer = peer_;
+    r.listener = listener_.name;
+    for (const auto& f : req) r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    r.body = std::move(req.body());
+    parser_.reset();
+    watch();
+    const handler& h = found->h;
+    auto run = [h, r = std::move(r), rep]() {
+      try {
+        h(r, rep);
+      } catch (const std::exception&) {
+        rep->send(500, "application/json", error_body("internal error", "server_error"), {});
+      }
+    };
+    if (found->offload)
+      net::post(srv_.workers, std::move(run));
+    else
+      run();
+  }
+
+  /// Watches the socket while the request is handled: a client that closes its end is seen
+  /// at once (recv of 0 bytes), whether or not anything is being written to it.
+  void watch() {
+    if (watching_) return;
+    watching_ = true;
+    lowest().socket().async_wait(
+        tcp::socket::wait_read, [self = this->shared_from_this(), seq = seq_](const error_code& ec) {
+          self->watching_ = false;
+          if (ec || seq != self->seq_ ||
+              (self->phase_ != phase::handling && self->phase_ != phase::streaming &&
+               self->phase_ != phase::writing))
+            return;
+          char b = 0;
+          const ssize_t n = ::recv(self->lowest().socket().native_handle(), &b, 1,
+                                   MSG_PEEK | MSG_DONTWAIT);
+          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return self->gone();
+          if (n < 0) return self->watch();
+          // Bytes: a pipelined request (or a TLS record), read after this response.
+        });
+  }
+
+  void pump() {
+    if (phase_ != phase::streaming || writing_) return;
+    auto [bytes, end] = pull_();
+    if (bytes.empty()) {
+      if (end) write_last();
+      return;
+    }
+    chunk_ = std::move(bytes);
+    writing_ = true;
+    lowest().expires_after(srv_.lim.write_timeout);
+    net::async_write(stream_, bhttp::make_chunk(net::buffer(chunk_)),
+                     [self = this->shared_from_this(), end = end](const error_code& ec, std::size_t) {
+                       self->writing_ = false;
+                       if (ec) return self->gone();
+                       if (end) return self->write_last();
+                       self->pump();
+                     });
+  }
+  void write_last() {
+    writing_ = true;
+    lowest().expires_after(srv_.lim.write_timeout);
+    net::async_write(stream_, bhttp::make_chunk_last(),
+                     [self = this->shared_from_this()](const error_code& ec, std::size_t) {
+                       self->writing_ = false;
+                       if (ec) return self->gone();
+                       self->response_done(self->head_->keep_alive());
+                     });
+  }
+
+  void response_done(bool keep) {
+    responded_whole_ = true;
+    pull_ = {};
+    head_sr_.reset();
+    head_.reset();
+    on_gone_ = {};
+    if (watching_) {
+      error_code ignored;
+      lowest().socket().cancel(ignored);  // nothing else is pending: the response is written
+    }
+    if (!keep) return linger_close();
+    read_request();
+  }
+
+  /// The client went away (closed, reset, or stopped reading) before the response ended.
+  void gone() {
+    if (phase_ == phase::closed) return;
+    srv_.count(&counters::disconnects);
+    phase_ = phase::closed;
+    if (auto f = std::move(on_gone_)) f();
+    on_gone_ = {};
+    pull_ = {};
+    error_code ignored;
+    lowest().socket().close(ignored);
+  }
+
+  /// A refusal before the request was read whole: the answer, then the connection closes
+  /// (what the client still sends is read and dropped for a moment, so that the answer is
+  /// not lost to a reset).
+  void refuse(int status, const char* message, const char* code) {
+    phase_ = phase::writing;
+    keep_alive_ = false;
+    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
+        static_cast<bhttp::status>(status), version_ ? version_ : 11);
+    res->set(bhttp::field::server, "relokv");
+    res->set(bhttp::field::content_type, "application/json");
+    if (status == 503) res->set(bhttp::field::retry_after, "1");
+    res->body() = error_body(message, code);
+    res->keep_alive(false);
+    res->prepare_payload();
+    lowest().expires_after(srv_.lim.write_timeout);
+    bhttp::async_write(stream_, *res,
+                       [self = this->shared_from_this(), res](const error_code& ec, std::size_t) {
+                         if (ec) return self->close();
+                         self->linger_close();
+                       });
+  }
+
+  void linger_close() {
+    phase_ = phase::closed;
+    error_code ignored;
+    lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    lowest().expires_after(std::chrono::seconds(1));
+    drain_left_ = 64 * 1024;
+    drain();
+  }
+  void drain() {
+    lowest().async_read_some(net::buffer(scratch_),
+                             [self = this->shared_from_this()](const error_code& ec, std::size_t n) {
+                               if (ec || n >= self->drain_left_) return self->close();
+                               self->drain_left_ -= n;
+                               self->drain();
+                             });
+  }
+  void close() {
+    phase_ = phase::closed;
+    error_code ignored;
+    lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest().socket().close(ignored);
+  }
+
+  server::impl& srv_;
+  server::impl::listener& listener_;
+  Stream stream_;
+  std::string peer_;
+  beast::flat_buffer buf_{8192};
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  unsigned version_ = 11;
+  bool first_ = true, keep_alive_ = true, watching_ = false, writing_ = false;
+  bool responded_whole_ = false;
+  phase phase_ = phase::reading;
+  std::uint64_t seq_ = 0;
+  std::function<void()> on_gone_;
+  std::function<std::pair<std::string, bool>()> pull_;
+  std::optional<bhttp::response<bhttp::empty_body>> head_;
+  std::optional<bhttp::response_serializer<bhttp::empty_body>> head_sr_;
+  std::string chunk_;
+  std::size_t drain_left_ = 0;
+  char scratch_[4096];
+};
+
+}  // namespace
+
+void server::impl::accept(listener& l) {
+  l.acceptor.async_accept(net::make_strand(ioc), [this, &l](const error_code& ec, tcp::socket s) {
+    if (!l.acceptor.is_open() || ec == net::error::operation_aborted) return;
+    if (ec) {
+      // Out of descriptors (or another transient failure): try again shortly, never spin.
+      auto t = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(50));
+      t->async_wait([this, &l, t](const error_code&) { accept(l); });
+      return;
+    }
+    error_code e;
+    const auto ep = s.remote_endpoint(e);
+    const std::string peer = e ? std::string("?") : ep.address().to_string();
+    if (draining || !admit(peer)) {
+      s.close(e);  // over a connection limit (counted), or no longer accepting
+    } else {
+      s.set_option(tcp::no_delay(true), e);
+      if (l.tls)
+        std::make_shared<session<beast::ssl_stream<beast::tcp_stream>>>(
+            *this, l, beast::ssl_stream<beast::tcp_stream>(beast::tcp_stream(std::move(s)), *l.tls),
+            peer)
+            ->start();
+      else
+        std::make_shared<session<beast::tcp_stream>>(*this, l, beast::tcp_stream(std::move(s)),
+                                                     peer)
+            ->start();
+    }
+    accept(l);
+  });
+}
+
+server::server(limits l, int workers) : impl_(std::make_unique<impl>(l, workers)) {}
+
+server::~server() { stop(); }
+
+void server::route(std::string method, std::string path, handler h, bool offload) {
+  impl_->routes.push_back({std::move(method), std::move(path), std::move(h), offload});
+}
+
+int server::listen(const std::string& host, int port, const tls_files& tls,
+                   std::vector<std::string> routes_allowed, std::string name) {
+  try {
+    auto l = std::make_unique<impl::listener>(
+        impl::listener{tcp::acceptor(impl_->ioc), nullptr, std::move(routes_allowed),
+                       std::move(name)});
+    if (tls.enabled()) {
+      l->tls = std::make_shared<net::ssl::context>(net::ssl::context::tls_server);
+      l->tls->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                          net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
+                          net::ssl::context::no_tlsv1_1);
+      l->tls->use_certificate_chain_file(tls.cert_file);
+      l->tls->use_private_key_file(tls.key_file, net::ssl::context::pem);
+    }
+    const tcp::endpoint ep(net::ip::make_address(host), static_cast<unsigned short>(port));
+    l->acceptor.open(ep.protocol());
+    l->acceptor.set_option(net::socket_base::reuse_address(true));
+    l->acceptor.bind(ep);
+    l->acceptor.listen(net::socket_base::max_listen_connections);
+    const int bound = l->acceptor.local_endpoint().port();
+    impl_->listeners.push_back(std::move(l));
+    impl_->accept(*impl_->listeners.back());
+    return bound;
+  } catch (const boost::system::system_error& e) {
+    throw std::runtime_error("cannot listen on " + host + ":" + std::to_string(port) +
+                             (tls.enabled() ? " with TLS" : "") + ": " + e.what());
+  }
+}
+
+void server::start() {
+  impl_->guard.emplace(impl_->ioc.get_executor());
+  impl_->io_thread = std::thread([this] { impl_->ioc.run(); });
+}
+
+void server::drain() {
+  impl_->draining = true;
+  net::post(impl_->ioc, [this] {
+    for (auto& l : impl_->listeners) {
+      error_code ignored;
+      l->acceptor.close(ignored);
+    }
+  });
+}
+
+void server::stop() {
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->guard.reset();
+  impl_->ioc.stop();
+  if (impl_->io_thread.joinable()) impl_->io_thread.join();
+  impl_->workers.stop();
+  impl_->workers.join();
+}
+
+counters server::stats() const {
+  const std::lock_guard lock(impl_->mu);
+  return impl_->c;
+}
+
+}  // namespace relokv_server::http

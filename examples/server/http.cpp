@@ -251,6 +251,10 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       return refuse(431, "the request's headers are larger than --max-header-bytes",
                     "header_too_large");
     }
+    if (ec == bhttp::error::body_limit) {  // Content-Length over the limit: seen in the header
+      srv_.count(&counters::body_too_large);
+      return refuse(413, "the request body is larger than --max-body", "body_too_large");
+    }
     if (ec == beast::error::timeout) srv_.count(&counters::timeouts);
     if (ec) return close();
     const auto& req = parser_->get();
@@ -431,9 +435,10 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     lowest().socket().close(ignored);
   }
 
-  /// A refusal before the request was read whole: the answer, then the connection closes
-  /// (what the client still sends is read and dropped for a moment, so that the answer is
-  /// not lost to a reset).
+  /// A refusal before the request was read whole: the answer, then the connection closes.
+  /// What the client still sends is read and dropped (held nowhere) for up to 5 s and 64 MiB,
+  /// as nginx's lingering close does: a client that writes its whole body before it reads
+  /// (most do: few send Expect: 100-continue) then gets the answer instead of a reset.
   void refuse(int status, const char* message, const char* code) {
     phase_ = phase::writing;
     keep_alive_ = false;
@@ -457,8 +462,9 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     phase_ = phase::closed;
     error_code ignored;
     lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
-    lowest().expires_after(std::chrono::seconds(1));
-    drain_left_ = 64 * 1024;
+    lowest().expires_after(std::min<std::chrono::milliseconds>(srv_.lim.request_timeout,
+                                                              std::chrono::seconds(5)));
+    drain_left_ = std::size_t{64} << 20;
     drain();
   }
   void drain() {

@@ -55,11 +55,17 @@ cls class_of(std::uint32_t cp) {
 
 /// The text as code points: for each, its byte offset and class (a byte that does not start
 /// a valid UTF-8 sequence is one code point of class kOther, so any bytes tokenize).
+/// The text's code points: 6 bytes each, reserved once (the pre-tokenizer's only memory that
+/// grows with the text; its pieces are handed on one at a time).
 struct code_points {
-  std::vector<std::size_t> at;  // byte offset of each code point, then the end
+  std::vector<std::uint32_t> at;  // byte offset of each code point, then the end
   std::vector<cls> kind;
-  std::vector<std::uint32_t> cp;
+  std::vector<char> cp;  // the code point when ASCII (all the patterns compare), else 0
   explicit code_points(std::string_view s) {
+    if (s.size() >= 0xFFFFFFFFu) throw std::length_error("tokenizer: text of 4 GiB or more");
+    at.reserve(s.size() + 1);
+    kind.reserve(s.size());
+    cp.reserve(s.size());
     for (std::size_t i = 0; i < s.size();) {
       const auto c = static_cast<unsigned char>(s[i]);
       std::size_t len = c < 0x80         ? 1
@@ -79,12 +85,12 @@ struct code_points {
       const bool valid = len != 0 && !(len == 2 && v < 0x80) && !(len == 3 && v < 0x800) &&
                          !(len == 4 && (v < 0x10000 || v > 0x10FFFF)) &&
                          !(v >= 0xD800 && v <= 0xDFFF);
-      at.push_back(i);
-      cp.push_back(valid ? v : 0xFFFFFFFFu);
+      at.push_back(static_cast<std::uint32_t>(i));
+      cp.push_back(valid && v < 0x80 ? static_cast<char>(v) : '\0');
       kind.push_back(valid ? class_of(v) : cls::kOther);
       i += valid ? len : 1;
     }
-    at.push_back(s.size());
+    at.push_back(static_cast<std::uint32_t>(s.size()));
   }
   [[nodiscard]] std::size_t size() const noexcept { return kind.size(); }
 };
@@ -94,7 +100,7 @@ std::size_t contraction(const code_points& t, std::size_t i, bool any_case) {
   if (t.cp[i] != '\'' || i + 1 >= t.size()) return 0;
   auto lower = [&](std::size_t k) -> std::uint32_t {
     if (k >= t.size()) return 0;
-    const std::uint32_t c = t.cp[k];
+    const auto c = static_cast<std::uint32_t>(static_cast<unsigned char>(t.cp[k]));
     return any_case && c >= 'A' && c <= 'Z' ? c | 0x20 : c;
   };
   const std::uint32_t a = lower(i + 1), b = lower(i + 2);
@@ -172,6 +178,12 @@ std::size_t match_qwen2(const code_points& t, std::size_t i) {
 
 std::vector<std::string_view> pre_tokenize(std::string_view s, pre_tokenizer pre) {
   std::vector<std::string_view> out;
+  pre_tokenize_each(s, pre, [&out](std::string_view w) { out.push_back(w); });
+  return out;
+}
+
+void pre_tokenize_each(std::string_view s, pre_tokenizer pre,
+                       const std::function<void(std::string_view)>& out_piece) {
   const code_points t(s);
   auto piece = [&](std::size_t a, std::size_t b) { return s.substr(t.at[a], t.at[b] - t.at[a]); };
   if (pre == pre_tokenizer::kSmolLM) {
@@ -180,19 +192,17 @@ std::vector<std::string_view> pre_tokenize(std::string_view s, pre_tokenizer pre
     for (std::size_t i = 0; i < t.size();) {
       std::size_t j = i;
       while (j < t.size() && t.kind[j] != cls::kNumber) ++j;
-      if (j > i)
-        for (std::string_view w : pre_tokenize(piece(i, j), pre_tokenizer::kGPT2)) out.push_back(w);
-      if (j < t.size()) out.push_back(piece(j, j + 1));
+      if (j > i) pre_tokenize_each(piece(i, j), pre_tokenizer::kGPT2, out_piece);
+      if (j < t.size()) out_piece(piece(j, j + 1));
       i = j + 1;
     }
-    return out;
+    return;
   }
   for (std::size_t i = 0; i < t.size();) {
     const std::size_t len = pre == pre_tokenizer::kQwen2 ? match_qwen2(t, i) : match_gpt2(t, i);
-    out.push_back(piece(i, i + len));
+    out_piece(piece(i, i + len));
     i += len;
   }
-  return out;
 }
 
 bpe_tokenizer::bpe_tokenizer(const gguf_file& f) {
@@ -379,8 +389,25 @@ std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text,
     }
     first = false;
     const std::size_t end = best == std::string::npos ? text.size() : best;
-    for (std::string_view w : pre_tokenize(std::string_view(text).substr(i, end - i), pre_))
-      encode_word(w, out);
+    // In chunks of about kChunk bytes, cut where every pre-tokenizer starts a piece anyway (a
+    // space between two ASCII letters: the letter run before it ends there, " x..." begins
+    // there, and BPE never merges across pieces), so that the pre-tokenizer's memory is a
+    // chunk's, not the text's; the tokens are the same.
+    constexpr std::size_t kChunk = 32 * 1024;
+    const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+    for (std::size_t a = i; a < end;) {
+      std::size_t b = end;
+      if (end - a > kChunk) {
+        for (std::size_t k = a + kChunk; k > a + 1; --k)
+          if (text[k] == ' ' && letter(text[k - 1]) && k + 1 < end && letter(text[k + 1])) {
+            b = k;
+            break;
+          }
+      }
+      pre_tokenize_each(std::string_view(text).substr(a, b - a), pre_,
+                        [&](std::string_view w) { encode_word(w, out); });
+      a = b;
+    }
     if (which == special_pairs_.size()) break;
     out.push_back(special_pairs_[which].second);
     i = best + special_pairs_[which].first.size();

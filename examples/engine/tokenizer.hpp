@@ -3,6 +3,7 @@
 // use: the model's pre-tokenizer, encode, decode, special tokens), and `tokenizer`, which holds
 // the model's own (BPE, or SentencePiece for Gemma 3) with its chat format.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +28,9 @@ enum class pre_tokenizer : std::uint8_t { kGPT2, kSmolLM, kQwen2 };
 /// are classified by the Unicode category of the code point they belong to; bytes that are not
 /// valid UTF-8 count as punctuation, one each.
 [[nodiscard]] std::vector<std::string_view> pre_tokenize(std::string_view text, pre_tokenizer pre);
+/// The same pieces, handed to `piece` one at a time (memory: the text's code points only).
+void pre_tokenize_each(std::string_view text, pre_tokenizer pre,
+                       const std::function<void(std::string_view)>& piece);
 
 class bpe_tokenizer {
  public:

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -388,4 +389,42 @@ TEST_CASE("keys: constant-time lookup, admin apart from tenants, bad entries nam
   CHECK(k.admin("Bearer root"));
   CHECK_FALSE(k.admin("Bearer k1"));
   CHECK(k.find("Bearer root") == nullptr);
+}
+
+TEST_CASE("tokenizer: a long text tokenizes in chunks exactly as its pieces do whole",
+          "[server][model]") {
+  for (const char* name : {"SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct.gguf"}) {
+    const std::string path = model_file(name);
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      std::fclose(f);
+    } else {
+      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
+      WARN("no " << path << ": its case is not run");
+      continue;
+    }
+    INFO(name);
+    const auto file = relokv_engine::gguf_file::open(path);
+    const relokv_engine::tokenizer tok(file);
+    // 300 KiB of words, numbers, punctuation, runs of spaces and newlines, and non-ASCII.
+    std::mt19937 rng(5);
+    const char* words[] = {"the", "Tower", "  ", "1889", "engineer", "\n", "don't", "  x",
+                           "caf\xc3\xa9", "\xe5\x8c\x97\xe4\xba\xac", ",", "a", "b", "!!"};
+    std::string text;
+    while (text.size() < 300 * 1024) {
+      text += words[rng() % 14];
+      text += rng() % 5 == 0 ? "" : " ";
+    }
+    const auto pre = tok.format() == relokv_engine::chat_format::kChatML && tok.id("<|im_start|>") >= 0
+                         ? relokv_engine::pre_tokenize(text, name[0] == 'S'
+                                                                 ? relokv_engine::pre_tokenizer::kSmolLM
+                                                                 : relokv_engine::pre_tokenizer::kQwen2)
+                         : std::vector<std::string_view>{};
+    REQUIRE(!pre.empty());
+    std::vector<relokv::token_t> want;
+    for (const std::string_view w : pre) {
+      const auto ids = tok.encode(std::string(w));
+      want.insert(want.end(), ids.begin(), ids.end());
+    }
+    CHECK(tok.encode(text) == want);
+  }
 }

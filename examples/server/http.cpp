@@ -232,7 +232,9 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     responded_whole_ = false;
     on_gone_ = {};
     parser_.emplace();
-    parser_->header_limit(srv_.lim.max_header_bytes);
+    // Beast's own count leaves the start line out: it bounds the memory, and the exact limit
+    // (every byte of the head) is checked on what the parser consumed (on_header).
+    parser_->header_limit(srv_.lim.max_header_bytes + 1024);
     parser_->body_limit(srv_.lim.max_body_bytes);
     // One deadline for the request's whole arrival: the wait for it, its headers and body.
     lowest().expires_after(first_ ? srv_.lim.request_timeout
@@ -240,13 +242,13 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     first_ = false;
     bhttp::async_read_header(
         stream_, buf_, *parser_,
-        [self = this->shared_from_this()](const error_code& ec, std::size_t) {
-          self->on_header(ec);
+        [self = this->shared_from_this()](const error_code& ec, std::size_t n) {
+          self->on_header(ec, n);
         });
   }
 
-  void on_header(const error_code& ec) {
-    if (ec == bhttp::error::header_limit) {
+  void on_header(const error_code& ec, std::size_t head_bytes) {
+    if (ec == bhttp::error::header_limit || (!ec && head_bytes > srv_.lim.max_header_bytes)) {
       srv_.count(&counters::header_too_large);
       return refuse(431, "the request's headers are larger than --max-header-bytes",
                     "header_too_large");
@@ -256,6 +258,8 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       return refuse(413, "the request body is larger than --max-body", "body_too_large");
     }
     if (ec == beast::error::timeout) srv_.count(&counters::timeouts);
+    if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category())  // not HTTP: say so, then close
+      return refuse(400, "malformed HTTP request", "bad_request");
     if (ec) return close();
     const auto& req = parser_->get();
     version_ = req.version();
@@ -302,6 +306,8 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       return refuse(413, "the request body is larger than --max-body", "body_too_large");
     }
     if (ec == beast::error::timeout) srv_.count(&counters::timeouts);
+    if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category())
+      return refuse(400, "malformed HTTP request", "bad_request");
     if (ec) return close();
     dispatch();
   }
@@ -325,6 +331,10 @@ class session : public std::enable_shared_from_this<session<Stream>> {
         }
     ++seq_;
     phase_ = phase::handling;
+    // Alive while the handler holds the reply (no operation of its own may be pending: the
+    // watcher stops when a pipelined request is waiting); let go when the response ends.
+    hold_ = this->shared_from_this();
+    watch();
     auto rep = std::make_shared<reply_impl<Stream>>(this->weak_from_this(), seq_,
                                                     stream_.get_executor());
     if (found == nullptr) {
@@ -343,7 +353,6 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     for (const auto& f : req) r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     r.body = std::move(req.body());
     parser_.reset();
-    watch();
     const handler& h = found->h;
     auto run = [h, r = std::move(r), rep]() {
       try {
@@ -411,6 +420,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
 
   void response_done(bool keep) {
     responded_whole_ = true;
+    const auto self = std::move(hold_);
     pull_ = {};
     head_sr_.reset();
     head_.reset();
@@ -426,6 +436,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   /// The client went away (closed, reset, or stopped reading) before the response ended.
   void gone() {
     if (phase_ == phase::closed) return;
+    const auto self = std::move(hold_);
     srv_.count(&counters::disconnects);
     phase_ = phase::closed;
     if (auto f = std::move(on_gone_)) f();
@@ -477,6 +488,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   }
   void close() {
     phase_ = phase::closed;
+    hold_.reset();
     error_code ignored;
     lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
     lowest().socket().close(ignored);
@@ -486,13 +498,14 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   server::impl::listener& listener_;
   Stream stream_;
   std::string peer_;
-  beast::flat_buffer buf_{8192};
+  beast::flat_buffer buf_;  // bounded by the parser's header and body limits
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   unsigned version_ = 11;
   bool first_ = true, keep_alive_ = true, watching_ = false, writing_ = false;
   bool responded_whole_ = false;
   phase phase_ = phase::reading;
   std::uint64_t seq_ = 0;
+  std::shared_ptr<session> hold_;  // while a handler answers (dispatch to response_done)
   std::function<void()> on_gone_;
   std::function<std::pair<std::string, bool>()> pull_;
   std::optional<bhttp::response<bhttp::empty_body>> head_;

@@ -161,6 +161,9 @@ int main(int argc, char** argv) {
       metrics_port =
           http.listen(o.metrics_host, o.metrics_port, {}, {"/metrics", "/health"}, "metrics");
     http.start();
+    if (metrics_port >= 0)
+      std::fprintf(stderr, "relokv_server: metrics on http://%s:%d/metrics\n",
+                   o.metrics_host.c_str(), metrics_port);
     const std::string store_shown = relokv::redact_url(o.store_url);
     std::fprintf(stderr,
                  "relokv_server: %s (%s, %d layers) on %s, strategy %s, %d KV blocks, %d parallel, "
@@ -169,9 +172,6 @@ int main(int argc, char** argv) {
                  engine->name().c_str(), c.fallback.name.c_str(), o.kv_blocks, o.parallel, o.ctx,
                  store_shown.empty() ? "" : ", store ", store_shown.c_str(),
                  o.tls.enabled() ? "https" : "http", o.host.c_str(), o.port);
-    if (metrics_port >= 0)
-      std::fprintf(stderr, "relokv_server: metrics on http://%s:%d/metrics\n",
-                   o.metrics_host.c_str(), metrics_port);
     std::fflush(stderr);
 
     // SIGTERM or SIGINT: stop accepting, let what is in flight run up to --drain-timeout,

@@ -38,26 +38,29 @@ def model_path(name="SmolLM2-135M-Instruct.Q4_1.gguf"):
 class Server:
     """relokv_server on 127.0.0.1 and a free port; `url` is its /v1 base."""
 
-    def __init__(self, *args, model=None, timeout=120):
+    def __init__(self, *args, model=None, timeout=120, env=None):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="relokv_server_", suffix=".log",
                                                delete=False)
         cmd = [server_binary(), "--model", model or model_path(), "--host", "127.0.0.1",
                "--port", "0", *map(str, args)]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
         deadline = time.time() + timeout
         self.port = None
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("relokv_server exited: " + self.output())
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", self.output())
+            m = re.search(r"listening on (https?)://127\.0\.0\.1:(\d+)", self.output())
             if m:
-                self.port = int(m.group(1))
+                self.scheme, self.port = m.group(1), int(m.group(2))
                 break
             time.sleep(0.05)
         if self.port is None:
             self.stop()
             raise RuntimeError("relokv_server did not start: " + self.output())
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"{self.scheme}://127.0.0.1:{self.port}"
+        m = re.search(r"metrics on http://127\.0\.0\.1:(\d+)", self.output())
+        self.metrics_port = int(m.group(1)) if m else None
         self.url = self.base + "/v1"
 
     def output(self):

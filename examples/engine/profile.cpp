@@ -167,5 +167,4 @@ std::vector<named_strategy> strategy_table(std::int32_t first_k, float topk) {
   };
 }
 
-
 }  // namespace relokv_engine

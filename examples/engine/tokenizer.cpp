@@ -360,7 +360,7 @@ void bpe_tokenizer::encode_word(std::string_view word, std::vector<relokv::token
 }
 
 std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text,
-                                                  const marked_text* marks) const {
+                                                   const marked_text* marks) const {
   std::vector<relokv::token_t> out;
   // The next occurrence of special k at or after `from` that may be a control token: with
   // marks, only one inside a template piece (elsewhere its literal is text).
@@ -380,8 +380,7 @@ std::vector<relokv::token_t> bpe_tokenizer::encode(const std::string& text,
     std::size_t best = std::string::npos;
     std::size_t which = special_pairs_.size();
     for (std::size_t k = 0; k < special_pairs_.size(); ++k) {
-      if (first || (at[k] != std::string::npos && at[k] < i))
-        at[k] = next_special(k, i);
+      if (first || (at[k] != std::string::npos && at[k] < i)) at[k] = next_special(k, i);
       if (at[k] < best) {  // ties: the longer special (sorted first) wins
         best = at[k];
         which = k;

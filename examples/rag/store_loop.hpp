@@ -22,6 +22,15 @@ inline relokv::request_layout span_layout(const workload& w, const qa_request& r
   return b.question(r.question_tokens).build();
 }
 
+/// The same prompt as one prefix (the variants without spans: full recompute, prefix caching).
+inline relokv::request_layout flat_layout(const workload& w, const qa_request& r) {
+  std::vector<relokv::token_t> all(w.prefix);
+  for (std::size_t p : r.passages)
+    all.insert(all.end(), w.corpus[p].tokens.begin(), w.corpus[p].tokens.end());
+  all.insert(all.end(), r.question_tokens.begin(), r.question_tokens.end());
+  return relokv::layout_builder(16).prefix(all).build();
+}
+
 /// The store a URL names. `memory:` is one store for the whole process, so that the writer
 /// and the reader of `--role both` share it (each URL opened anew would be a store of its own,
 /// and the reader would find nothing).
@@ -59,14 +68,16 @@ reader_report reader_on(E& full, E& eng, const workload& w, const text_codec& co
   rep.rows.resize(variants.size());
   for (std::size_t v = 0; v < variants.size(); ++v) rep.rows[v].name = variants[v].name;
   for (const qa_request& r : w.requests) {
-    const auto layout = span_layout(w, r);
+    // Each variant on the layout its name says (run_engine.hpp does the same): spans, or the
+    // whole prompt as one prefix (full recompute, prefix caching's exact keys).
+    const auto spans = span_layout(w, r), flat = flat_layout(w, r);
     std::vector<float> ref_logits;
     std::vector<relokv::token_t> ref_answer;
     for (std::size_t v = 0; v < variants.size(); ++v) {
       auto& e = v == 0 ? full : eng;
       relokv_engine::prefill_stats st;
       const auto t0 = clock_type::now();
-      auto logits = e.prefill(layout, variants[v].strategy, &st);
+      auto logits = e.prefill(variants[v].spans ? spans : flat, variants[v].strategy, &st);
       relokv::token_t t = relokv_engine::argmax(logits);
       const auto t1 = clock_type::now();
       std::vector<relokv::token_t> answer;

@@ -134,10 +134,10 @@ chat_request parse_chat_request(const std::string& body, const api_limits& limit
     throw;
   } catch (const json::out_of_range& e) {  // a number past double's range (1e999)
     const std::string w = where();
-    throw api_error(400,
-                    (w.empty() ? std::string("a number") : "'" + w + "'") +
-                        " is out of range: " + e.what(),
-                    "invalid_request_error", w, "invalid_json");
+    throw api_error(
+        400,
+        (w.empty() ? std::string("a number") : "'" + w + "'") + " is out of range: " + e.what(),
+        "invalid_request_error", w, "invalid_json");
   } catch (const json::exception& e) {
     throw api_error(400, std::string("the body is not valid JSON: ") + e.what(),
                     "invalid_request_error", {}, "invalid_json");

@@ -18,7 +18,7 @@ namespace relokv_server {
 
 struct tenant {
   std::string name;
-  relokv::extra_keys keys;     ///< the tenant salt in every cache key (unless shared spans)
+  relokv::extra_keys keys;      ///< the tenant salt in every cache key (unless shared spans)
   std::uint64_t principal = 0;  ///< provenance: who computed a block
 };
 

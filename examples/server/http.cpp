@@ -120,16 +120,17 @@ class reply_impl final : public reply {
   reply_impl(std::weak_ptr<session<Stream>> s, std::uint64_t seq, net::any_io_executor ex)
       : s_(std::move(s)), seq_(seq), ex_(std::move(ex)) {}
   void send(int status, std::string content_type, std::string body, header_list extra) override {
-    net::post(ex_, [s = s_, seq = seq_, status, ct = std::move(content_type),
-                    b = std::move(body), e = std::move(extra)]() mutable {
+    net::post(ex_, [s = s_, seq = seq_, status, ct = std::move(content_type), b = std::move(body),
+                    e = std::move(extra)]() mutable {
       if (auto p = s.lock()) p->do_send(seq, status, std::move(ct), std::move(b), std::move(e));
     });
   }
   void stream(int status, std::string content_type, header_list extra,
               std::function<std::pair<std::string, bool>()> pull) override {
-    net::post(ex_, [s = s_, seq = seq_, status, ct = std::move(content_type),
-                    e = std::move(extra), pull = std::move(pull)]() mutable {
-      if (auto p = s.lock()) p->do_stream(seq, status, std::move(ct), std::move(e), std::move(pull));
+    net::post(ex_, [s = s_, seq = seq_, status, ct = std::move(content_type), e = std::move(extra),
+                    pull = std::move(pull)]() mutable {
+      if (auto p = s.lock())
+        p->do_stream(seq, status, std::move(ct), std::move(e), std::move(pull));
     });
   }
   void notify() override {
@@ -170,8 +171,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   }
 
   // The reply's calls, on the strand.
-  void do_send(std::uint64_t seq, int status, std::string ct, std::string body,
-               header_list extra) {
+  void do_send(std::uint64_t seq, int status, std::string ct, std::string body, header_list extra) {
     if (seq != seq_ || phase_ != phase::handling) return;
     phase_ = phase::writing;
     auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
@@ -240,11 +240,9 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     lowest().expires_after(first_ ? srv_.lim.request_timeout
                                   : std::min(srv_.lim.request_timeout, srv_.lim.idle_timeout));
     first_ = false;
-    bhttp::async_read_header(
-        stream_, buf_, *parser_,
-        [self = this->shared_from_this()](const error_code& ec, std::size_t n) {
-          self->on_header(ec, n);
-        });
+    bhttp::async_read_header(stream_, buf_, *parser_,
+                             [self = this->shared_from_this()](
+                                 const error_code& ec, std::size_t n) { self->on_header(ec, n); });
   }
 
   void on_header(const error_code& ec, std::size_t head_bytes) {
@@ -258,7 +256,8 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       return refuse(413, "the request body is larger than --max-body", "body_too_large");
     }
     if (ec == beast::error::timeout) srv_.count(&counters::timeouts);
-    if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category())  // not HTTP: say so, then close
+    if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method)
+                             .category())  // not HTTP: say so, then close
       return refuse(400, "malformed HTTP request", "bad_request");
     if (ec) return close();
     const auto& req = parser_->get();
@@ -281,8 +280,8 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       return refuse(413, "the request body is larger than --max-body", "body_too_large");
     }
     if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
-      auto cont = std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_,
-                                                                        version_);
+      auto cont =
+          std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_, version_);
       bhttp::async_write(stream_, *cont,
                          [self = this->shared_from_this(), cont](const error_code& e, std::size_t) {
                            if (e) return self->close();
@@ -335,8 +334,8 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     // watcher stops when a pipelined request is waiting); let go when the response ends.
     hold_ = this->shared_from_this();
     watch();
-    auto rep = std::make_shared<reply_impl<Stream>>(this->weak_from_this(), seq_,
-                                                    stream_.get_executor());
+    auto rep =
+        std::make_shared<reply_impl<Stream>>(this->weak_from_this(), seq_, stream_.get_executor());
     if (found == nullptr) {
       if (path_known)
         rep->send(405, "application/json", error_body("method not allowed", "method_not_allowed"),
@@ -350,7 +349,8 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     r.target = std::string(target);
     r.peer = peer_;
     r.listener = listener_.name;
-    for (const auto& f : req) r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    for (const auto& f : req)
+      r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     r.body = std::move(req.body());
     parser_.reset();
     const handler& h = found->h;
@@ -372,21 +372,21 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   void watch() {
     if (watching_) return;
     watching_ = true;
-    lowest().socket().async_wait(
-        tcp::socket::wait_read, [self = this->shared_from_this(), seq = seq_](const error_code& ec) {
-          self->watching_ = false;
-          if (ec || seq != self->seq_ ||
-              (self->phase_ != phase::handling && self->phase_ != phase::streaming &&
-               self->phase_ != phase::writing))
-            return;
-          char b = 0;
-          const ssize_t n = ::recv(self->lowest().socket().native_handle(), &b, 1,
-                                   MSG_PEEK | MSG_DONTWAIT);
-          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return self->gone();
-          if (n < 0) return self->watch();
-          // Bytes: a pipelined request (or a TLS record), read after this response.
-        });
+    lowest().socket().async_wait(tcp::socket::wait_read, [self = this->shared_from_this(),
+                                                          seq = seq_](const error_code& ec) {
+      self->watching_ = false;
+      if (ec || seq != self->seq_ ||
+          (self->phase_ != phase::handling && self->phase_ != phase::streaming &&
+           self->phase_ != phase::writing))
+        return;
+      char b = 0;
+      const ssize_t n =
+          ::recv(self->lowest().socket().native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        return self->gone();
+      if (n < 0) return self->watch();
+      // Bytes: a pipelined request (or a TLS record), read after this response.
+    });
   }
 
   void pump() {
@@ -399,13 +399,14 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     chunk_ = std::move(bytes);
     writing_ = true;
     lowest().expires_after(srv_.lim.write_timeout);
-    net::async_write(stream_, bhttp::make_chunk(net::buffer(chunk_)),
-                     [self = this->shared_from_this(), end = end](const error_code& ec, std::size_t) {
-                       self->writing_ = false;
-                       if (ec) return self->gone();
-                       if (end) return self->write_last();
-                       self->pump();
-                     });
+    net::async_write(
+        stream_, bhttp::make_chunk(net::buffer(chunk_)),
+        [self = this->shared_from_this(), end = end](const error_code& ec, std::size_t) {
+          self->writing_ = false;
+          if (ec) return self->gone();
+          if (end) return self->write_last();
+          self->pump();
+        });
   }
   void write_last() {
     writing_ = true;
@@ -473,18 +474,18 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     phase_ = phase::closed;
     error_code ignored;
     lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
-    lowest().expires_after(std::min<std::chrono::milliseconds>(srv_.lim.request_timeout,
-                                                              std::chrono::seconds(5)));
+    lowest().expires_after(
+        std::min<std::chrono::milliseconds>(srv_.lim.request_timeout, std::chrono::seconds(5)));
     drain_left_ = std::size_t{64} << 20;
     drain();
   }
   void drain() {
-    lowest().async_read_some(net::buffer(scratch_),
-                             [self = this->shared_from_this()](const error_code& ec, std::size_t n) {
-                               if (ec || n >= self->drain_left_) return self->close();
-                               self->drain_left_ -= n;
-                               self->drain();
-                             });
+    lowest().async_read_some(net::buffer(scratch_), [self = this->shared_from_this()](
+                                                        const error_code& ec, std::size_t n) {
+      if (ec || n >= self->drain_left_) return self->close();
+      self->drain_left_ -= n;
+      self->drain();
+    });
   }
   void close() {
     phase_ = phase::closed;
@@ -558,9 +559,8 @@ void server::route(std::string method, std::string path, handler h, bool offload
 int server::listen(const std::string& host, int port, const tls_files& tls,
                    std::vector<std::string> routes_allowed, std::string name) {
   try {
-    auto l = std::make_unique<impl::listener>(
-        impl::listener{tcp::acceptor(impl_->ioc), nullptr, std::move(routes_allowed),
-                       std::move(name)});
+    auto l = std::make_unique<impl::listener>(impl::listener{
+        tcp::acceptor(impl_->ioc), nullptr, std::move(routes_allowed), std::move(name)});
     if (tls.enabled()) {
       l->tls = std::make_shared<net::ssl::context>(net::ssl::context::tls_server);
       l->tls->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |

@@ -28,11 +28,11 @@
 namespace relokv_server::http {
 
 struct limits {
-  std::size_t max_connections = 512;             ///< open connections in all
-  std::size_t max_connections_per_client = 64;   ///< from one client address
-  std::uint32_t max_header_bytes = 16 * 1024;    ///< the request line and headers
-  std::size_t max_header_fields = 64;            ///< header lines
-  std::uint64_t max_body_bytes = 1 << 20;        ///< whatever the framing
+  std::size_t max_connections = 512;                 ///< open connections in all
+  std::size_t max_connections_per_client = 64;       ///< from one client address
+  std::uint32_t max_header_bytes = 16 * 1024;        ///< the request line and headers
+  std::size_t max_header_fields = 64;                ///< header lines
+  std::uint64_t max_body_bytes = 1 << 20;            ///< whatever the framing
   std::chrono::milliseconds request_timeout{15000};  ///< a request's whole arrival
   std::chrono::milliseconds idle_timeout{30000};     ///< keep-alive wait for the next one
   std::chrono::milliseconds write_timeout{30000};    ///< one write to a client

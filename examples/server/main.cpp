@@ -54,8 +54,8 @@ std::string model_alias(const std::string& path) {
 
 /// The strategies by key (the engine's table) and the default: --strategy, a profile's, an
 /// escalation policy on top.
-void pick_strategies(const relokv_server::server_options& o, const relokv_engine::llama_model& model,
-                     relokv_server::route_context& c) {
+void pick_strategies(const relokv_server::server_options& o,
+                     const relokv_engine::llama_model& model, relokv_server::route_context& c) {
   for (const auto& n : relokv_engine::strategy_table())
     c.strategies[n.key] = serving{n.key, n.spec.make(), n.spans, {}};
   if (!c.strategies.contains(o.strategy))
@@ -79,8 +79,7 @@ void pick_strategies(const relokv_server::server_options& o, const relokv_engine
 void load_keys(const relokv_server::server_options& o, relokv_server::key_ring& keys) {
   if (!o.api_key_file.empty())
     keys.add(relokv_server::key_ring::read_file(o.api_key_file), "--api-key-file", o.share_spans);
-  keys.add(relokv_server::key_ring::from_env("RELOKV_API_KEYS"), "RELOKV_API_KEYS",
-           o.share_spans);
+  keys.add(relokv_server::key_ring::from_env("RELOKV_API_KEYS"), "RELOKV_API_KEYS", o.share_spans);
   keys.add(o.api_keys, "--api-key", o.share_spans);
   if (!o.admin_key_file.empty())
     keys.set_admin(relokv_server::key_ring::read_single(o.admin_key_file));
@@ -130,11 +129,10 @@ int main(int argc, char** argv) {
                                " cannot hold one request of the context (" +
                                std::to_string(per_seq) + " blocks)");
     std::unique_ptr<relokv_server::serving_engine> engine =
-        o.engine == "llama.cpp"
-            ? relokv_server::make_llama_cpp_engine(o.model_path, o.kv_blocks, o.ctx,
-                                                   std::move(store))
-            : relokv_server::make_relokv_engine(loaded.model, o.kv_blocks, std::move(store),
-                                                o.block_size);
+        o.engine == "llama.cpp" ? relokv_server::make_llama_cpp_engine(o.model_path, o.kv_blocks,
+                                                                       o.ctx, std::move(store))
+                                : relokv_server::make_relokv_engine(loaded.model, o.kv_blocks,
+                                                                    std::move(store), o.block_size);
     relokv_server::metrics metrics;
     relokv_server::scheduler sched(*engine, *loaded.tokenizer, metrics,
                                    {o.parallel, o.queue, o.prefill_chunk});
@@ -151,8 +149,10 @@ int main(int argc, char** argv) {
     c.limits = o.limits;
     c.limits.block_size = engine->block_size();
     c.created = static_cast<std::int64_t>(std::time(nullptr));
-    c.model_meta = {{"architecture", model.cfg.arch}, {"n_layers", model.cfg.n_layers},
-                    {"context", o.ctx},              {"engine", engine->name()},
+    c.model_meta = {{"architecture", model.cfg.arch},
+                    {"n_layers", model.cfg.n_layers},
+                    {"context", o.ctx},
+                    {"engine", engine->name()},
                     {"strategy", c.fallback.name}};
     relokv_server::add_routes(http, c);
     o.port = http.listen(o.host, o.port, o.tls);
@@ -189,8 +189,7 @@ int main(int argc, char** argv) {
     while (sched.in_flight() > 0 && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (sched.in_flight() > 0) {
-      std::fprintf(stderr, "relokv_server: drain timeout: ending %d requests\n",
-                   sched.in_flight());
+      std::fprintf(stderr, "relokv_server: drain timeout: ending %d requests\n", sched.in_flight());
       sched.cancel_all(503, "the server is shutting down");
       // Their answers (503s and error events) go out; a client that does not read is left.
       const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);

@@ -107,7 +107,8 @@ int parse_options(int argc, char** argv, server_options& o) {
     std::fprintf(stderr, "relokv_server: --ssl-cert-file and --ssl-key-file go together\n");
     return 2;
   }
-  o.http.request_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(request_timeout * 1000));
+  o.http.request_timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(request_timeout * 1000));
   o.http.idle_timeout = o.http.request_timeout;
   o.http.write_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(write_timeout * 1000));
   o.limits.context = o.ctx;

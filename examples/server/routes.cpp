@@ -102,9 +102,7 @@ void chat_completion(route_context& c, const http::request& req,
     }
     j->id = new_id();
   } catch (const api_error& e) {
-    c.stats->rejected(e.status == 401   ? "unauthorized"
-                      : e.status == 503 ? "draining"
-                                        : "invalid");
+    c.stats->rejected(e.status == 401 ? "unauthorized" : e.status == 503 ? "draining" : "invalid");
     c.stats->request_done(e.status);
     send_error(*rep, e);
     return;
@@ -145,51 +143,49 @@ void chat_completion(route_context& c, const http::request& req,
       bool started = false;
     };
     auto st = std::make_shared<progress>();
-    rep->stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}},
-                [j, st, model, now, stats, ended]() -> std::pair<std::string, bool> {
-                  std::string out;
-                  if (!st->started) {
-                    st->started = true;
-                    out += sse(chunk(*j, model, now, {{"role", "assistant"}, {"content", ""}},
-                                     nullptr));
-                  }
-                  std::unique_lock lock(j->mu);
-                  if (j->text.size() > st->sent) {
-                    out += sse(chunk(*j, model, now, {{"content", j->text.substr(st->sent)}},
-                                     nullptr));
-                    st->sent = j->text.size();
-                  }
-                  if (!j->done) return {std::move(out), false};
-                  if (j->error_status != 0) {
-                    out += sse(json::parse(
-                        api_error(j->error_status, j->error_message, "server_error").body()));
-                  } else {
-                    out += sse(chunk(*j, model, now, json::object(), j->finish_reason));
-                    if (j->req.include_usage) {
-                      json u = chunk(*j, model, now, json::object(), nullptr);
-                      u["choices"] = json::array();
-                      u["usage"] = usage_json(j->prompt_tokens, j->completion_tokens,
-                                              j->cached_tokens);
-                      u["relokv"] = relokv_info(*j);
-                      out += sse(u);
-                    }
-                  }
-                  const int status = j->error_status != 0 ? j->error_status : 200;
-                  lock.unlock();
-                  out += "data: [DONE]\n\n";
-                  if (!ended->exchange(true)) stats->request_done(status);
-                  return {std::move(out), true};
-                });
+    rep->stream(
+        200, "text/event-stream", {{"Cache-Control", "no-cache"}},
+        [j, st, model, now, stats, ended]() -> std::pair<std::string, bool> {
+          std::string out;
+          if (!st->started) {
+            st->started = true;
+            out += sse(chunk(*j, model, now, {{"role", "assistant"}, {"content", ""}}, nullptr));
+          }
+          std::unique_lock lock(j->mu);
+          if (j->text.size() > st->sent) {
+            out += sse(chunk(*j, model, now, {{"content", j->text.substr(st->sent)}}, nullptr));
+            st->sent = j->text.size();
+          }
+          if (!j->done) return {std::move(out), false};
+          if (j->error_status != 0) {
+            out += sse(
+                json::parse(api_error(j->error_status, j->error_message, "server_error").body()));
+          } else {
+            out += sse(chunk(*j, model, now, json::object(), j->finish_reason));
+            if (j->req.include_usage) {
+              json u = chunk(*j, model, now, json::object(), nullptr);
+              u["choices"] = json::array();
+              u["usage"] = usage_json(j->prompt_tokens, j->completion_tokens, j->cached_tokens);
+              u["relokv"] = relokv_info(*j);
+              out += sse(u);
+            }
+          }
+          const int status = j->error_status != 0 ? j->error_status : 200;
+          lock.unlock();
+          out += "data: [DONE]\n\n";
+          if (!ended->exchange(true)) stats->request_done(status);
+          return {std::move(out), true};
+        });
     j->on_update = [rep] { rep->notify(); };
   }
   if (!c.sched->submit(j)) {
     ended->store(true);
     c.stats->rejected(c.draining ? "draining" : "queue_full");
     c.stats->request_done(503);
-    const api_error e(503,
-                      c.draining ? "the server is shutting down"
-                                 : "the server is at capacity; retry shortly",
-                      "server_error", {}, c.draining ? "" : "queue_full");
+    const api_error e(
+        503,
+        c.draining ? "the server is shutting down" : "the server is at capacity; retry shortly",
+        "server_error", {}, c.draining ? "" : "queue_full");
     if (j->req.stream) {
       // The stream's head may be on its way: end it with the error event.
       {
@@ -212,8 +208,7 @@ std::string http_metrics(const http::counters& h) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
            name + " " + std::to_string(v) + "\n";
   };
-  line("relokv_http_connections_open", "Client connections open now.", "gauge",
-       h.connections_open);
+  line("relokv_http_connections_open", "Client connections open now.", "gauge", h.connections_open);
   line("relokv_http_connections_refused_total",
        "Connections closed at accept: over --max-connections or --max-connections-per-client.",
        "counter", h.connections_refused);
@@ -225,8 +220,8 @@ std::string http_metrics(const http::counters& h) {
   line("relokv_http_request_timeouts_total",
        "Connections closed because a request did not arrive whole within --request-timeout.",
        "counter", h.timeouts);
-  line("relokv_http_disconnects_total", "Clients that left before their response ended.",
-       "counter", h.disconnects);
+  line("relokv_http_disconnects_total", "Clients that left before their response ended.", "counter",
+       h.disconnects);
   return out;
 }
 
@@ -270,11 +265,12 @@ void add_routes(http::server& s, route_context& c) {
     rep->send(200, "text/plain; version=0.0.4",
               c.stats->text() + http_metrics(c.http_layer->stats()), {});
   });
-  s.route("POST", "/v1/chat/completions",
-          [&c](const http::request& req, std::shared_ptr<http::reply> rep) {
-            chat_completion(c, req, rep);
-          },
-          /*offload=*/true);
+  s.route(
+      "POST", "/v1/chat/completions",
+      [&c](const http::request& req, std::shared_ptr<http::reply> rep) {
+        chat_completion(c, req, rep);
+      },
+      /*offload=*/true);
 }
 
 }  // namespace relokv_server

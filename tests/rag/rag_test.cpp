@@ -276,9 +276,10 @@ TEST_CASE("rag store mode: a reader with an empty pool answers from a writer's s
   CHECK(wr.stats.store_writes > 0);
   CHECK(wr.stats.store_write_failures == 0);
   const auto all = relokv_rag::default_variants();
-  const std::vector<relokv_rag::variant> vars = {all[0], all[2]};  // full, naive
+  const std::vector<relokv_rag::variant> vars = {all[0], all[2], all[1]};  // full, naive, prefix
+  REQUIRE(vars[2].key == "prefix");
   const auto rr = relokv_rag::run_reader(model, w, codec, vars, so);
-  REQUIRE(rr.rows.size() == 2);
+  REQUIRE(rr.rows.size() == 3);
   CHECK(rr.rows[0].store == 0);
   CHECK(rr.rows[0].pool == 0);
   // Every sealed block of every question came from the store; only the questions' open last
@@ -288,6 +289,14 @@ TEST_CASE("rag store mode: a reader with an empty pool answers from a writer's s
   CHECK(rr.rows[1].computed == 3);
   CHECK(rr.stats.store_rejected_total() == 0);
   CHECK(rr.rows[1].ttft_ms.size() == 3);
+  // Prefix caching runs on the whole prompt as one prefix, as its name says: exact keys only,
+  // so its answers are full recompute's bit for bit (on the span layout it would be naive
+  // PIC, KL > 0).
+  for (std::size_t q = 0; q < 3; ++q) {
+    CHECK(rr.rows[2].kl[q] == 0.0);
+    CHECK(rr.rows[2].agreement[q] == 1.0);
+  }
+  CHECK(rr.rows[1].kl[0] + rr.rows[1].kl[1] + rr.rows[1].kl[2] > 0.0);
   std::filesystem::remove_all(dir);
   so.url = "ftp://nowhere";
   CHECK_THROWS_AS(relokv_rag::run_writer(model, w, so), relokv::error);

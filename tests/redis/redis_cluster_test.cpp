@@ -398,8 +398,7 @@ TEST_CASE("redis cluster: a MOVED updates the map, an ASK does not", "[cluster]"
              "\r\n";
     }));
     a_port = node_a.port();
-    auto o =
-        redis_cluster_options::from_url("redis-cluster://127.0.0.1:" + std::to_string(a_port));
+    auto o = redis_cluster_options::from_url("redis-cluster://127.0.0.1:" + std::to_string(a_port));
     o.command_timeout = 1000ms;
     o.retry_interval = 60s;
     redis_cluster_store s(o);

@@ -33,8 +33,7 @@ namespace {
 /// Vocabulary: a, b, <|im_end|> (the stop token), then the bytes its literal spells.
 relokv_engine::tokenizer tiny_tokenizer() {
   return relokv_engine::tokenizer(relokv_engine::bpe_tokenizer(
-      {"a", "b", "<|im_end|>", "<", "|", "i", "m", "_", "e", "n", "d", ">"}, {},
-      {"<|im_end|>"}));
+      {"a", "b", "<|im_end|>", "<", "|", "i", "m", "_", "e", "n", "d", ">"}, {}, {"<|im_end|>"}));
 }
 
 /// A scripted engine: a prompt of kStopLen tokens answers the stop token at once (and its
@@ -94,10 +93,10 @@ std::shared_ptr<job> make_job(int prompt_tokens, int max_tokens) {
   auto j = std::make_shared<job>();
   j->req.max_tokens = max_tokens;
   j->req.temperature = 0;
-  j->prompt.layout = relokv::layout_builder(16)
-                         .prefix(std::vector<relokv::token_t>(
-                             static_cast<std::size_t>(prompt_tokens), 0))
-                         .build();
+  j->prompt.layout =
+      relokv::layout_builder(16)
+          .prefix(std::vector<relokv::token_t>(static_cast<std::size_t>(prompt_tokens), 0))
+          .build();
   return j;
 }
 
@@ -262,8 +261,8 @@ TEST_CASE("requests: numbers out of range, deep nesting and tiny temperatures", 
   // A temperature too small to sample from is greedy.
   CHECK(relokv_server::parse_chat_request("{" + msgs + R"(,"temperature":1e-310})", lim)
             .temperature == 0.0);
-  CHECK(relokv_server::parse_chat_request("{" + msgs + R"(,"temperature":0.5})", lim)
-            .temperature == 0.5);
+  CHECK(relokv_server::parse_chat_request("{" + msgs + R"(,"temperature":0.5})", lim).temperature ==
+        0.5);
 }
 
 TEST_CASE("tokenizer: special-token literals in client text are text; the template's are not",
@@ -350,9 +349,8 @@ TEST_CASE("prompts: a document or message holding the model's own control litera
     for (const relokv::token_t c : control)
       CHECK(std::count(all.begin(), all.end(), c) == std::count(want.begin(), want.end(), c));
     // Exactly one user turn (ChatML and Gemma write one opening per turn).
-    const relokv::token_t open = tok.id(tok.format() == relokv_engine::chat_format::kGemma
-                                            ? "<start_of_turn>"
-                                            : "<|im_start|>");
+    const relokv::token_t open = tok.id(
+        tok.format() == relokv_engine::chat_format::kGemma ? "<start_of_turn>" : "<|im_start|>");
     const auto user_turns = [&](const std::vector<relokv::token_t>& ids) {
       int n = 0;
       for (std::size_t i = 0; i + 1 < ids.size(); ++i)
@@ -407,18 +405,20 @@ TEST_CASE("tokenizer: a long text tokenizes in chunks exactly as its pieces do w
     const relokv_engine::tokenizer tok(file);
     // 300 KiB of words, numbers, punctuation, runs of spaces and newlines, and non-ASCII.
     std::mt19937 rng(5);
-    const char* words[] = {"the", "Tower", "  ", "1889", "engineer", "\n", "don't", "  x",
-                           "caf\xc3\xa9", "\xe5\x8c\x97\xe4\xba\xac", ",", "a", "b", "!!"};
+    const char* words[] = {"the", "Tower", "  ",  "1889",        "engineer",
+                           "\n",  "don't", "  x", "caf\xc3\xa9", "\xe5\x8c\x97\xe4\xba\xac",
+                           ",",   "a",     "b",   "!!"};
     std::string text;
     while (text.size() < 300 * 1024) {
       text += words[rng() % 14];
       text += rng() % 5 == 0 ? "" : " ";
     }
-    const auto pre = tok.format() == relokv_engine::chat_format::kChatML && tok.id("<|im_start|>") >= 0
-                         ? relokv_engine::pre_tokenize(text, name[0] == 'S'
-                                                                 ? relokv_engine::pre_tokenizer::kSmolLM
-                                                                 : relokv_engine::pre_tokenizer::kQwen2)
-                         : std::vector<std::string_view>{};
+    const auto pre =
+        tok.format() == relokv_engine::chat_format::kChatML && tok.id("<|im_start|>") >= 0
+            ? relokv_engine::pre_tokenize(text, name[0] == 'S'
+                                                    ? relokv_engine::pre_tokenizer::kSmolLM
+                                                    : relokv_engine::pre_tokenizer::kQwen2)
+            : std::vector<std::string_view>{};
     REQUIRE(!pre.empty());
     std::vector<relokv::token_t> want;
     for (const std::string_view w : pre) {

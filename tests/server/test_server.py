@@ -119,6 +119,14 @@ def test_stop_sequences(srv):
             stop=[","])
     assert "," not in r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop"
+    # Streamed, no piece of a stop sequence is ever sent (text that could still become one is
+    # held back until it cannot).
+    chunks = list(ask(srv, "Count from one to ten in words, separated by commas.",
+                      max_tokens=40, stop=[", t"], stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ask(srv, "Count from one to ten in words, separated by commas.",
+                       max_tokens=40, stop=[", t"]).choices[0].message.content
+    assert ", t" not in text and not text.endswith(",")
 
 
 def test_seeded_sampling_is_repeatable(srv):

@@ -297,7 +297,7 @@ struct row_tile_scratch {
 /// tiles in four accumulator tiles; acc, mx and sum in the online-softmax state's layout
 /// ([nq][hq][D], [nq][hq]) as attend_group's output loop reads them.
 inline void attend(attention_tiles& t, const pos_t* m, int nq, int hq, int G, int h_begin,
-                   float* acc, float* mx, float* sum) {
+                   float* acc, float* mx, float* sum, std::int32_t window = 0) {
   const int D = t.D;
   const std::size_t ntiles = t.pos.size();
   thread_local row_tile_scratch rs;
@@ -339,32 +339,36 @@ inline void attend(attention_tiles& t, const pos_t* m, int nq, int hq, int G, in
             scores<1>(a, D, kt, dst);
         }
       }
-      // Slots of visible key tile i that row r sees (causal; 0 for none).
-      const auto seen = [&](std::size_t i, int r) {
+      // The slots of key tile i that row r sees, as a lane mask: causal (slots up to m), and
+      // inside a sliding window (slots past m - window). A window wider than the request
+      // masks exactly what causality does: the same bits as no window.
+      const auto seen = [&](std::size_t i, int r) -> __mmask16 {
         const std::size_t k = rs.keys[i];
-        const std::int64_t v = std::int64_t{m[q0 + r]} - t.pos[k] + 1;
-        return static_cast<int>(std::clamp<std::int64_t>(v, 0, t.count[k]));
+        const std::int64_t v =
+            std::clamp<std::int64_t>(std::int64_t{m[q0 + r]} - t.pos[k] + 1, 0, t.count[k]);
+        const std::int64_t lo =
+            window > 0
+                ? std::clamp<std::int64_t>(std::int64_t{m[q0 + r]} - window + 1 - t.pos[k], 0, v)
+                : 0;
+        return static_cast<__mmask16>(((1u << v) - 1u) & ~((1u << lo) - 1u));
       };
       for (int r = 0; r < 16; ++r) {  // each row's maximum, then its weights
         __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
         if (r < rows)
-          for (std::size_t i = 0; i < nk; ++i) {
-            const int v = seen(i, r);
-            vmax = _mm512_mask_max_ps(vmax, static_cast<__mmask16>((1u << v) - 1u), vmax,
-                                      _mm512_load_ps(sb + i * 256 + 16 * r));
-          }
+          for (std::size_t i = 0; i < nk; ++i)
+            vmax =
+                _mm512_mask_max_ps(vmax, seen(i, r), vmax, _mm512_load_ps(sb + i * 256 + 16 * r));
         const float rmax = _mm512_reduce_max_ps(vmax);
         __m512 vsum = _mm512_setzero_ps();
         const __m512 vm = _mm512_set1_ps(rmax);
         for (std::size_t i = 0; i < nk; ++i) {
-          const int v = r < rows ? seen(i, r) : 0;
+          const __mmask16 v = r < rows ? seen(i, r) : __mmask16{0};
           __m512 p = _mm512_setzero_ps();
-          if (v > 0) {
+          if (v != 0) {
             simd::vf16 x =
                 std::bit_cast<simd::vf16>(_mm512_sub_ps(_mm512_load_ps(sb + i * 256 + 16 * r), vm));
             simd::exp_nonpositive(x);
-            p = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << v) - 1u),
-                                    std::bit_cast<__m512>(x));
+            p = _mm512_maskz_mov_ps(v, std::bit_cast<__m512>(x));
             vsum = _mm512_add_ps(vsum, p);
           }
           __m256i hi, lo;

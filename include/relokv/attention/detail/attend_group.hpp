@@ -149,7 +149,7 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
 #if RELOKV_HOST_AMX
   amx::attention_tiles& at = amx::tiles_scratch();
   if constexpr (grouped && std::is_same_v<T, bf16>) {
-    use_amx = window <= 0 && amx::usable(D);  // AMX tiles take no window
+    use_amx = amx::usable(D);  // windowed or not: the tiles mask the window (amx::attend)
     if (use_amx) amx::split_queries(at, w.qrot.data(), nq, num_q_heads, G, D, h_begin, h_end);
   }
 #endif
@@ -344,7 +344,8 @@ void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block
   }
 #if RELOKV_HOST_AMX
   if (use_amx)
-    amx::attend(at, m, nq, num_q_heads, G, h_begin, w.acc.data(), w.mx.data(), w.sum.data());
+    amx::attend(at, m, nq, num_q_heads, G, h_begin, w.acc.data(), w.mx.data(), w.sum.data(),
+                window);
 #endif
   for (std::size_t i = 0; i < nqs * hq; ++i) {
     const auto head = static_cast<int>(i % hq);

@@ -29,6 +29,8 @@ void usage() {
       "  --filter S   only figures whose name contains S (llama_cpp: that group alone;\n"
       "               a filter starting with rag_: the QA group alone; server_: relokv_server\n"
       "               side by side with llama-server, bench/serve_compare, tens of minutes;\n"
+      "               server_soak or server_p95: the ten-minute soak under attack,\n"
+      "               bench/server_soak.py;\n"
       "               store_cluster: the Redis Cluster group alone; rag_gemma3: the QA\n"
       "               job on Gemma 3 270M (sliding windows), $RELOKV_GEMMA3_REQUESTS\n"
       "               questions; rag_escalation: the\n"
@@ -66,6 +68,19 @@ int main(int argc, char** argv) {
   // --filter llama_cpp runs that group alone, --filter rag_... the QA group alone (the others
   // take minutes).
   const bool llama_only = filter.find("llama_cpp") != std::string::npos;
+  if (filter.rfind("server_soak", 0) == 0 || filter.rfind("server_p95", 0) == 0) {
+    // The soak: normal users and every hostile class at once, ten minutes
+    // (bench/server_soak.py), its server_soak_* and server_p95_* lines.
+    FILE* p = popen(RELOKV_SERVER_SOAK, "r");
+    if (p == nullptr) {
+      std::fprintf(stderr, "relokv_report: cannot run %s\n", RELOKV_SERVER_SOAK);
+      return 1;
+    }
+    char line[512];
+    while (std::fgets(line, sizeof line, p) != nullptr)
+      if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
+    return pclose(p) == 0 ? 0 : 1;
+  }
   if (filter.rfind("server_", 0) == 0) {
     // Two servers under load for minutes: a script (bench/serve_compare), its server_ lines.
     FILE* p = popen(RELOKV_SERVE_COMPARE, "r");

@@ -1,6 +1,9 @@
 # Shared by scripts/demo, scripts/test and scripts/bench. Sourced, not run.
 set -euo pipefail
 RELOKV_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# ccache sees paths relative to the build directory: build/ and scripts/mutants' scratch copy
+# (build-mutants/src/build) then share its entries (the scratch build is mostly hits).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$RELOKV_ROOT}
 
 # Debian 12 packages the build needs. Installed with apt-get when running as root; otherwise
 # the exact command is printed and the script stops.

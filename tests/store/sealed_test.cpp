@@ -378,4 +378,32 @@ TEST_CASE("sealed blocks: opened plaintext is wiped when its last holder lets it
   }
   CHECK(plain.take(64)->bytes.get() == p2);
   CHECK(p2[0] == std::byte{0x5a});  // the control: a non-wiping pool keeps the bytes
+
+  // The sealed store's own pool wipes: a block it opened, once its last holder lets it go,
+  // leaves no plaintext in the buffer the pool keeps for the next one.
+  relokv::block_header h;
+  h.fingerprint = kFp;
+  h.key = {3, 4};
+  h.layout = relokv::host_kv_storage<float>(kShape).block_layout();
+  h.len = 16;
+  const auto toks = seq(9, 16);
+  std::vector<std::byte> block;
+  relokv::encode_block(
+      h, {{}, 0, toks},
+      [](std::span<std::byte> q) {
+        for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<std::byte>(i | 1);
+      },
+      block);
+  sealed_t s(relokv::memory_store{}, key_of(9));
+  const relokv::store_key key = h.key;
+  const std::span<const std::byte> value(block);
+  REQUIRE(s.put(std::span(&key, 1), std::span(&value, 1)) == relokv::store_status::kOk);
+  std::vector<relokv::store_blob> out;
+  REQUIRE(s.get(std::span(&key, 1), out) == relokv::store_status::kOk);
+  REQUIRE(!out[0].empty());
+  const std::byte* at = out[0].bytes().data();
+  const std::size_t n = out[0].bytes().size();
+  CHECK(contains_bytes(out[0].bytes(), toks));
+  out.clear();  // the last holder lets it go; the pool keeps the buffer
+  CHECK(std::all_of(at, at + n, [](std::byte c) { return c == std::byte{0}; }));
 }

@@ -106,11 +106,7 @@ chat_request parse_chat_request(const std::string& body, const api_limits& limit
     return w;
   };
   try {
-    j = json::parse(body, [&](int depth, json::parse_event_t ev, json& parsed) {
-      if (depth > kMaxJsonDepth)
-        throw api_error(400,
-                        "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels",
-                        "invalid_request_error", where(), "invalid_json");
+    j = json::parse(body, [&](int, json::parse_event_t ev, json& parsed) {
       switch (ev) {
         case json::parse_event_t::object_start:
           path.emplace_back();
@@ -128,6 +124,11 @@ chat_request parse_chat_request(const std::string& body, const api_limits& limit
         default:
           break;
       }
+      // The containers open here (the body's object is the first): bounded as they open.
+      if (path.size() > static_cast<std::size_t>(kMaxJsonDepth))
+        throw api_error(400,
+                        "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels",
+                        "invalid_request_error", where(), "invalid_json");
       return true;
     });
   } catch (const api_error&) {

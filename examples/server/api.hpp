@@ -33,7 +33,7 @@ struct api_error : std::runtime_error {
   [[nodiscard]] std::string body() const;
 };
 
-/// JSON nesting a request may have (a chat request needs 5).
+/// Containers a request may nest (the body's object is the first; a chat request needs 5).
 inline constexpr int kMaxJsonDepth = 32;
 /// Temperatures below this are served as greedy (0): the softmax at such a temperature is the
 /// argmax, and its 1 / T would overflow.

@@ -594,6 +594,26 @@ TEST_CASE("redis: a hostile or silent server cannot stall a call or fill memory"
     std::this_thread::sleep_for(100ms);
     CHECK(sent < (std::size_t{32} << 20));
   }
+  SECTION("a reply with no length that never ends: refused after the largest block's bytes") {
+    // A status line (no announced length) of endless bytes: only the byte bound stops it.
+    std::atomic<std::size_t> sent{0};
+    scripted_peer peer([&](int c) {
+      scripted_peer::drain(c);
+      if (!scripted_peer::send_all(c, "+")) return;
+      const std::string chunk(64 << 10, 'a');
+      while (sent < (std::size_t{256} << 20) && scripted_peer::send_all(c, chunk))
+        sent += chunk.size();
+    });
+    auto o = peer.options(5000ms);
+    o.max_value_bytes = std::size_t{1} << 20;
+    redis_store s(o);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(s.get(keys, out) == relokv::store_status::kUnavailable);
+    CHECK(s.counters().oversized == 1);
+    CHECK(ms_since(t0) < 2000);  // refused as the bound passed, not at the deadline
+    std::this_thread::sleep_for(100ms);
+    CHECK(sent < (std::size_t{32} << 20));
+  }
   SECTION("a SET answered with the wrong type is a failed write") {
     scripted_peer peer([](int c) {
       scripted_peer::drain(c);

@@ -254,6 +254,17 @@ TEST_CASE("requests: numbers out of range, deep nesting and tiny temperatures", 
   std::string deep = "{" + msgs + R"(,"x":)";
   for (int i = 0; i < 100000; ++i) deep += '[';
   CHECK(status_param(deep).first == 400);
+  // Valid JSON one level past the bound is refused too, naming it.
+  std::string over = "{" + msgs + R"(,"x":)";
+  for (int i = 0; i < relokv_server::kMaxJsonDepth; ++i) over += '[';
+  for (int i = 0; i < relokv_server::kMaxJsonDepth; ++i) over += ']';
+  try {
+    (void)relokv_server::parse_chat_request(over + "}", lim);
+    FAIL("no error for JSON nested past the bound");
+  } catch (const api_error& e) {
+    CHECK(e.status == 400);
+    CHECK(std::string(e.what()).find("nests deeper") != std::string::npos);
+  }
   std::string ok = "{" + msgs + R"(,"x":)";
   for (int i = 0; i < 20; ++i) ok += '[';
   for (int i = 0; i < 20; ++i) ok += ']';

@@ -237,8 +237,10 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     parser_->header_limit(srv_.lim.max_header_bytes + 1024);
     parser_->body_limit(srv_.lim.max_body_bytes);
     // One deadline for the request's whole arrival: the wait for it, its headers and body.
-    lowest().expires_after(first_ ? srv_.lim.request_timeout
-                                  : std::min(srv_.lim.request_timeout, srv_.lim.idle_timeout));
+    const auto limit = first_ ? srv_.lim.request_timeout
+                              : std::min(srv_.lim.request_timeout, srv_.lim.idle_timeout);
+    deadline_ = std::chrono::steady_clock::now() + limit;
+    lowest().expires_after(limit);
     first_ = false;
     bhttp::async_read_header(stream_, buf_, *parser_,
                              [self = this->shared_from_this()](
@@ -255,9 +257,9 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       srv_.count(&counters::body_too_large);
       return refuse(413, "the request body is larger than --max-body", "body_too_large");
     }
-    if (ec == beast::error::timeout) srv_.count(&counters::timeouts);
-    if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method)
-                             .category())  // not HTTP: say so, then close
+    if (ec && timed_out(ec)) srv_.count(&counters::timeouts);
+    // Not HTTP: say so, then close.
+    if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category())
       return refuse(400, "malformed HTTP request", "bad_request");
     if (ec) return close();
     const auto& req = parser_->get();
@@ -292,6 +294,12 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     read_body();
   }
 
+  /// Whether a read ended by the request's deadline (Beast reports error::timeout, or, as its
+  /// timer closed the socket first, the error of the closed socket).
+  bool timed_out(const error_code& ec) const {
+    return ec == beast::error::timeout || std::chrono::steady_clock::now() >= deadline_;
+  }
+
   void read_body() {
     bhttp::async_read(stream_, buf_, *parser_,
                       [self = this->shared_from_this()](const error_code& ec, std::size_t) {
@@ -304,7 +312,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
       srv_.count(&counters::body_too_large);
       return refuse(413, "the request body is larger than --max-body", "body_too_large");
     }
-    if (ec == beast::error::timeout) srv_.count(&counters::timeouts);
+    if (ec && timed_out(ec)) srv_.count(&counters::timeouts);
     if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category())
       return refuse(400, "malformed HTTP request", "bad_request");
     if (ec) return close();
@@ -370,11 +378,14 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   /// Watches the socket while the request is handled: a client that closes its end is seen
   /// at once (recv of 0 bytes), whether or not anything is being written to it.
   void watch() {
-    if (watching_) return;
+    if (watching_ && watch_seq_ == seq_) return;
     watching_ = true;
+    watch_seq_ = seq_;
     lowest().socket().async_wait(tcp::socket::wait_read, [self = this->shared_from_this(),
                                                           seq = seq_](const error_code& ec) {
-      self->watching_ = false;
+      // (A wait cancelled at the end of an earlier response completes late: it must not clear
+      // the flag of the wait that watches the request after it.)
+      if (seq == self->watch_seq_) self->watching_ = false;
       if (ec || seq != self->seq_ ||
           (self->phase_ != phase::handling && self->phase_ != phase::streaming &&
            self->phase_ != phase::writing))
@@ -505,7 +516,8 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   bool first_ = true, keep_alive_ = true, watching_ = false, writing_ = false;
   bool responded_whole_ = false;
   phase phase_ = phase::reading;
-  std::uint64_t seq_ = 0;
+  std::uint64_t seq_ = 0, watch_seq_ = 0;
+  std::chrono::steady_clock::time_point deadline_{};  // of the request being read
   std::shared_ptr<session> hold_;  // while a handler answers (dispatch to response_done)
   std::function<void()> on_gone_;
   std::function<std::pair<std::string, bool>()> pull_;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -54,11 +55,15 @@ class client {
           end - std::chrono::steady_clock::now());
       if (left.count() <= 0) return;
       pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return;
+      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return;
       char b[4096];
-      const ssize_t got = ::recv(fd_, b, sizeof b, 0);
+      const ssize_t got = ::recv(fd_, b, sizeof b, MSG_DONTWAIT);
+      if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (got <= 0) {
         closed_ = true;
+        why_ = got == 0 ? "eof" : std::strerror(errno);
         return;
       }
       buf_.append(b, static_cast<std::size_t>(got));
@@ -72,9 +77,12 @@ class client {
           end - std::chrono::steady_clock::now());
       if (left.count() <= 0) break;
       pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
       char b[4096];
-      const ssize_t n = ::recv(fd_, b, sizeof b, 0);
+      const ssize_t n = ::recv(fd_, b, sizeof b, MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (n <= 0) {
         closed_ = true;
         break;
@@ -102,6 +110,8 @@ class client {
     fill(std::string::npos, limit);
     return closed_;
   }
+  [[nodiscard]] const std::string& rest() const noexcept { return buf_; }
+  [[nodiscard]] const std::string& why() const noexcept { return why_; }
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -111,6 +121,7 @@ class client {
   int fd_;
   std::string buf_;
   bool closed_ = false;
+  std::string why_;
 };
 
 int status_of(const std::string& r) {
@@ -244,6 +255,21 @@ TEST_CASE("http: a client that leaves while its answer is pending is seen at onc
   CHECK(f.gone == 1);
   CHECK(std::chrono::steady_clock::now() - t0 < 200ms);
   CHECK(f.srv->stats().disconnects == 1);
+  // The same on a kept-alive connection's later request (its watcher is a new one).
+  {
+    client c(f.port);
+    c.send(get("/health"));
+    CHECK(c.response().ends_with("ok"));
+    c.send(get("/later"));
+    CHECK(c.response().ends_with("later"));
+    c.send(get("/park"));
+    std::this_thread::sleep_for(100ms);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  while (f.gone == 1 && std::chrono::steady_clock::now() - t1 < 2s)
+    std::this_thread::sleep_for(1ms);
+  CHECK(f.gone == 2);
+  CHECK(std::chrono::steady_clock::now() - t1 < 200ms);
   // A reply sent after the client left is dropped, and the server goes on.
   f.parked.front()->send(200, "text/plain", "too late", {});
   client d(f.port);
@@ -296,6 +322,12 @@ TEST_CASE("http: limits on headers, bodies, encodings and arrival", "[server][th
     const auto t0 = std::chrono::steady_clock::now();
     CHECK(c.closed_by_peer());
     CHECK(std::chrono::steady_clock::now() - t0 < 1000ms);
+    INFO("received: " << c.rest() << " (" << c.why() << ")");
+    CHECK(c.rest().empty());
+    // Counted as the read ends (Beast closes the socket as its timer fires, a moment before).
+    const auto t1 = std::chrono::steady_clock::now();
+    while (f.srv->stats().timeouts == 0 && std::chrono::steady_clock::now() - t1 < 1s)
+      std::this_thread::sleep_for(1ms);
     CHECK(f.srv->stats().timeouts >= 1);
   }
   SECTION("no such route, or not this method") {

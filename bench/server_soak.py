@@ -210,7 +210,7 @@ def main():
         os.path.join(ROOT, "data", "2wikimqa_dev_sample200.jsonl"), 40)
     try:
         warm = serve_load.make_requests(sample, 8, 1.1, 7, args.docs)
-        users_run(s.url, warm, args.users, 120, load)  # warm-up: caches, allocator
+        users_run(s.url, warm, args.users, 60, load)  # warm-up: caches, allocator
         rss0 = s.rss_kib()
         idle = users_run(s.url, serve_load.make_requests(sample, 100000, 1.1, 1, args.docs),
                          args.users, args.idle, load)

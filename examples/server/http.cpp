@@ -69,6 +69,11 @@ struct server::impl {
   mutable std::mutex mu;  // c and per_client
   counters c;
   std::map<std::string, std::size_t> per_client;
+  /// Sessions alive, each with what breaks its own cycles (a session holds itself while a
+  /// handler answers): stop() calls them once the I/O thread has ended.
+  std::mutex live_mu;
+  std::map<std::uint64_t, std::function<void()>> live;
+  std::uint64_t next_session = 0;
   std::atomic<bool> draining{false};
   bool stopped = false;
   // Declared after what sessions touch as they are destroyed (with the I/O context), and
@@ -99,6 +104,15 @@ struct server::impl {
     if (const auto it = per_client.find(peer); it != per_client.end() && --it->second == 0)
       per_client.erase(it);
     --c.connections_open;
+  }
+  std::uint64_t enroll(std::function<void()> abandon) {
+    const std::lock_guard lock(live_mu);
+    live.emplace(++next_session, std::move(abandon));
+    return next_session;
+  }
+  void withdraw(std::uint64_t id) {
+    const std::lock_guard lock(live_mu);
+    live.erase(id);
   }
   void count(std::int64_t counters::*field) {
     const std::lock_guard lock(mu);
@@ -155,9 +169,15 @@ class session : public std::enable_shared_from_this<session<Stream>> {
  public:
   session(server::impl& srv, server::impl::listener& l, Stream stream, std::string peer)
       : srv_(srv), listener_(l), stream_(std::move(stream)), peer_(std::move(peer)) {}
-  ~session() { srv_.release(peer_); }
+  ~session() {
+    srv_.withdraw(id_);
+    srv_.release(peer_);
+  }
 
   void start() {
+    id_ = srv_.enroll([w = this->weak_from_this()] {
+      if (auto s = w.lock()) s->abandon();
+    });
     if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
       read_request();
     } else {
@@ -445,6 +465,15 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     read_request();
   }
 
+  /// The server stops: what this session holds of itself and of its handler goes (called
+  /// after the I/O thread has ended; nothing else runs on the session then).
+  void abandon() {
+    phase_ = phase::closed;
+    on_gone_ = {};
+    pull_ = {};
+    hold_.reset();
+  }
+
   /// The client went away (closed, reset, or stopped reading) before the response ended.
   void gone() {
     if (phase_ == phase::closed) return;
@@ -516,7 +545,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   bool first_ = true, keep_alive_ = true, watching_ = false, writing_ = false;
   bool responded_whole_ = false;
   phase phase_ = phase::reading;
-  std::uint64_t seq_ = 0, watch_seq_ = 0;
+  std::uint64_t seq_ = 0, watch_seq_ = 0, id_ = 0;
   std::chrono::steady_clock::time_point deadline_{};  // of the request being read
   std::shared_ptr<session> hold_;  // while a handler answers (dispatch to response_done)
   std::function<void()> on_gone_;
@@ -619,6 +648,14 @@ void server::stop() {
   if (impl_->io_thread.joinable()) impl_->io_thread.join();
   impl_->workers.stop();
   impl_->workers.join();
+  // Sessions still answering hold themselves: let go (outside the lock: a session may end
+  // here, and withdraws itself).
+  std::vector<std::function<void()>> abandon;
+  {
+    const std::lock_guard lock(impl_->live_mu);
+    for (auto& [id, f] : impl_->live) abandon.push_back(f);
+  }
+  for (auto& f : abandon) f();
 }
 
 counters server::stats() const {

@@ -327,6 +327,12 @@ int main(int argc, char** argv) {
     const auto w = data.empty() ? relokv_rag::generate(o.requests, o.corpus, o.passages, o.zipf,
                                                        o.seed, model->cfg.vocab)
                                 : relokv_rag::load_jsonl(data, o.requests, o.seed, codec);
+    if (!o.export_out.empty()) {
+      relokv_rag::export_workload(o.export_out, w, codec);
+      std::printf("relokv_rag: %zu requests, %zu passages -> %s\n", w.requests.size(),
+                  w.corpus.size(), o.export_out.c_str());
+      return 0;
+    }
     const bool sweeping = !o.sweep_out.empty() || !o.calibrate_out.empty();
     o.run.model_path = model_path;
     const bool llama = o.run.engine == "llama.cpp";

@@ -120,6 +120,14 @@ void add_options(CLI::App& app, options& o) {
                  "calibration: smallest mean greedy agreement allowed, in [0, 1]")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  app.add_option("--export-workload", o.export_out,
+                 "write the tokenized workload (system prompt, passages, questions, the end of "
+                 "turn) as JSON and exit: what tools/links trains on, tokenized as the "
+                 "measurements are");
+  app.add_option("--links", o.links,
+                 "a span-link adapter (tools/links/train.py's GGUF): adds the variants links "
+                 "(naive reuse plus the learned rows), links+epic and links+question")
+      ->check(CLI::ExistingFile);
   app.add_option("--json", o.json_out, "results as JSON");
   app.add_option("--csv", o.csv_out, "results as CSV");
   app.add_option("--svg", o.svg_out, "plot: TTFT against agreement, tokens computed per request");

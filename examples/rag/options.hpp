@@ -15,6 +15,10 @@ struct options {
   std::string data, model, json_out, csv_out, svg_out, sweep_out, calibrate_out, profile;
   /// --escalate POLICY (each variant again with it), --escalation PREFIX (the study).
   std::string escalate, escalation_out;
+  /// --export-workload PATH: the tokenized workload as JSON (tools/links trains on it).
+  std::string export_out;
+  /// --links FILE: a span-link adapter (tools/links): adds the links variants.
+  std::string links;
   /// --layer-deviation PREFIX: reused spans' K/V against full recompute, layer by layer.
   std::string layer_deviation_out;
   double target_agreement = 0.95;

@@ -1,0 +1,84 @@
+"""The adapter file: a GGUF (written with llama.cpp's own `gguf` package from PyPI) holding the
+link rows and what they were trained for. The engine reads it with its GGUF reader and refuses
+one made for another model (dim or vocabulary differ, or the model's SHA-256 when given).
+
+    general.architecture       "relokv-links"
+    relokv.links.placement     "before_question"
+    relokv.links.rows          k (u32)
+    relokv.links.header_rows   0 (u32): rows compiled before each span (none trained yet)
+    relokv.links.model_arch    the model's architecture
+    relokv.links.model_dim     u32, relokv.links.model_vocab u32
+    relokv.links.model_sha256  hex SHA-256 of the model file trained against
+    relokv.links.info          JSON: the command, steps, seconds
+    tensor links.rows          F32 [k][dim], the rows as the first layer reads them (after the
+                               embedding scale the model applies to token embeddings)
+"""
+from __future__ import annotations
+
+import json
+
+import gguf
+import numpy as np
+
+
+def write(path, rows, model, model_sha, placement="before_question", info=None):
+    rows = np.ascontiguousarray(rows, np.float32)
+    w = gguf.GGUFWriter(path, "relokv-links")
+    w.add_string("relokv.links.placement", placement)
+    w.add_uint32("relokv.links.rows", rows.shape[0])
+    w.add_uint32("relokv.links.header_rows", 0)
+    w.add_string("relokv.links.model_arch", model.cfg.arch)
+    w.add_uint32("relokv.links.model_dim", model.cfg.dim)
+    w.add_uint32("relokv.links.model_vocab", model.cfg.vocab)
+    w.add_string("relokv.links.model_sha256", model_sha)
+    w.add_string("relokv.links.info", json.dumps(info or {}))
+    w.add_tensor("links.rows", rows)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def read(path):
+    """(rows [k, dim] float32, metadata dict)."""
+    r = gguf.GGUFReader(path)
+    meta = {}
+    for name, f in r.fields.items():
+        if name.startswith("relokv.") or name == "general.architecture":
+            meta[name] = f.contents()
+    t = next(t for t in r.tensors if t.name == "links.rows")
+    rows = np.array(t.data, np.float32).reshape(meta["relokv.links.rows"], -1)
+    return rows, meta
+
+
+def loss_svg(path, curve, title):
+    """The training loss per step (light) and its 25-step running mean, as an SVG."""
+    W, H, pad = 640, 320, 48
+    c = np.asarray(curve, np.float64)
+    if c.size == 0:
+        c = np.zeros(1)
+    mean = np.convolve(c, np.ones(25) / 25, mode="valid") if c.size >= 25 else c
+    hi = float(np.percentile(c, 99)) * 1.05 or 1.0
+
+    def pts(ys, x0):
+        n = max(len(c) - 1, 1)
+        return " ".join(f"{pad + (x0 + i) / n * (W - 2 * pad):.1f},"
+                        f"{H - pad - min(y, hi) / hi * (H - 2 * pad):.1f}"
+                        for i, y in enumerate(ys))
+
+    ticks = "".join(
+        f'<text x="{pad - 6}" y="{H - pad - f * (H - 2 * pad) + 4:.1f}" text-anchor="end" '
+        f'font-size="11">{f * hi:.3g}</text>' for f in (0, 0.5, 1))
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'font-family="sans-serif">\n<rect width="{W}" height="{H}" fill="white"/>\n'
+           f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="13">{title}: KL loss '
+           f'per step</text>\n'
+           f'<line x1="{pad}" y1="{H - pad}" x2="{W - pad}" y2="{H - pad}" stroke="black"/>\n'
+           f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{H - pad}" stroke="black"/>\n{ticks}\n'
+           f'<text x="{W / 2}" y="{H - 12}" text-anchor="middle" font-size="11">step (of '
+           f'{len(c)})</text>\n'
+           f'<polyline fill="none" stroke="#9ecae1" stroke-width="1" points="{pts(c, 0)}"/>\n'
+           f'<polyline fill="none" stroke="#08519c" stroke-width="2" '
+           f'points="{pts(mean, (len(c) - len(mean)) // 2)}"/>\n</svg>\n')
+    with open(path, "w") as f:
+        f.write(svg)

@@ -272,10 +272,7 @@ void run_layers(const llama_model& m, const relokv::layer_rope& ropes,
   for (int i = 0; i < n; ++i) {
     const auto t = static_cast<std::size_t>(
         tokens[static_cast<std::size_t>(positions[static_cast<std::size_t>(i)])]);
-    m.tok_emb.dequantize_row(static_cast<std::int32_t>(t),
-                             x.data() + static_cast<std::size_t>(i) * D);
-    if (c.embed_scale != 1.0f)
-      for (int d = 0; d < D; ++d) x[static_cast<std::size_t>(i) * D + d] *= c.embed_scale;
+    m.embed(static_cast<relokv::token_t>(t), x.data() + static_cast<std::size_t>(i) * D);
   }
   const bool dynamic = strategy != nullptr && strategy->dynamic() && mask && reused;
   int step = 0;
@@ -430,9 +427,7 @@ void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
   auto& [x, h, q, k, v, att, o, g, u, fk] = ws;
   x.resize(N * Du);
   for (std::size_t i = 0; i < N; ++i) {
-    m.tok_emb.dequantize_row(rows[i].token, x.data() + i * Du);
-    if (c.embed_scale != 1.0f)
-      for (std::size_t d = 0; d < Du; ++d) x[i * Du + d] *= c.embed_scale;
+    m.embed(rows[i].token, x.data() + i * Du);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const auto qrow = static_cast<std::size_t>(H) * static_cast<std::size_t>(hd);

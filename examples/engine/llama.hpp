@@ -24,6 +24,7 @@
 #include <relokv/store/any_store.hpp>
 
 #include "gguf.hpp"
+#include "links.hpp"
 #include "qgemm.hpp"
 
 namespace relokv_engine {
@@ -82,6 +83,17 @@ struct llama_model {
   qmatrix output;   // [vocab][dim]; empty when tied to tok_emb
   std::vector<float> out_norm;
   std::vector<llama_layer> layers;
+  /// A span-link adapter's rows, read for ids vocab .. vocab + links->n - 1 (with_links);
+  /// null: token ids only.
+  std::shared_ptr<const link_adapter> links;
+
+  /// The first layer's input for `token`: its embedding row times the embedding scale, or an
+  /// adapter's row as it is. The id must have passed check_tokens.
+  void embed(relokv::token_t token, float* out) const;
+  /// Ids check_tokens admits: the vocabulary and the adapter's rows.
+  [[nodiscard]] std::int64_t input_ids() const noexcept {
+    return std::int64_t{cfg.vocab} + (links ? links->n : 0);
+  }
 
   /// Reads a GGUF model of architecture "llama" (GPT-J pair layout: the converter permutes Q
   /// and K), "qwen2" (Q/K/V biases, NeoX half-split RoPE on unpermuted weights, untied

@@ -30,11 +30,27 @@ std::vector<float> tensor_as(const gguf_file& f, const std::string& name,
 
 void check_tokens(const llama_model& m, std::span<const relokv::token_t> tokens,
                   const char* where) {
+  const std::int64_t ids = m.input_ids();
   for (std::size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= m.cfg.vocab)
+    if (tokens[i] < 0 || tokens[i] >= ids)
       throw std::out_of_range(std::string(where) + ": token " + std::to_string(i) + " = " +
                               std::to_string(tokens[i]) + " outside the vocabulary [0, " +
-                              std::to_string(m.cfg.vocab) + ")");
+                              std::to_string(m.cfg.vocab) + ")" +
+                              (m.links ? " and the adapter's rows [" + std::to_string(m.cfg.vocab) +
+                                             ", " + std::to_string(ids) + ")"
+                                       : std::string()));
+}
+
+void llama_model::embed(relokv::token_t token, float* out) const {
+  const auto D = static_cast<std::size_t>(cfg.dim);
+  if (token >= cfg.vocab) {  // an adapter's row, as the trainer gives it
+    const float* r = links->rows.data() + static_cast<std::size_t>(token - cfg.vocab) * D;
+    std::copy(r, r + D, out);
+    return;
+  }
+  tok_emb.dequantize_row(token, out);
+  if (cfg.embed_scale != 1.0f)
+    for (std::size_t d = 0; d < D; ++d) out[d] *= cfg.embed_scale;
 }
 
 namespace {

@@ -79,7 +79,8 @@ void export_workload(const std::string& path, const workload& w, const text_code
   j["prefix"] = w.prefix;
   j["end_of_turn"] = codec.tok ? codec.tok->end_of_turn() : -1;
   j["corpus"] = json::array();
-  for (const passage& p : w.corpus) j["corpus"].push_back({{"title", p.title}, {"tokens", p.tokens}});
+  for (const passage& p : w.corpus)
+    j["corpus"].push_back({{"title", p.title}, {"tokens", p.tokens}});
   j["requests"] = json::array();
   for (const qa_request& r : w.requests)
     j["requests"].push_back({{"passages", r.passages},

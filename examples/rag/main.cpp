@@ -215,6 +215,13 @@ std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
       variants.push_back(std::move(e));
     }
   }
+  if (model.links) {
+    if (llama)
+      throw std::runtime_error(
+          "--links: relokv inside llama.cpp does not read learned rows (docs/strategies.md)");
+    for (auto& v : relokv_rag::link_variants(o.first_k, o.topk, sweeping))
+      variants.push_back(std::move(v));
+  }
   if (o.profile.empty()) return variants;
   const auto prof = relokv_engine::load_profile(o.profile);
   variants.push_back({"calibrated: " + (prof.safe ? prof.strategy.label() : "full (unsafe)") +
@@ -318,7 +325,9 @@ int main(int argc, char** argv) {
   try {
     const std::string model_path = o.synthetic ? std::string() : resolve_model(o.model);
     const auto loaded = relokv_engine::load_model(model_path);
-    const auto& model = loaded.model;
+    auto model = loaded.model;
+    if (!o.links.empty())
+      model = relokv_engine::with_links(model, relokv_engine::load_links(o.links, *model));
     relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
     // A real model reads the shipped sample unless told otherwise; the synthetic model (random
     // weights, no tokenizer) runs the generator unless given a file.

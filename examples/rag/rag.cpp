@@ -155,6 +155,31 @@ std::vector<variant> sweep_variants() {
   return out;
 }
 
+std::vector<variant> link_variants(std::int32_t first_k, float topk, bool sweep) {
+  using relokv_engine::strategy_spec;
+  const auto v = [](const std::string& name, const strategy_spec& spec, const std::string& key) {
+    variant out = variant_of(spec);
+    out.name = name;
+    out.key = key;
+    out.note = "learned link rows before the question (tools/links)";
+    out.links = true;
+    return out;
+  };
+  std::vector<variant> out = {v("Links (naive + links)", {"none"}, "links")};
+  if (sweep) {
+    for (int k : {1, 2, 4, 8, 16})
+      out.push_back(v("Links + EPIC k=" + std::to_string(k), {"first_k", k}, "links+epic"));
+    for (float r : {0.05f, 0.10f, 0.15f, 0.20f})
+      out.push_back(v("Links + question " + std::to_string(int(r * 100 + 0.5f)) + "%",
+                      {"question", 0, r}, "links+question"));
+    return out;
+  }
+  out.push_back(v("Links + EPIC k=" + std::to_string(first_k), {"first_k", first_k}, "links+epic"));
+  out.push_back(v("Links + question " + std::to_string(int(topk * 100 + 0.5f)) + "%",
+                  {"question", 0, topk}, "links+question"));
+  return out;
+}
+
 double kl_divergence(const std::vector<float>& ref, const std::vector<float>& got) {
   const double mr = *std::max_element(ref.begin(), ref.end());
   const double mg = *std::max_element(got.begin(), got.end());
@@ -270,8 +295,10 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
   const auto block_bytes = static_cast<std::int64_t>(model->cfg.n_layers) * 2 *
                            model->cfg.n_kv_heads * 16 * model->cfg.head_dim *
                            static_cast<std::int64_t>(sizeof(T));
+  std::optional<relokv::link_rows> adapter;
+  if (model->links) adapter = model->links->layout_rows(model->cfg.vocab);
   return detail::run_engine(eng, eng32.get(), model->cfg.n_layers, block_bytes, w, codec, variants,
-                            opt);
+                            opt, adapter);
 }
 
 }  // namespace

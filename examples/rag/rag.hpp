@@ -71,7 +71,13 @@ struct variant {
   relokv_engine::strategy_spec spec;  // the strategy by kind and budget
   /// Per-request escalation to full recompute (examples/rag/escalation.hpp); never by default.
   relokv::recompute::escalation_policy escalation{};
+  /// Reads the model's span-link adapter (relokv_engine::with_links): its link rows open the
+  /// question and its header rows each span; spans are cached under the adapter's keys.
+  bool links = false;
 };
+/// The variants of a span-link adapter (--links): links (naive reuse plus the rows), and with
+/// EPIC's first k and the question's top share; for a sweep, each over its budget.
+std::vector<variant> link_variants(std::int32_t first_k, float topk, bool sweep);
 /// The twelve variants, reference first (union: EPIC's first k pinned plus CacheBlend's top-k;
 /// question and qepic: the question's attention picks the tokens, question_topk, without and
 /// with EPIC's first 2 pinned; ape: APE's grouped attention at the reader's tokens; seam:

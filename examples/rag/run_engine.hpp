@@ -95,8 +95,8 @@ template <class E, class F>
 std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_layers,
                                        std::int64_t block_bytes, const workload& w,
                                        const text_codec& codec,
-                                       const std::vector<variant>& variants,
-                                       const run_options& opt) {
+                                       const std::vector<variant>& variants, const run_options& opt,
+                                       std::optional<relokv::link_rows> adapter = std::nullopt) {
   const relokv::token_t stop = codec.tok ? codec.tok->end_of_turn() : -1;
   const std::size_t total = w.requests.size() * (variants.size() + 1);
   std::size_t done = 0;
@@ -106,6 +106,15 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
   // What the passages are compiled behind (run_options::compile); none: the system prompt.
   const std::optional<std::vector<relokv::token_t>> behind = compile_context(opt.compile, w);
   const auto keys = tenant_keys(opt);
+  // A span-link adapter: the layouts of the variants that read it, and its rows in each.
+  const bool any_links =
+      std::any_of(variants.begin(), variants.end(), [](const variant& v) { return v.links; });
+  if (any_links && !adapter)
+    throw std::invalid_argument(
+        "a links variant needs a span-link adapter (--links; relokv's own engine only)");
+  const auto link_rows = [&](relokv::layout_builder& b) -> relokv::layout_builder& {
+    return b.links(*adapter);
+  };
   const auto warm = [&](const qa_request& r) {
     // Passages compiled behind something other than the system prompt do not cache it: keep
     // it as a server keeps its system prompt, so that requests meet it as exact hits.
@@ -123,6 +132,17 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
       (void)eng.prefill(b.span(w.corpus[p].tokens).build(), relokv::recompute::none{}, nullptr,
                         keys, opt.principal);
       eng.end(true);
+      if (any_links) {  // the same passage under the adapter's keys (and its header rows)
+        relokv::layout_builder lb(16);
+        link_rows(lb);
+        if (!behind)
+          lb.prefix(w.prefix);
+        else if (!behind->empty())
+          lb.prefix(*behind);
+        (void)eng.prefill(lb.span(w.corpus[p].tokens).build(), relokv::recompute::none{}, nullptr,
+                          keys, opt.principal);
+        eng.end(true);
+      }
     }
     if (opt.progress) opt.progress(++done, total);
   };
@@ -141,17 +161,25 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
   }
   for (const qa_request& r : w.requests) {
     warm(r);
-    relokv::layout_builder spans(16), flat(16);
+    relokv::layout_builder spans(16), flat(16), linked(16);
+    if (any_links) link_rows(linked);
     spans.prefix(w.prefix);
-    if (behind) spans.span_context(*behind);
+    linked.prefix(w.prefix);
+    if (behind) {
+      spans.span_context(*behind);
+      linked.span_context(*behind);
+    }
     std::vector<relokv::token_t> all(w.prefix);
     for (std::size_t p : r.passages) {
       spans.span(w.corpus[p].tokens);
+      linked.span(w.corpus[p].tokens);
       all.insert(all.end(), w.corpus[p].tokens.begin(), w.corpus[p].tokens.end());
     }
     spans.question(r.question_tokens);
+    linked.question(r.question_tokens);
     all.insert(all.end(), r.question_tokens.begin(), r.question_tokens.end());
     const auto l_spans = spans.build();
+    const auto l_linked = any_links ? linked.build() : relokv::request_layout{};
     const auto l_flat = flat.prefix(all).build();
     // Full recompute's greedy answer and the logits before each of its tokens.
     std::vector<std::vector<float>> ref_steps;
@@ -160,7 +188,7 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
     std::vector<float> naive_first;  // naive PIC's first-token logits, when it ran
     for (std::size_t v = 0; v < variants.size(); ++v) {
       const variant& var = variants[v];
-      const auto& layout = var.spans ? l_spans : l_flat;
+      const auto& layout = var.links ? l_linked : var.spans ? l_spans : l_flat;
       const relokv::recompute::escalation_policy& esc = var.escalation;
       relokv_engine::prefill_stats st;
       std::int64_t token_layers = 0;
@@ -292,7 +320,9 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
       out.ttft_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       out.busy_s += std::chrono::duration<double>(t2 - t0).count();
       out.computed.push_back(st.computed);
-      out.work.push_back(double(token_layers) / (layers * double(std::max(st.tokens, 1))));
+      // Work is over the prompt's own tokens: a links variant's rows are work it adds.
+      const auto prompt_tokens = static_cast<std::int32_t>(l_flat.tokens.size());
+      out.work.push_back(double(token_layers) / (layers * double(std::max(prompt_tokens, 1))));
       out.blocks += st.exact_hits + st.relocated_hits + st.misses;
       out.exact += st.exact_hits;
       out.relocated += st.relocated_hits;

@@ -261,6 +261,7 @@ relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& ge
     all.insert(all.end(), q.begin(), q.end());
     return b.prefix(all).build();
   }
+  if (links) b.links(*links);
   b.prefix(prefix);
   for (const auto& d : documents) b.span(d);
   return b.question(q).build();
@@ -292,6 +293,7 @@ built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer&
   built_prompt p;
   p.spans = spans;
   p.block_size = limits.block_size;
+  p.links = limits.links;
   // Only the template's own pieces make control tokens: a special token's literal in a
   // message or a document is tokenized as the text it spells (relokv_engine::marked_text).
   p.prefix = tok.encode(tok.open_marked(system, history));

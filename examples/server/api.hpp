@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <relokv/layout/builder.hpp>
 #include <relokv/layout/request_layout.hpp>
 #include <relokv/types.hpp>
 
@@ -46,6 +47,8 @@ struct api_limits {
   std::int32_t default_max_tokens = 256;
   std::int32_t max_messages = 256;
   std::int32_t block_size = 16;  ///< the engine's: documents start on block boundaries
+  /// --links: the span-link adapter's rows every request with documents reads.
+  std::optional<relokv::link_rows> links;
 };
 
 struct document {
@@ -85,6 +88,7 @@ struct built_prompt {
   std::vector<std::vector<relokv::token_t>> documents;
   bool spans = true;
   std::int32_t block_size = 16;
+  std::optional<relokv::link_rows> links;  ///< read when the prompt has spans
   /// The layout of the prompt followed by `generated` (a preempted request's recompute: the
   /// answer so far continues the question).
   [[nodiscard]] relokv::request_layout with(const std::vector<relokv::token_t>& generated) const;

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -106,7 +107,13 @@ int main(int argc, char** argv) {
           "no model: pass --model MODEL.gguf, or run scripts/get-model (scripts/serve does)");
     const auto loaded = relokv_engine::load_model(o.model_path);
     if (!loaded.tokenizer) throw std::runtime_error("the model has no tokenizer");
-    const auto& model = *loaded.model;
+    std::shared_ptr<const relokv_engine::llama_model> served = loaded.model;
+    if (!o.links.empty()) {
+      if (o.engine == "llama.cpp")
+        throw std::runtime_error("--links: relokv inside llama.cpp does not read learned rows");
+      served = relokv_engine::with_links(served, relokv_engine::load_links(o.links, *served));
+    }
+    const auto& model = *served;
     if (o.alias.empty()) o.alias = model_alias(o.model_path);
 
     relokv_server::route_context c;
@@ -131,7 +138,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<relokv_server::serving_engine> engine =
         o.engine == "llama.cpp" ? relokv_server::make_llama_cpp_engine(o.model_path, o.kv_blocks,
                                                                        o.ctx, std::move(store))
-                                : relokv_server::make_relokv_engine(loaded.model, o.kv_blocks,
+                                : relokv_server::make_relokv_engine(served, o.kv_blocks,
                                                                     std::move(store), o.block_size);
     relokv_server::metrics metrics;
     relokv_server::scheduler sched(*engine, *loaded.tokenizer, metrics,
@@ -148,12 +155,16 @@ int main(int argc, char** argv) {
         o.system_prompt.empty() ? loaded.tokenizer->default_system() : o.system_prompt;
     c.limits = o.limits;
     c.limits.block_size = engine->block_size();
+    if (model.links) c.limits.links = model.links->layout_rows(model.cfg.vocab);
     c.created = static_cast<std::int64_t>(std::time(nullptr));
     c.model_meta = {{"architecture", model.cfg.arch},
                     {"n_layers", model.cfg.n_layers},
                     {"context", o.ctx},
                     {"engine", engine->name()},
                     {"strategy", c.fallback.name}};
+    if (model.links)
+      c.model_meta["links"] = {{"rows", model.links->n},
+                               {"file", std::filesystem::path(model.links->path).filename()}};
     relokv_server::add_routes(http, c);
     o.port = http.listen(o.host, o.port, o.tls);
     int metrics_port = -1;

@@ -20,6 +20,11 @@ int parse_options(int argc, char** argv, server_options& o) {
   app.add_option("--strategy", o.strategy,
                  "recompute strategy for the documents: full, prefix, naive, block, epic, "
                  "kvboost, cacheblend, union, question, qepic, ape, seam (default epic)");
+  app.add_option("--links", o.links,
+                 "a span-link adapter for this model (tools/links): its learned rows open the "
+                 "question of every request with documents, on top of the strategy; the relokv "
+                 "engine only")
+      ->check(CLI::ExistingFile);
   app.add_option("--profile", o.profile,
                  "calibration profile (relokv_rag --calibrate); refused for another model");
   app.add_option("--escalate", o.escalate,

@@ -62,6 +62,11 @@ struct request_layout {
   /// span's first tokens, takes the attention sink, and any request naming the same absorber
   /// reuses the span whatever its own prefix. Spans' content keys and identities bind to it.
   std::optional<std::vector<token_t>> span_context;
+  /// Nonzero when the layout reads learned rows (span links, layout_builder::links): the
+  /// identity of the adapter that gives them (a hash of its file). The cache folds it into every
+  /// key of the request (extra_keys::adapter_id), so that blocks computed under one adapter are
+  /// never served to a request under another, or under none.
+  std::uint64_t adapter_id = 0;
 
   [[nodiscard]] std::int32_t num_tokens() const noexcept {
     return static_cast<std::int32_t>(tokens.size());

@@ -21,10 +21,18 @@ void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrat
     throw error("plan: layout block_size " + std::to_string(layout.block_size) +
                 " differs from the cache's " + std::to_string(block_size_));
   check_layout(layout);
+  // A layout that reads an adapter's learned rows keys every block under that adapter.
+  extra_keys x = extras;
+  if (layout.adapter_id != 0) {
+    if (extras.adapter_id != 0 && extras.adapter_id != layout.adapter_id)
+      throw error("plan: extra_keys.adapter_id " + std::to_string(extras.adapter_id) +
+                  " differs from the layout's adapter " + std::to_string(layout.adapter_id));
+    x.adapter_id = layout.adapter_id;
+  }
   const std::int32_t nb = layout.num_blocks();
-  derive_block_keys(hash_, layout, extras, keys_);
+  derive_block_keys(hash_, layout, x, keys_);
   request_state& rs = new_state();
-  rs.extras = extras;
+  rs.extras = x;
   rs.principal = principal;
   rs.tokens.assign(layout.tokens.begin(), layout.tokens.end());
   rs.blocks.assign(layout.blocks.begin(), layout.blocks.end());

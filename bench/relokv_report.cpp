@@ -33,7 +33,7 @@ void usage() {
       "               bench/server_soak.py;\n"
       "               store_cluster: the Redis Cluster group alone; rag_gemma3: the QA\n"
       "               job on Gemma 3 270M (sliding windows), $RELOKV_GEMMA3_REQUESTS\n"
-      "               questions; rag_escalation: the\n"
+      "               questions; rag_links: span links on held-out questions; rag_escalation: the\n"
       "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions)\n");
 }
 }  // namespace
@@ -120,6 +120,14 @@ int main(int argc, char** argv) {
     const char* n = std::getenv("RELOKV_GEMMA3_REQUESTS");
     print(relokv_bench::gemma3_report(
         n != nullptr && std::atoi(n) > 1 ? static_cast<std::size_t>(std::atoi(n)) : 32));
+#endif
+    return 0;
+  }
+  if (filter.rfind("rag_links", 0) == 0) {
+#if RELOKV_REPORT_ENGINE
+    const char* n = std::getenv("RELOKV_LINKS_REQUESTS");
+    print(relokv_bench::links_report(
+        n != nullptr && std::atoi(n) > 1 ? static_cast<std::size_t>(std::atoi(n)) : 24));
 #endif
     return 0;
   }

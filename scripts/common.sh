@@ -46,6 +46,15 @@ relokv_ensure_server_clients() {
     echo "relokv: could not install openai/pytest; the server tests will report skipped" >&2
 }
 
+# The span-link trainer (tools/links) and its tests: JAX's CPU wheels (~100 MB) and llama.cpp's
+# gguf package (PyPI). Never PyTorch: its default wheel pulls ~2.5 GB of CUDA libraries.
+relokv_ensure_links_trainer() {
+  python3 -c 'import jax, gguf, ml_dtypes' 2>/dev/null && return 0
+  echo "relokv: installing jax and gguf for $(command -v python3) (pip)" >&2
+  python3 -m pip install -q -r "$RELOKV_ROOT/tools/links/requirements.txt" >&2 ||
+    echo "relokv: could not install jax/gguf; the span-link tests will report skipped" >&2
+}
+
 # relokv_configure <build dir> [cmake args...]: configures once, reconfigures only when asked.
 relokv_configure() {
   local dir=$1

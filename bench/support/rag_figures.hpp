@@ -114,6 +114,84 @@ inline std::vector<std::pair<std::string, double>> gemma3_report(std::size_t req
   return out;
 }
 
+/// Span links (tools/links) on the held-out questions (the sample's first `requests`; the
+/// trainer never saw them nor their passages), for each shipped adapter whose model is here:
+/// full, naive, EPIC k=2 (about the links' work) and k=16, the question's attention 15%, and
+/// links, links + EPIC k=16, links + question 15%, KV bf16, 16-token answers. Lines, with PFX
+/// rag_links_ for SmolLM2 and rag_links_gemma3_, rag_links_qwen05_ for the others: PFX
+/// {agreement, kl, work} of links, PFX{naive,epic2,question}_{agreement,kl,work} beside it, and
+/// the best links variant at <= 20% of the work (PFX best_agreement_at_20pct, best_kl_at_20pct).
+/// Minutes per model; relokv_report --filter rag_links runs it alone ($RELOKV_LINKS_REQUESTS,
+/// default 24; $RELOKV_LINKS_MODELS, default smollm2,gemma3-270m,qwen2.5-0.5b).
+inline std::vector<std::pair<std::string, double>> links_report(std::size_t requests) {
+  std::vector<std::pair<std::string, double>> out;
+  const std::string data = qa_sample();
+  std::string models = "smollm2,gemma3-270m,qwen2.5-0.5b";
+  if (const char* e = std::getenv("RELOKV_LINKS_MODELS"); e != nullptr && *e != '\0') models = e;
+  struct entry {
+    const char *name, *file, *prefix;
+  };
+  const entry all[] = {{"smollm2", "smollm2-135m.gguf", "rag_links_"},
+                       {"gemma3-270m", "gemma3-270m.gguf", "rag_links_gemma3_"},
+                       {"qwen2.5-0.5b", "qwen2.5-0.5b.gguf", "rag_links_qwen05_"}};
+  for (const entry& e : all) {
+    if (("," + models + ",").find("," + std::string(e.name) + ",") == std::string::npos) continue;
+    const std::string path = relokv_engine::default_model_path(e.name);
+#ifdef RELOKV_LINKS_ADAPTERS
+    const std::string adapter = std::string(RELOKV_LINKS_ADAPTERS) + "/" + e.file;
+#else
+    const std::string adapter;
+#endif
+    if (path.empty() || data.empty() || !std::ifstream(adapter).good()) {
+      std::fprintf(stderr,
+                   "relokv_report: %s* skipped: needs %s (scripts/get-model), its "
+                   "adapter %s and the QA sample\n",
+                   e.prefix, e.name, adapter.c_str());
+      continue;
+    }
+    const auto loaded = relokv_engine::load_model(path);
+    const auto model =
+        relokv_engine::with_links(loaded.model, relokv_engine::load_links(adapter, *loaded.model));
+    const relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
+    const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
+    using relokv_engine::strategy_spec;
+    std::vector<relokv_rag::variant> vars = {
+        relokv_rag::variant_of(strategy_spec{"full"}),
+        relokv_rag::variant_of(strategy_spec{"none"}),
+        relokv_rag::variant_of(strategy_spec{"first_k", 2}),
+        relokv_rag::variant_of(strategy_spec{"first_k", 16}),
+        relokv_rag::variant_of(strategy_spec{"question", 0, 0.15f})};
+    for (auto& v : relokv_rag::link_variants(16, 0.15f, false)) vars.push_back(std::move(v));
+    relokv_rag::run_options opt;
+    opt.max_answer = 16;
+    const auto res = relokv_rag::run(model, w, codec, vars, opt);
+    using relokv_rag::mean;
+    const std::string p = e.prefix;
+    out.emplace_back(p + "questions", double(w.requests.size()));
+    out.emplace_back(p + "rows", double(model->links->n));
+    const auto put = [&](const std::string& name, const relokv_rag::variant_result& r) {
+      out.emplace_back(p + name + "agreement", mean(r.agreement));
+      out.emplace_back(p + name + "kl", mean(r.kl));
+      out.emplace_back(p + name + "work", mean(r.work));
+    };
+    put("", res[5]);  // links
+    put("naive_", res[1]);
+    put("epic2_", res[2]);
+    put("question_", res[4]);
+    put("epic_links_", res[6]);
+    put("question_links_", res[7]);
+    double best = -1, best_kl = 0;
+    for (std::size_t v = 5; v < vars.size(); ++v)
+      if (mean(res[v].work) <= 0.20 && mean(res[v].agreement) > best) {
+        best = mean(res[v].agreement);
+        best_kl = mean(res[v].kl);
+      }
+    out.emplace_back(p + "best_agreement_at_20pct", std::max(best, 0.0));
+    out.emplace_back(p + "best_kl_at_20pct", best_kl);
+  }
+  return out;
+}
+
 inline std::vector<std::pair<std::string, double>> rag_figures() {
   const std::string path = relokv_engine::default_model_path();
   const auto loaded = relokv_engine::load_model(path);

@@ -41,7 +41,7 @@ relokv::recompute::any_strategy strategy_spec::make() const {
 }
 
 void save_profile(const std::string& path, const strategy_profile& p) {
-  const nlohmann::json doc = {
+  nlohmann::json doc = {
       {"format", "relokv-strategy-profile"},
       {"version", 1},
       {"model", p.model},
@@ -60,6 +60,7 @@ void save_profile(const std::string& path, const strategy_profile& p) {
       {"unsafe_kinds", p.unsafe_kinds},
       {"calibration_set", {{"source", p.calibration_set}, {"questions", p.questions}}},
       {"escalation", {{"policy", p.escalation.label()}, {"escalated", p.escalated}}}};
+  if (!p.links_id.empty()) doc["links"] = {{"id", p.links_id}, {"file", p.links_file}};
   std::ofstream o(path);
   o << doc.dump(1) << "\n";
   if (!o) throw std::runtime_error(path + ": cannot write");
@@ -117,6 +118,11 @@ strategy_profile load_profile(const std::string& path) {
       }
       p.escalated = es.value("escalated", 0.0);
     }
+    if (doc.contains("links")) {  // the variant chosen reads a span-link adapter
+      const auto lk = field(doc, "links", "");
+      p.links_id = field(lk, "id", "links.").get<std::string>();
+      p.links_file = field(lk, "file", "links.").get<std::string>();
+    }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path + ": a field has the wrong type: " + e.what());
   }
@@ -134,7 +140,17 @@ relokv::recompute::any_strategy profile_strategy(const strategy_profile& p, cons
                              std::to_string(p.n_layers) + " layers), not '" + m.cfg.name + "' (" +
                              m.cfg.arch + ", " + std::to_string(m.cfg.n_layers) + " layers)");
   if (!p.safe) return relokv::recompute::full{};
+  if (!p.links_id.empty() && (!m.links || link_id_text(*m.links) != p.links_id))
+    throw std::runtime_error("strategy profile was calibrated with the span-link adapter " +
+                             p.links_file + " (id " + p.links_id + "): serve it with --links " +
+                             p.links_file);
   return p.strategy.make();
+}
+
+std::string link_id_text(const link_adapter& a) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(a.id));
+  return buf;
 }
 
 std::vector<named_strategy> strategy_table(std::int32_t first_k, float topk) {

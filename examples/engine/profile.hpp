@@ -59,6 +59,9 @@ struct strategy_profile {
   /// calibration chose one), and what it measured on the held-out half of the calibration set.
   relokv::recompute::escalation_policy escalation{};
   double escalated = 0;  ///< the share of held-out requests it escalated
+  /// When the chosen variant read a span-link adapter: its identity (link_adapter::id, hex)
+  /// and file name. Serving the profile needs that adapter (--links).
+  std::string links_id, links_file;
 };
 
 /// @throws std::runtime_error naming the file and the field that is missing or malformed
@@ -66,6 +69,10 @@ strategy_profile load_profile(const std::string& path);
 void save_profile(const std::string& path, const strategy_profile& p);
 /// The strategy to serve `m` with under profile `p`: p.strategy when safe, else full
 /// recompute. @throws std::runtime_error when the profile was made for another model
+/// @throws std::runtime_error when the profile was made for another model, or with a span-link
+/// adapter `m` does not carry
 relokv::recompute::any_strategy profile_strategy(const strategy_profile& p, const llama_model& m);
+/// A span-link adapter's identity as profiles write it: 16 hex digits.
+std::string link_id_text(const link_adapter& a);
 
 }  // namespace relokv_engine

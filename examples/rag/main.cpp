@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -72,6 +73,7 @@ relokv_engine::strategy_profile calibrate(const std::vector<relokv_rag::variant>
   p.calibration_set = source;
   p.questions = static_cast<std::int32_t>(o.requests);
   std::vector<std::string> kinds, passed;
+  std::size_t chosen = 0;  // the variant the profile serves
   for (std::size_t i = 1; i < vars.size(); ++i) {
     const auto& spec = vars[i].spec;
     if (std::find(kinds.begin(), kinds.end(), spec.kind) == kinds.end()) kinds.push_back(spec.kind);
@@ -81,6 +83,7 @@ relokv_engine::strategy_profile calibrate(const std::vector<relokv_rag::variant>
       passed.push_back(spec.kind);
     if (!p.safe || rows[i].work / 100 < p.work) {
       p.safe = true;
+      chosen = i;
       p.strategy = spec;
       p.work = rows[i].work / 100;
       p.kl = rows[i].kl.mean;
@@ -94,6 +97,7 @@ relokv_engine::strategy_profile calibrate(const std::vector<relokv_rag::variant>
       c && (!p.safe || c->held_out.work < p.work)) {
     const auto& v = res[c->variant];
     p.safe = true;
+    chosen = c->variant;
     p.strategy = vars[c->variant].spec;
     p.escalation = relokv_rag::policy_of(c->signal, c->fit.threshold);
     p.work = c->held_out.work;
@@ -109,6 +113,11 @@ relokv_engine::strategy_profile calibrate(const std::vector<relokv_rag::variant>
         !(p.escalation.enabled && k == p.strategy.kind))
       p.unsafe_kinds.push_back(k);
   if (!p.safe) p.strategy = {"full"};
+  // The chosen variant reads the adapter: the profile names it, and serving it needs it.
+  if (p.safe && vars[chosen].links && m.links) {
+    p.links_id = relokv_engine::link_id_text(*m.links);
+    p.links_file = std::filesystem::path(m.links->path).filename().string();
+  }
   return p;
 }
 
@@ -229,6 +238,7 @@ std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
                       relokv_engine::profile_strategy(prof, model), true, o.profile, "calibrated",
                       prof.safe ? prof.strategy : relokv_engine::strategy_spec{"full"},
                       prof.safe ? prof.escalation : relokv::recompute::escalation_policy{}});
+  variants.back().links = prof.safe && !prof.links_id.empty();  // checked by profile_strategy
   if (!prof.safe)
     std::printf(
         "profile %s: no strategy met the thresholds on this model; serving it with full "

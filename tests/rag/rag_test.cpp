@@ -203,6 +203,40 @@ TEST_CASE("rag: exact hits agree with the reference; the fp32 noise floor is a r
   CHECK(relokv_rag::run(m, w, codec, {vars[0], vars[1]}, o).size() == 2);
 }
 
+TEST_CASE("rag: links variants read the adapter's rows, counted as work, spans relocated",
+          "[rag][links]") {
+  const auto base =
+      std::make_shared<const relokv_engine::llama_model>(relokv_engine::llama_model::synthetic());
+  auto rows = std::make_shared<relokv_engine::link_adapter>();
+  rows->n = rows->before_question = 3;
+  rows->dim = base->cfg.dim;
+  rows->id = 0x5EED;
+  for (int i = 0; i < 3 * base->cfg.dim; ++i) rows->rows.push_back(0.05f * float(i % 7) - 0.15f);
+  const auto m = relokv_engine::with_links(base, rows);
+  const relokv_rag::text_codec codec{nullptr, m->cfg.vocab};
+  const auto w = relokv_rag::generate(3, 6, 3, 1.0, 5, m->cfg.vocab);
+  relokv_rag::run_options o;
+  o.max_answer = 4;
+  auto vars = std::vector<relokv_rag::variant>{relokv_rag::variant_of({"full"}),
+                                               relokv_rag::variant_of({"none"})};
+  for (auto& v : relokv_rag::link_variants(2, 0.1f, false)) vars.push_back(v);
+  REQUIRE(vars.size() == 5);
+  CHECK(vars[2].key == "links");
+  const auto res = relokv_rag::run(m, w, codec, vars, o);
+  REQUIRE(res.size() == 5);
+  for (std::size_t r = 0; r < w.requests.size(); ++r) {
+    // The link rows are the work links adds to naive reuse: 3 rows at every layer, over the
+    // prompt's own tokens.
+    const double prompt = double(res[0].prompt_tokens[r]);
+    CHECK(res[2].work[r] - res[1].work[r] == Approx(3.0 / prompt).epsilon(1e-9));
+    CHECK(res[2].prompt_tokens[r] == res[0].prompt_tokens[r] + 3);
+  }
+  CHECK(res[2].relocated > 0);  // the passages, cached under the adapter's keys
+  CHECK(res[3].relocated > 0);
+  // Without an adapter the links variants are refused by name.
+  CHECK_THROWS_WITH(relokv_rag::run(base, w, codec, vars, o), Catch::Contains("span-link adapter"));
+}
+
 TEST_CASE("profile: saved, loaded, checked against the model; bad files named", "[rag]") {
   const auto m = relokv_engine::llama_model::synthetic();
   relokv_engine::strategy_profile p;
@@ -229,6 +263,25 @@ TEST_CASE("profile: saved, loaded, checked against the model; bad files named", 
   auto other = q;
   other.model = "SmolLM2";
   CHECK_THROWS_WITH(relokv_engine::profile_strategy(other, m), Catch::Contains("not 'synthetic'"));
+  // A profile calibrated with a span-link adapter is served only with that adapter.
+  auto linked = q;
+  linked.links_id = "00000000000000ab";
+  linked.links_file = "smollm2-135m.gguf";
+  relokv_engine::save_profile(path, linked);
+  const auto lq = relokv_engine::load_profile(path);
+  CHECK(lq.links_id == linked.links_id);
+  CHECK(lq.links_file == linked.links_file);
+  CHECK_THROWS_WITH(relokv_engine::profile_strategy(lq, m), Catch::Contains("--links"));
+  auto rows = std::make_shared<relokv_engine::link_adapter>();
+  rows->n = 1;
+  rows->rows.assign(static_cast<std::size_t>(m.cfg.dim), 0.0f);
+  rows->id = 0xab;
+  const auto with =
+      relokv_engine::with_links(std::make_shared<const relokv_engine::llama_model>(m), rows);
+  CHECK(std::holds_alternative<relokv::recompute::first_k_and_topk>(
+      relokv_engine::profile_strategy(lq, *with).get()));
+  rows->id = 0xac;  // another adapter
+  CHECK_THROWS_WITH(relokv_engine::profile_strategy(lq, *with), Catch::Contains("--links"));
   // Malformed files: the file and the field are named.
   auto bad = [&](const std::string& text) {
     std::ofstream(path) << text;

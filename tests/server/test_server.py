@@ -430,3 +430,27 @@ def test_llama_cpp_engine_serves_the_same_api():
         assert json.loads(s.get("/v1/models"))["data"][0]["meta"]["engine"] == "llama.cpp"
     finally:
         assert s.stop() == 0
+
+
+def test_links_adapter(tmp_path):
+    """--links: /v1/models names the adapter, a request with documents reads its rows and reuses
+    the documents in another order; an adapter for another model is refused at start."""
+    adapter = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links", "adapters",
+                           "smollm2-135m.gguf")
+    s = Server("--links", adapter, "--strategy", "naive")
+    try:
+        meta = json.loads(s.get("/v1/models"))["data"][0]["meta"]
+        assert meta["links"]["rows"] >= 1 and meta["links"]["file"] == "smollm2-135m.gguf"
+        q = "How long is the Nile?"
+        first = ask(s, q, [DOCS[2], DOCS[0]])
+        again = ask(s, q, [DOCS[0], DOCS[2]])
+        assert again.choices[0].message.content
+        assert again.usage.prompt_tokens_details.cached_tokens > 0.4 * again.usage.prompt_tokens
+        assert first.usage.prompt_tokens == again.usage.prompt_tokens
+    finally:
+        assert s.stop() == 0, s.output()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    p = subprocess.run([os.environ["RELOKV_SERVER_BIN"], "--links", str(bad), "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "bad.gguf" in p.stderr

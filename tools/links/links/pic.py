@@ -38,6 +38,11 @@ def _rows_logits(cfg, P, x, pos, valid, ck, cv, cpos, cvalid):
     return k, v, jax.nn.log_softmax(M.logits_of(cfg, P, h), axis=-1)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _logp(cfg, P, h):
+    return jax.nn.log_softmax(M.logits_of(cfg, P, h), axis=-1)
+
+
 class Context:
     """Keys (unrotated) and values of rows at positions, padded for the jitted calls."""
 
@@ -128,9 +133,13 @@ class Runner:
         token included) and the log-probs [question_len + len(answer) - 1... ] at the rows that
         predict the question's later tokens and every answer token."""
         n = len(prompt)
-        k, v, lp = self.run(self.m.embed(prompt), np.arange(n), self.empty, step=256,
-                            logits=True)
-        rows = [lp[n - question_len + i] for i in range(question_len)]
+        k, v, h = self.run(self.m.embed(prompt), np.arange(n), self.empty, step=256)
+        # Log-probs of the question's rows only (the vocabulary's product over every prompt row
+        # would cost more than the prompt: Gemma's 262k rows).
+        qh = np.zeros((bucket(question_len, 32), h.shape[1]), np.float32)
+        qh[:question_len] = h[n - question_len:]
+        lp = np.asarray(_logp(self.m.cfg, self.m.params, jnp.asarray(qh)))
+        rows = [lp[i] for i in range(question_len)]
         ctx = Context(k, v, np.arange(n))
         answer = []
         t = int(np.argmax(rows[-1]))

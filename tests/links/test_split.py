@@ -1,0 +1,23 @@
+"""The trainer's split: the requests the QA program measures on (the first N) and every passage
+they show never reach training."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links"))
+from links import data  # noqa: E402
+
+
+def test_held_out_requests_and_their_passages_never_train():
+    reqs = [{"passages": [i % 7, (i * 3) % 11, 20 + i], "question_tokens": [1, 2],
+             "question": "q", "answer": "a"} for i in range(40)]
+    w = data.Workload(prefix=[9], corpus=[[5]] * 60, requests=reqs, end_of_turn=2)
+    train, held = data.split(w, held_out=10, orders=2)
+    assert [e.request for e in held] == list(range(10))
+    seen = {p for e in held for p in e.passages}
+    assert train, "nothing left to train on"
+    for e in train:
+        assert e.request >= 10
+        assert not seen & set(e.passages)
+        assert len(e.passages) >= 2
+    # Two orders of each kept request, shuffled.
+    assert len(train) == 2 * len({e.request for e in train})

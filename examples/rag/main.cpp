@@ -277,8 +277,11 @@ void write_outputs(const options& o, const std::vector<relokv_rag::variant>& var
 int escalation_study(const options& o, std::shared_ptr<const relokv_engine::llama_model> model,
                      const relokv_rag::workload& w, const relokv_rag::text_codec& codec,
                      const std::string& model_name) {
-  const auto variants = pick(relokv_rag::default_variants(o.first_k, o.topk),
-                             o.variants.empty() ? std::string("naive,epic,question") : o.variants);
+  auto variants = pick(relokv_rag::default_variants(o.first_k, o.topk),
+                       o.variants.empty() ? std::string("naive,epic,question") : o.variants);
+  if (model->links)  // --links: the study considers the adapter's variants as bases too
+    for (auto& v : relokv_rag::link_variants(o.first_k, o.topk, false))
+      variants.push_back(std::move(v));
   const auto st =
       relokv_rag::run_escalation_study(model, w, codec, variants, o.run, o.target_agreement);
   relokv_rag::write_escalation_study(o.escalation_out, model_name, st.res, o.target_agreement,

@@ -212,6 +212,13 @@ std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
     std::erase_if(variants, [](const relokv_rag::variant& v) {
       return v.strategy.dynamic() || v.strategy.probes() || v.strategy.grouped() != nullptr;
     });
+  if (model.links) {
+    if (llama)
+      throw std::runtime_error(
+          "--links: relokv inside llama.cpp does not read learned rows (docs/strategies.md)");
+    for (auto& v : relokv_rag::link_variants(o.first_k, o.topk, sweeping))
+      variants.push_back(std::move(v));
+  }
   if (!o.escalate.empty()) {
     const auto policy = relokv::recompute::escalation_policy::parse(o.escalate);
     const std::size_t n = variants.size();
@@ -223,13 +230,6 @@ std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
       e.escalation = policy;
       variants.push_back(std::move(e));
     }
-  }
-  if (model.links) {
-    if (llama)
-      throw std::runtime_error(
-          "--links: relokv inside llama.cpp does not read learned rows (docs/strategies.md)");
-    for (auto& v : relokv_rag::link_variants(o.first_k, o.topk, sweeping))
-      variants.push_back(std::move(v));
   }
   if (o.profile.empty()) return variants;
   const auto prof = relokv_engine::load_profile(o.profile);

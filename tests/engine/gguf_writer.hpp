@@ -49,7 +49,7 @@ class gguf_writer {
   void tensor_f32(const std::string& name, std::vector<std::uint64_t> dims,
                   const std::vector<float>& v) {
     std::vector<std::uint8_t> b(v.size() * 4);
-    std::memcpy(b.data(), v.data(), b.size());
+    if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());  // an empty tensor: no copy
     tensor(name, std::move(dims), 0, b);
   }
 

@@ -112,8 +112,18 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
   if (any_links && !adapter)
     throw std::invalid_argument(
         "a links variant needs a span-link adapter (--links; relokv's own engine only)");
-  const auto link_rows = [&](relokv::layout_builder& b) -> relokv::layout_builder& {
-    return b.links(*adapter);
+  // A passage cached on its own behind what opt.compile names (under the adapter's keys and
+  // with its header rows when `linked`).
+  const auto compile = [&](std::size_t p, bool linked) {
+    relokv::layout_builder b(16);
+    if (linked) b.links(*adapter);
+    if (!behind)
+      b.prefix(w.prefix);
+    else if (!behind->empty())
+      b.prefix(*behind);
+    (void)eng.prefill(b.span(w.corpus[p].tokens).build(), relokv::recompute::none{}, nullptr, keys,
+                      opt.principal);
+    eng.end(true);
   };
   const auto warm = [&](const qa_request& r) {
     // Passages compiled behind something other than the system prompt do not cache it: keep
@@ -124,25 +134,8 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
       eng.end(true);
     }
     for (std::size_t p : r.passages) {
-      relokv::layout_builder b(16);
-      if (!behind)
-        b.prefix(w.prefix);
-      else if (!behind->empty())
-        b.prefix(*behind);
-      (void)eng.prefill(b.span(w.corpus[p].tokens).build(), relokv::recompute::none{}, nullptr,
-                        keys, opt.principal);
-      eng.end(true);
-      if (any_links) {  // the same passage under the adapter's keys (and its header rows)
-        relokv::layout_builder lb(16);
-        link_rows(lb);
-        if (!behind)
-          lb.prefix(w.prefix);
-        else if (!behind->empty())
-          lb.prefix(*behind);
-        (void)eng.prefill(lb.span(w.corpus[p].tokens).build(), relokv::recompute::none{}, nullptr,
-                          keys, opt.principal);
-        eng.end(true);
-      }
+      compile(p, false);
+      if (any_links) compile(p, true);  // the same passage under the adapter's keys
     }
     if (opt.progress) opt.progress(++done, total);
   };
@@ -161,25 +154,22 @@ std::vector<variant_result> run_engine(E& eng, F* floor_eng, std::int32_t n_laye
   }
   for (const qa_request& r : w.requests) {
     warm(r);
-    relokv::layout_builder spans(16), flat(16), linked(16);
-    if (any_links) link_rows(linked);
-    spans.prefix(w.prefix);
-    linked.prefix(w.prefix);
-    if (behind) {
-      spans.span_context(*behind);
-      linked.span_context(*behind);
-    }
+    // The request over its spans (reading the adapter's rows when `linked`).
+    const auto span_layout = [&](bool linked) {
+      relokv::layout_builder b(16);
+      if (linked) b.links(*adapter);
+      b.prefix(w.prefix);
+      if (behind) b.span_context(*behind);
+      for (std::size_t p : r.passages) b.span(w.corpus[p].tokens);
+      return b.question(r.question_tokens).build();
+    };
+    relokv::layout_builder flat(16);
     std::vector<relokv::token_t> all(w.prefix);
-    for (std::size_t p : r.passages) {
-      spans.span(w.corpus[p].tokens);
-      linked.span(w.corpus[p].tokens);
+    for (std::size_t p : r.passages)
       all.insert(all.end(), w.corpus[p].tokens.begin(), w.corpus[p].tokens.end());
-    }
-    spans.question(r.question_tokens);
-    linked.question(r.question_tokens);
     all.insert(all.end(), r.question_tokens.begin(), r.question_tokens.end());
-    const auto l_spans = spans.build();
-    const auto l_linked = any_links ? linked.build() : relokv::request_layout{};
+    const auto l_spans = span_layout(false);
+    const auto l_linked = any_links ? span_layout(true) : relokv::request_layout{};
     const auto l_flat = flat.prefix(all).build();
     // Full recompute's greedy answer and the logits before each of its tokens.
     std::vector<std::vector<float>> ref_steps;

@@ -7,8 +7,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rag.hpp"
-
 namespace relokv_rag {
 namespace {
 
@@ -71,25 +69,6 @@ qa_record parse_qa_line(const std::string& line, const std::string& where) {
     r.passages.push_back(std::move(p));
   }
   return r;
-}
-
-void export_workload(const std::string& path, const workload& w, const text_codec& codec) {
-  json j;
-  j["source"] = w.source;
-  j["prefix"] = w.prefix;
-  j["end_of_turn"] = codec.tok ? codec.tok->end_of_turn() : -1;
-  j["corpus"] = json::array();
-  for (const passage& p : w.corpus)
-    j["corpus"].push_back({{"title", p.title}, {"tokens", p.tokens}});
-  j["requests"] = json::array();
-  for (const qa_request& r : w.requests)
-    j["requests"].push_back({{"passages", r.passages},
-                             {"question", r.question},
-                             {"question_tokens", r.question_tokens},
-                             {"answer", r.answer}});
-  std::ofstream out(path);
-  out << j.dump() << "\n";
-  if (!out) throw std::runtime_error(path + ": cannot write");
 }
 
 }  // namespace relokv_rag

@@ -54,13 +54,13 @@ workload load_jsonl(const std::string& path, std::size_t max_requests, std::uint
                     const text_codec& codec);
 /// Built-in generator: a corpus of passages with Zipf popularity; each request is the system
 /// prompt, k passages in random order and a question whose answer is a span of one of them.
+workload generate(std::size_t requests, std::size_t corpus, std::size_t k, double zipf,
+                  std::uint32_t seed, std::int32_t vocab);
 /// Writes the tokenized workload as JSON: {"source", "prefix", "end_of_turn", "corpus":
 /// [{"title", "tokens"}], "requests": [{"passages", "question", "question_tokens", "answer"}]}:
 /// what tools/links trains on, tokenized exactly as the measurements are.
 /// @throws std::runtime_error when the file cannot be written
 void export_workload(const std::string& path, const workload& w, const text_codec& codec);
-workload generate(std::size_t requests, std::size_t corpus, std::size_t k, double zipf,
-                  std::uint32_t seed, std::int32_t vocab);
 
 struct variant {
   std::string name;

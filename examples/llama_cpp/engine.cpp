@@ -67,6 +67,7 @@ struct engine<T>::impl {
   llama_context* ctx = nullptr;
   llama_memory_t mem = nullptr;
   llama_batch batch{};
+  llama_batch rows_batch{};  ///< the adapter's rows (llama_batch.embd), when there is one
   std::int32_t vocab = 0, layers = 0, kv_heads = 0, head_dim = 0;
   image_geometry geo;
   bool v_trans = false;
@@ -110,6 +111,8 @@ struct engine<T>::impl {
   void release_llama() noexcept {
     if (batch.token != nullptr) llama_batch_free(batch);
     batch = llama_batch{};
+    if (rows_batch.embd != nullptr) llama_batch_free(rows_batch);
+    rows_batch = llama_batch{};
     if (ctx != nullptr) llama_free(ctx);
     ctx = nullptr;
     if (model != nullptr) llama_model_free(model);
@@ -160,6 +163,16 @@ struct engine<T>::impl {
     geo.elem_bytes = static_cast<std::int32_t>(sizeof(T));
     geo.row_elems = kv_heads * head_dim;
     batch = llama_batch_init(opt.n_batch, 0, 1);
+    if (opt.links) {
+      const relokv_engine::link_adapter& a = *opt.links;
+      if (a.dim != llama_model_n_embd(model) || a.n < 1 ||
+          a.rows.size() != static_cast<std::size_t>(a.n) * static_cast<std::size_t>(a.dim))
+        throw std::invalid_argument("llama.cpp engine: the span-link adapter '" + a.path +
+                                    "' has rows of " + std::to_string(a.dim) +
+                                    " values, this model embeds in " +
+                                    std::to_string(llama_model_n_embd(model)));
+      rows_batch = llama_batch_init(opt.n_batch, a.dim, 1);
+    }
     // One token decoded and read back: the image format, the row size (so the head size) and
     // whether V is held transposed, checked before any request relies on them.
     const relokv::token_t probe = 0;
@@ -195,19 +208,30 @@ struct engine<T>::impl {
   }
 
   /// Decodes tokens at positions p0.. into the request's sequence, in batches of n_batch; the
-  /// last token's logits are kept when `logits`.
+  /// last token's logits are kept when `logits`. A run of adapter ids (>= vocab) goes as rows.
   void decode_run(std::span<const relokv::token_t> tokens, std::int32_t p0, bool logits) {
     for (std::size_t i = 0; i < tokens.size();) {
-      const std::size_t n = std::min(tokens.size() - i, static_cast<std::size_t>(opt.n_batch));
+      const bool rows = tokens[i] >= vocab;
+      std::size_t n = 0;
+      while (i + n < tokens.size() && n < static_cast<std::size_t>(opt.n_batch) &&
+             (tokens[i + n] >= vocab) == rows)
+        ++n;
+      llama_batch& b = rows ? rows_batch : batch;
       for (std::size_t j = 0; j < n; ++j) {
-        batch.token[j] = tokens[i + j];
-        batch.pos[j] = p0 + static_cast<std::int32_t>(i + j);
-        batch.n_seq_id[j] = 1;
-        batch.seq_id[j][0] = kRequestSeq;
-        batch.logits[j] = logits && i + j + 1 == tokens.size();
+        if (rows) {
+          const auto dim = static_cast<std::size_t>(opt.links->dim);
+          const auto r = static_cast<std::size_t>(tokens[i + j] - vocab);
+          std::memcpy(b.embd + j * dim, opt.links->rows.data() + r * dim, dim * sizeof(float));
+        } else {
+          b.token[j] = tokens[i + j];
+        }
+        b.pos[j] = p0 + static_cast<std::int32_t>(i + j);
+        b.n_seq_id[j] = 1;
+        b.seq_id[j][0] = kRequestSeq;
+        b.logits[j] = logits && i + j + 1 == tokens.size();
       }
-      batch.n_tokens = static_cast<std::int32_t>(n);
-      const std::int32_t rc = llama_decode(ctx, batch);
+      b.n_tokens = static_cast<std::int32_t>(n);
+      const std::int32_t rc = llama_decode(ctx, b);
       if (rc != 0)
         throw std::runtime_error("llama.cpp engine: llama_decode failed at position " +
                                  std::to_string(p0 + static_cast<std::int32_t>(i)) + ": " +
@@ -234,12 +258,16 @@ struct engine<T>::impl {
     return seq_image::parse(std::move(bytes), geo);
   }
 
+  /// Ids in [0, vocab), and the adapter's rows' ids after them when there is one.
   void check_tokens(std::span<const relokv::token_t> t, const char* where) const {
+    const std::int32_t end = vocab + (opt.links ? opt.links->n : 0);
     for (std::size_t i = 0; i < t.size(); ++i)
-      if (t[i] < 0 || t[i] >= vocab)
-        throw std::invalid_argument(std::string(where) + ": token " + std::to_string(i) + " = " +
-                                    std::to_string(t[i]) + " outside the vocabulary [0, " +
-                                    std::to_string(vocab) + ")");
+      if (t[i] < 0 || t[i] >= end)
+        throw std::invalid_argument(
+            std::string(where) + ": token " + std::to_string(i) + " = " + std::to_string(t[i]) +
+            " outside the vocabulary [0, " + std::to_string(vocab) + ")" +
+            (opt.links ? " and the adapter's " + std::to_string(opt.links->n) + " rows after it"
+                       : std::string()));
   }
 
   // One run of cached blocks, loaded as a sequence of its own: consecutive blocks whose keys

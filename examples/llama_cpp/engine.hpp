@@ -41,6 +41,12 @@ struct engine_options {
   std::int32_t n_threads = 0;  ///< 0: every hardware thread
   /// Where spans outlive the process (empty: the pool only).
   relokv::any_store store;
+  /// A span-link adapter (relokv_engine::load_links, checked against the same GGUF): ids
+  /// n_vocab() .. n_vocab() + links->n - 1 are its rows, given to llama.cpp as embeddings
+  /// (llama_batch.embd; a batch holds either ids or rows, so a run of rows is a call of its
+  /// own). llama.cpp applies no embedding scale to rows (Gemma 3 included), which is how the
+  /// adapter was trained.
+  std::shared_ptr<const relokv_engine::link_adapter> links;
 };
 
 /// One llama.cpp context served through relokv.
@@ -68,7 +74,8 @@ class engine {
   /// span computed in another's context only to that principal): both as relocatable_cache::plan
   /// takes them.
   /// @throws std::invalid_argument for a strategy that needs a per-layer hook, a token outside
-  ///         the vocabulary or a request longer than the context (nothing is planned then);
+  ///         the vocabulary (or the adapter's rows) or a request longer than the context
+  ///         (nothing is planned then);
   ///         std::runtime_error when the pool has too few free blocks (nothing was taken)
   std::vector<float> prefill(const relokv::request_layout& layout,
                              const relokv::recompute::any_strategy& strategy,

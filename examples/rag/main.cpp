@@ -213,11 +213,12 @@ std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
       return v.strategy.dynamic() || v.strategy.probes() || v.strategy.grouped() != nullptr;
     });
   if (model.links) {
-    if (llama)
-      throw std::runtime_error(
-          "--links: relokv inside llama.cpp does not read learned rows (docs/strategies.md)");
-    for (auto& v : relokv_rag::link_variants(o.first_k, o.topk, sweeping))
+    for (auto& v : relokv_rag::link_variants(o.first_k, o.topk, sweeping)) {
+      // llama.cpp reads the rows (llama_batch.embd) but has no hook between layers for the
+      // question's attention.
+      if (llama && (v.strategy.dynamic() || v.strategy.probes())) continue;
       variants.push_back(std::move(v));
+    }
   }
   if (!o.escalate.empty()) {
     const auto policy = relokv::recompute::escalation_policy::parse(o.escalate);

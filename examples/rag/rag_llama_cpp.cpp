@@ -1,4 +1,5 @@
 // The QA job on relokv inside llama.cpp (built where the llama.cpp component is).
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -20,7 +21,17 @@ std::vector<variant_result> run_on(const relokv_engine::llama_model& m, const wo
   relokv_llama_cpp::engine_options eo;
   eo.num_blocks = opt.num_blocks;
   eo.n_ctx = n_ctx;
+  eo.links = m.links;
   relokv_llama_cpp::engine<T> eng(opt.model_path, std::move(eo));
+  std::optional<relokv::link_rows> adapter;
+  if (m.links) {
+    if (eng.n_vocab() != m.cfg.vocab)
+      throw std::invalid_argument("engine llama.cpp: llama.cpp reads a vocabulary of " +
+                                  std::to_string(eng.n_vocab()) + " tokens, relokv's reader " +
+                                  std::to_string(m.cfg.vocab) +
+                                  ": the adapter's ids would not be past it");
+    adapter = m.links->layout_rows(m.cfg.vocab);
+  }
   std::unique_ptr<relokv_llama_cpp::engine<F>> floor;
   if (with_floor) {
     relokv_llama_cpp::engine_options fo;
@@ -30,7 +41,8 @@ std::vector<variant_result> run_on(const relokv_engine::llama_model& m, const wo
   }
   const auto block_bytes = static_cast<std::int64_t>(m.cfg.n_layers) * 2 * m.cfg.n_kv_heads * 16 *
                            m.cfg.head_dim * static_cast<std::int64_t>(sizeof(T));
-  return run_engine(eng, floor.get(), eng.n_layers(), block_bytes, w, codec, variants, opt);
+  return run_engine(eng, floor.get(), eng.n_layers(), block_bytes, w, codec, variants, opt,
+                    adapter);
 }
 }  // namespace
 

@@ -267,6 +267,16 @@ relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& ge
   return b.question(q).build();
 }
 
+std::vector<relokv::request_layout> built_prompt::compile_layouts() const {
+  std::vector<relokv::request_layout> out;
+  if (!links || !spans) return out;
+  for (const auto& d : documents) {
+    relokv::layout_builder b(block_size);
+    out.push_back(b.links(*links).prefix(prefix).span(d).build());
+  }
+  return out;
+}
+
 built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer& tok,
                           const std::string& default_system, bool spans, const api_limits& limits) {
   std::string system = default_system;

@@ -109,8 +109,6 @@ int main(int argc, char** argv) {
     if (!loaded.tokenizer) throw std::runtime_error("the model has no tokenizer");
     std::shared_ptr<const relokv_engine::llama_model> served = loaded.model;
     if (!o.links.empty()) {
-      if (o.engine == "llama.cpp")
-        throw std::runtime_error("--links: relokv inside llama.cpp does not read learned rows");
       served = relokv_engine::with_links(served, relokv_engine::load_links(o.links, *served));
     }
     const auto& model = *served;
@@ -136,10 +134,11 @@ int main(int argc, char** argv) {
                                " cannot hold one request of the context (" +
                                std::to_string(per_seq) + " blocks)");
     std::unique_ptr<relokv_server::serving_engine> engine =
-        o.engine == "llama.cpp" ? relokv_server::make_llama_cpp_engine(o.model_path, o.kv_blocks,
-                                                                       o.ctx, std::move(store))
-                                : relokv_server::make_relokv_engine(served, o.kv_blocks,
-                                                                    std::move(store), o.block_size);
+        o.engine == "llama.cpp"
+            ? relokv_server::make_llama_cpp_engine(o.model_path, o.kv_blocks, o.ctx,
+                                                   std::move(store), served->links)
+            : relokv_server::make_relokv_engine(served, o.kv_blocks, std::move(store),
+                                                o.block_size);
     relokv_server::metrics metrics;
     relokv_server::scheduler sched(*engine, *loaded.tokenizer, metrics,
                                    {o.parallel, o.queue, o.prefill_chunk});

@@ -173,6 +173,8 @@ void scheduler::admit() {
     seq_state& s = *waiting_.front();
     job& j = *s.j;
     relokv_engine::prefill_stats st;
+    std::int64_t compiled_layers = 0;
+    if (!s.prompt_counted && !s.full) compiled_layers = compile_alone(j.prompt, j);
     try {
       const built_prompt& p = s.full ? j.full_prompt : j.prompt;
       const auto layout = s.generated.empty() ? p.layout : p.with(s.generated);
@@ -200,11 +202,38 @@ void scheduler::admit() {
       j.prompt_tokens = st.tokens;
       j.computed_tokens = st.computed;
       j.cached_tokens = st.tokens - st.computed;
+      // Documents compiled alone for this request are its work too.
+      if (st.tokens > 0)
+        j.work += double(compiled_layers) / (double(eng_.n_layers()) * double(st.tokens));
       metrics_.prompt_tokens(st.computed, st.tokens - st.computed);
     }
     prefilling_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+}
+
+std::int64_t scheduler::compile_alone(const built_prompt& p, const job& j) {
+  std::int64_t layers = 0;
+  for (const relokv::request_layout& l : p.compile_layouts()) {
+    relokv_engine::prefill_stats st;
+    std::int32_t id = -1;
+    try {
+      id = eng_.open(l, relokv::recompute::none{}, &st, j.keys, j.principal);
+      for (bool done = false; !done;) {
+        relokv_engine::prefill_stats step;
+        done = !eng_.prefill_step(id, opt_.prefill_chunk, &step).empty();
+        layers += step.token_layers;
+      }
+      eng_.close(id, /*commit=*/true);
+      metrics_.document_compiled();
+    } catch (const std::exception&) {
+      // No room (or a refusal the request meets itself): the request computes the
+      // document in its own context instead.
+      if (id >= 0) eng_.close(id, /*commit=*/false);
+      break;
+    }
+  }
+  return layers;
 }
 
 void scheduler::prefill_one() {

@@ -104,6 +104,9 @@ class scheduler {
   void loop();
   void step(std::vector<std::shared_ptr<job>>& incoming);
   void admit();
+  /// Under a span-link adapter: the request's documents compiled alone (and committed) before
+  /// it opens; returns the token-layers computed. Stops at the first that cannot open.
+  std::int64_t compile_alone(const built_prompt& p, const job& j);
   void prefill_one();
   void decode_all();
   void on_token(seq_state& s, relokv::token_t t);

@@ -64,8 +64,9 @@ class relokv_serving final : public serving_engine {
 class llama_cpp_serving final : public serving_engine {
  public:
   llama_cpp_serving(const std::string& path, std::int32_t blocks, std::int32_t ctx,
-                    relokv::any_store store)
-      : eng_(path, options(blocks, ctx, std::move(store))) {}
+                    relokv::any_store store,
+                    std::shared_ptr<const relokv_engine::link_adapter> links)
+      : eng_(path, options(blocks, ctx, std::move(store), std::move(links))) {}
   std::int32_t open(const relokv::request_layout& layout,
                     const relokv::recompute::any_strategy& strategy,
                     relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
@@ -111,9 +112,11 @@ class llama_cpp_serving final : public serving_engine {
   std::string name() const override { return "llama.cpp"; }
 
  private:
-  static relokv_llama_cpp::engine_options options(std::int32_t blocks, std::int32_t ctx,
-                                                  relokv::any_store store) {
+  static relokv_llama_cpp::engine_options options(
+      std::int32_t blocks, std::int32_t ctx, relokv::any_store store,
+      std::shared_ptr<const relokv_engine::link_adapter> links) {
     relokv_llama_cpp::engine_options o;
+    o.links = std::move(links);
     o.num_blocks = blocks;
     o.n_ctx = ctx;
     o.n_threads = 2;
@@ -141,13 +144,15 @@ std::unique_ptr<serving_engine> make_relokv_engine(
                                           block_size);
 }
 
-std::unique_ptr<serving_engine> make_llama_cpp_engine(const std::string& path,
-                                                      std::int32_t kv_blocks, std::int32_t ctx,
-                                                      relokv::any_store store) {
+std::unique_ptr<serving_engine> make_llama_cpp_engine(
+    const std::string& path, std::int32_t kv_blocks, std::int32_t ctx, relokv::any_store store,
+    std::shared_ptr<const relokv_engine::link_adapter> links) {
 #if RELOKV_SERVER_LLAMA_CPP
-  return std::make_unique<llama_cpp_serving>(path, kv_blocks, ctx, std::move(store));
+  return std::make_unique<llama_cpp_serving>(path, kv_blocks, ctx, std::move(store),
+                                             std::move(links));
 #else
   (void)path;
+  (void)links;
   (void)kv_blocks;
   (void)ctx;
   (void)store;

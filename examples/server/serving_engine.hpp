@@ -48,10 +48,11 @@ std::unique_ptr<serving_engine> make_relokv_engine(
     std::shared_ptr<const relokv_engine::llama_model> model, std::int32_t kv_blocks,
     relokv::any_store store, std::int32_t block_size = 16);
 
-/// relokv inside llama.cpp on the GGUF at `path` (fp16 KV, placement pre_rotated), or a
-/// std::runtime_error saying this build has no llama.cpp (scripts/test --long builds it).
-std::unique_ptr<serving_engine> make_llama_cpp_engine(const std::string& path,
-                                                      std::int32_t kv_blocks, std::int32_t ctx,
-                                                      relokv::any_store store);
+/// relokv inside llama.cpp on the GGUF at `path` (fp16 KV, placement pre_rotated), reading a
+/// span-link adapter's rows when `links` is set, or a std::runtime_error saying this build has
+/// no llama.cpp (scripts/test --long builds it).
+std::unique_ptr<serving_engine> make_llama_cpp_engine(
+    const std::string& path, std::int32_t kv_blocks, std::int32_t ctx, relokv::any_store store,
+    std::shared_ptr<const relokv_engine::link_adapter> links = nullptr);
 
 }  // namespace relokv_server

@@ -27,6 +27,7 @@
 
 #include "engine.hpp"
 #include "gguf.hpp"
+#include "links.hpp"
 #include "llama.hpp"
 #include "model_path.hpp"
 #include "support/catch.hpp"
@@ -100,6 +101,12 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 }
 std::size_t argmax(const std::vector<float>& v) {
   return static_cast<std::size_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+/// How many entries of `v` exceed v[i].
+std::size_t rank_of(const std::vector<float>& v, std::size_t i) {
+  return static_cast<std::size_t>(
+      std::count_if(v.begin(), v.end(), [&](float x) { return x > v[i]; }));
 }
 
 relokv_llama_cpp::engine_options small(std::int32_t blocks = 256) {
@@ -225,6 +232,94 @@ TEST_CASE("llama.cpp: naive, EPIC and the seam window agree with relokv's engine
     CHECK(moved > d);  // the reuse effect is what both engines share
     CHECK(argmax(le) == argmax(lr));
   }
+}
+
+TEST_CASE("llama.cpp: span-link rows are read as embeddings, as relokv's engine reads them",
+          "[llama_cpp][links]") {
+  // The adapter shipped for this model (tools/links/adapters): its rows go to llama.cpp as
+  // llama_batch.embd, a call of their own between runs of token ids.
+  const std::string file = std::string(RELOKV_LINKS_ADAPTERS) + "/" +
+                           (g_name == "smollm2" ? std::string("smollm2-135m") : g_name) + ".gguf";
+  const auto rows = relokv_engine::load_links(file, *relokv_model());
+  const auto linked = relokv_engine::with_links(relokv_model(), rows);
+  auto o = small();
+  o.links = rows;
+  adapter e(g_model, std::move(o));
+  relokv_engine::llama_engine<relokv::pre_rotated, float> r(linked, 256);
+  const std::int32_t vocab = relokv_model()->cfg.vocab;
+  REQUIRE(e.n_vocab() == vocab);
+  const auto with_rows = [&](std::vector<std::size_t> order) {
+    relokv::layout_builder b(16);
+    b.links(rows->layout_rows(vocab)).prefix(words().prefix);
+    for (std::size_t i : order) b.span(words().spans[i]);
+    return b.question(words().question).build();
+  };
+  const auto warm_rows = [&](auto& eng) {
+    for (const auto& s : words().spans) {
+      relokv::layout_builder b(16);
+      (void)eng.prefill(b.links(rows->layout_rows(vocab)).prefix(words().prefix).span(s).build(),
+                        relokv::recompute::none{});
+      eng.end(true);
+    }
+  };
+  const auto layout = with_rows({2, 0, 1});
+  REQUIRE(std::count_if(layout.tokens.begin(), layout.tokens.end(),
+                        [&](token_t t) { return t >= vocab; }) == rows->before_question);
+
+  // Full prefill with the rows: llama.cpp's own and relokv's agree to their kernels' floor,
+  // and the rows move the logits (a row read as zeros or as a token would not agree).
+  const auto e_full = e.plain_prefill(layout.tokens);
+  const auto r_full = r.prefill(layout, relokv::recompute::full{});
+  r.end(false);
+  const double floor = max_rel(e_full, r_full);
+  INFO("full prefill with rows, llama.cpp against relokv: " << floor);
+  CHECK(floor < (g_name == "gemma3-270m" ? 8e-2 : 5e-2));
+  CHECK(argmax(e_full) == argmax(r_full));
+  const auto plain = spans_layout({2, 0, 1});
+  const auto e_plain = e.plain_prefill(plain.tokens);
+  INFO("the rows moved llama.cpp's logits by " << max_rel(e_full, e_plain));
+  CHECK(max_rel(e_full, e_plain) > 2 * floor);
+
+  // Reuse under the adapter: the same plan on both sides and the same logits to the floor.
+  warm_rows(e);
+  warm_rows(r);
+  for (const relokv::recompute::any_strategy& s :
+       {relokv::recompute::any_strategy(relokv::recompute::none{}),
+        relokv::recompute::any_strategy(relokv::recompute::first_k{2})}) {
+    relokv_engine::prefill_stats se, sr;
+    const auto le = e.prefill(layout, s, &se);
+    e.end(false);
+    const auto lr = r.prefill(layout, s, &sr);
+    r.end(false);
+    CHECK(se.relocated_hits > 0);
+    CHECK(se.relocated_hits == sr.relocated_hits);
+    CHECK(se.computed == sr.computed);
+    const double d = max_rel(le, lr);
+    INFO("reuse with rows (strategy " << s.index() << "), llama.cpp against relokv: " << d);
+    // Gemma 3's floor varies between prompts (4-7% of the largest logit; the full prefill
+    // here happens to be at its low end): its bound is the floor test's.
+    const double bound = g_name == "gemma3-270m" ? 8e-2 : 1.5 * floor + 2e-3;
+    CHECK(d <= bound);
+    CHECK(d < max_rel(e_full, e_plain) / 2);  // far below what the rows themselves change
+    // Each engine's next token is among the other's five most likely (a tie within the
+    // kernels' rounding may swap the first two).
+    CHECK(rank_of(lr, argmax(le)) < 5);
+    CHECK(rank_of(le, argmax(lr)) < 5);
+  }
+
+  // Spans compiled under the adapter are not served to a request without it.
+  relokv_engine::prefill_stats sp;
+  (void)e.prefill(spans_layout({2, 0, 1}), relokv::recompute::none{}, &sp);
+  e.end(false);
+  CHECK(sp.relocated_hits == 0);
+  CHECK(sp.exact_hits == 0);
+
+  // An id past the adapter's rows is refused, and nothing is planned.
+  auto bad = layout;
+  bad.tokens.back() = vocab + rows->n;
+  const auto planned = e.cache().stats().requests;
+  CHECK_THROWS_AS(e.prefill(bad, relokv::recompute::none{}), std::invalid_argument);
+  CHECK(e.cache().stats().requests == planned);
 }
 
 TEST_CASE("llama.cpp: exact hits are loaded from the pool, and load what was computed",

@@ -432,23 +432,43 @@ def test_llama_cpp_engine_serves_the_same_api():
         assert s.stop() == 0
 
 
-def test_links_adapter(tmp_path):
-    """--links: /v1/models names the adapter, a request with documents reads its rows and reuses
-    the documents in another order; an adapter for another model is refused at start."""
+def check_links_adapter(*engine):
+    """--links: /v1/models names the adapter; a request's documents are compiled alone before it
+    (as the rows were trained to read them), so its first request already reuses them, and
+    another order reuses them too."""
     adapter = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links", "adapters",
                            "smollm2-135m.gguf")
-    s = Server("--links", adapter, "--strategy", "naive")
+    s = Server("--links", adapter, "--strategy", "naive", *engine)
     try:
         meta = json.loads(s.get("/v1/models"))["data"][0]["meta"]
         assert meta["links"]["rows"] >= 1 and meta["links"]["file"] == "smollm2-135m.gguf"
         q = "How long is the Nile?"
         first = ask(s, q, [DOCS[2], DOCS[0]])
+        compiled = [l for l in s.get("/metrics").splitlines()
+                    if l.startswith("relokv_documents_compiled_total ")]
+        assert compiled == ["relokv_documents_compiled_total 2"], compiled
+        assert first.usage.prompt_tokens_details.cached_tokens > 0.4 * first.usage.prompt_tokens
         again = ask(s, q, [DOCS[0], DOCS[2]])
         assert again.choices[0].message.content
         assert again.usage.prompt_tokens_details.cached_tokens > 0.4 * again.usage.prompt_tokens
         assert first.usage.prompt_tokens == again.usage.prompt_tokens
     finally:
         assert s.stop() == 0, s.output()
+
+
+def test_llama_cpp_engine_reads_links():
+    # The adapter's rows as llama_batch.embd (a build with llama.cpp: --long).
+    try:
+        check_links_adapter("--engine", "llama.cpp")
+    except RuntimeError as e:
+        if "without llama.cpp" in str(e):
+            pytest.skip("this relokv_server has no llama.cpp (./scripts/test --long builds it)")
+        raise
+
+
+def test_links_adapter(tmp_path):
+    """The adapter on relokv's engine; an adapter for another model is refused at start."""
+    check_links_adapter()
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 60)
     p = subprocess.run([os.environ["RELOKV_SERVER_BIN"], "--links", str(bad), "--port", "0"],

@@ -255,6 +255,33 @@ relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& ge
   std::vector<relokv::token_t> q = question;
   q.insert(q.end(), generated.begin(), generated.end());
   relokv::layout_builder b(block_size);
+  if (spans && !chunks.empty()) {
+    // The prompt's own tokens, cut (the question chunk continues with what was generated).
+    std::vector<relokv::token_t> all = prefix;
+    all.insert(all.end(), q.begin(), q.end());
+    if (links) b.links(*links);
+    for (const chunk& k : chunks) {
+      const auto end =
+          k.kind == chunk_kind::kQuestion ? static_cast<std::int32_t>(all.size()) : k.end;
+      const std::span<const relokv::token_t> t(all.data() + k.begin,
+                                               static_cast<std::size_t>(end - k.begin));
+      switch (k.kind) {
+        case chunk_kind::kPrefix:
+          b.prefix(t);
+          break;
+        case chunk_kind::kSpan:
+          b.span(t);
+          break;
+        case chunk_kind::kDependent:
+          b.dependent(t);
+          break;
+        case chunk_kind::kQuestion:
+          b.question(t);
+          break;
+      }
+    }
+    return b.build();
+  }
   if (!spans || documents.empty()) {
     std::vector<relokv::token_t> all = prefix;
     for (const auto& d : documents) all.insert(all.end(), d.begin(), d.end());
@@ -270,10 +297,24 @@ relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& ge
 std::vector<relokv::request_layout> built_prompt::compile_layouts() const {
   std::vector<relokv::request_layout> out;
   if (!links || !spans) return out;
-  for (const auto& d : documents) {
+  const auto alone = [&](std::span<const relokv::token_t> behind,
+                         std::span<const relokv::token_t> span) {
     relokv::layout_builder b(block_size);
-    out.push_back(b.links(*links).prefix(prefix).span(d).build());
+    out.push_back(b.links(*links).prefix(behind).span(span).build());
+  };
+  if (!chunks.empty()) {
+    std::vector<relokv::token_t> all = prefix;
+    all.insert(all.end(), question.begin(), question.end());
+    const std::span<const relokv::token_t> t(all);
+    const chunk& first = chunks.front();
+    for (const chunk& k : chunks)
+      if (k.kind == chunk_kind::kSpan)
+        alone(t.subspan(0, static_cast<std::size_t>(first.end)),
+              t.subspan(static_cast<std::size_t>(k.begin),
+                        static_cast<std::size_t>(k.end - k.begin)));
+    return out;
   }
+  for (const auto& d : documents) alone(prefix, d);
   return out;
 }
 
@@ -301,7 +342,7 @@ built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer&
                         std::to_string(limits.context) + " tokens whatever it says",
                     "invalid_request_error", "messages", "context_length_exceeded");
   built_prompt p;
-  p.spans = spans;
+  p.spans = spans && limits.spans != api_limits::span_source::kOff;
   p.block_size = limits.block_size;
   p.links = limits.links;
   // Only the template's own pieces make control tokens: a special token's literal in a
@@ -317,6 +358,16 @@ built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer&
   relokv_engine::marked_text q;
   q.control(r.documents.empty() ? "" : "Question: ").plain(r.messages.back().content);
   p.question = tok.encode(q.append(tok.close_marked()));
+  if (spans && r.documents.empty() && limits.spans == api_limits::span_source::kAuto) {
+    // Spans found in the message text: cut in the prompt's own tokens.
+    std::vector<relokv::token_t> all = p.prefix;
+    all.insert(all.end(), p.question.begin(), p.question.end());
+    std::vector<std::string> pieces;
+    pieces.reserve(all.size());
+    for (const relokv::token_t t : all) pieces.push_back(tok.decode({t}));
+    p.chunks = find_chunks(all, pieces, limits.chunks);
+    if (p.chunks.size() < 2) p.chunks.clear();  // one prefix: nothing to relocate
+  }
   p.layout = p.with({});
   const auto n = static_cast<std::int64_t>(p.layout.tokens.size());
   if (n + r.max_tokens > limits.context)

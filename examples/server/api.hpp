@@ -14,6 +14,7 @@
 #include <relokv/layout/request_layout.hpp>
 #include <relokv/types.hpp>
 
+#include "chunker.hpp"
 #include "tokenizer.hpp"
 
 namespace relokv_server {
@@ -47,8 +48,13 @@ struct api_limits {
   std::int32_t default_max_tokens = 256;
   std::int32_t max_messages = 256;
   std::int32_t block_size = 16;  ///< the engine's: documents start on block boundaries
-  /// --links: the span-link adapter's rows every request with documents reads.
+  /// --links: the span-link adapter's rows every request with spans reads.
   std::optional<relokv::link_rows> links;
+  /// --spans: where spans come from. kAuto: the `documents` field, or else chunks found in the
+  /// message text (chunker.hpp); kDocuments: the `documents` field only; kOff: none (exact
+  /// prefixes only).
+  enum class span_source : std::uint8_t { kOff, kDocuments, kAuto } spans = span_source::kAuto;
+  chunk_options chunks;  ///< how --spans auto cuts
 };
 
 struct document {
@@ -79,13 +85,16 @@ chat_request parse_chat_request(const std::string& body, const api_limits& limit
 /// The prompt of a request in tokens, as a relokv layout: the system message (or the model's
 /// default) and any earlier turns as the prefix, each document a relocatable span in the
 /// order given, the last user message (with the assistant's opening) as the question. Without
-/// documents the whole prompt is a prefix (exact hits only). `spans` false: one prefix even
-/// with documents (the "prefix" variant). @throws api_error (400) for a prompt longer than the
+/// documents the whole prompt is a prefix (exact hits only), or under --spans auto the chunks
+/// found in it (chunker.hpp: the same tokens, cut where passages end). `spans` false: one prefix
+/// even with documents (the "prefix" variant). @throws api_error (400) for a prompt longer than the
 /// context left by max_tokens
 struct built_prompt {
   relokv::request_layout layout;
   std::vector<relokv::token_t> prefix, question;
   std::vector<std::vector<relokv::token_t>> documents;
+  /// --spans auto without documents: the prompt (prefix then question) cut into chunks.
+  std::vector<chunk> chunks;
   bool spans = true;
   std::int32_t block_size = 16;
   std::optional<relokv::link_rows> links;  ///< read when the prompt has spans

@@ -154,13 +154,15 @@ int main(int argc, char** argv) {
         o.system_prompt.empty() ? loaded.tokenizer->default_system() : o.system_prompt;
     c.limits = o.limits;
     c.limits.block_size = engine->block_size();
+    using source = relokv_server::api_limits::span_source;
+    c.limits.spans = o.spans == "off"         ? source::kOff
+                     : o.spans == "documents" ? source::kDocuments
+                                              : source::kAuto;
     if (model.links) c.limits.links = model.links->layout_rows(model.cfg.vocab);
     c.created = static_cast<std::int64_t>(std::time(nullptr));
-    c.model_meta = {{"architecture", model.cfg.arch},
-                    {"n_layers", model.cfg.n_layers},
-                    {"context", o.ctx},
-                    {"engine", engine->name()},
-                    {"strategy", c.fallback.name}};
+    c.model_meta = {
+        {"architecture", model.cfg.arch}, {"n_layers", model.cfg.n_layers}, {"context", o.ctx},
+        {"engine", engine->name()},       {"strategy", c.fallback.name},    {"spans", o.spans}};
     if (model.links)
       c.model_meta["links"] = {{"rows", model.links->n},
                                {"file", std::filesystem::path(model.links->path).filename()}};

@@ -22,9 +22,19 @@ int parse_options(int argc, char** argv, server_options& o) {
                  "kvboost, cacheblend, union, question, qepic, ape, seam (default epic)");
   app.add_option("--links", o.links,
                  "a span-link adapter for this model (tools/links): its learned rows open the "
-                 "question of every request with documents, on top of the strategy; the relokv "
-                 "engine only")
+                 "question of every request with spans, on top of the strategy (each document "
+                 "compiled alone first, as the rows were trained)")
       ->check(CLI::ExistingFile);
+  app.add_option("--spans", o.spans,
+                 "where a request's relocatable spans come from: auto (the documents field, or "
+                 "else the passages found in the message text: blank lines, delimiter lines, "
+                 "list items; docs/server.md), documents (the documents field only), off (exact "
+                 "prefixes only) (default auto)")
+      ->check(CLI::IsMember({"auto", "documents", "off"}));
+  app.add_option("--span-min-tokens", o.limits.chunks.min_span,
+                 "--spans auto: a passage shorter than this is computed in every request "
+                 "(default 32)")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--profile", o.profile,
                  "calibration profile (relokv_rag --calibrate); refused for another model");
   app.add_option("--escalate", o.escalate,

@@ -1,0 +1,253 @@
+// --spans auto: passages found in plain prompts (examples/server/chunker.hpp), on a tokenizer
+// of one byte per token and on the real models' tokenizers (label model).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "api.hpp"
+#include "chunker.hpp"
+#include "gguf.hpp"
+#include "support/catch.hpp"
+#include "support/skip.hpp"
+#include "tokenizer.hpp"
+
+using relokv_server::chunk;
+using relokv_server::chunk_kind;
+using relokv_server::find_chunks;
+
+namespace {
+
+/// One token per byte: ids are the bytes.
+struct bytes_prompt {
+  std::vector<std::int32_t> ids;
+  std::vector<std::string> pieces;
+  explicit bytes_prompt(const std::string& s) {
+    for (const char c : s) {
+      ids.push_back(static_cast<unsigned char>(c));
+      pieces.emplace_back(1, c);
+    }
+  }
+  [[nodiscard]] std::string text(const chunk& k) const {
+    std::string out;
+    for (std::int32_t i = k.begin; i < k.end; ++i) out += pieces[static_cast<std::size_t>(i)];
+    return out;
+  }
+};
+
+std::vector<std::string> spans_of(const bytes_prompt& p, const std::vector<chunk>& cs) {
+  std::vector<std::string> out;
+  for (const chunk& k : cs)
+    if (k.kind == chunk_kind::kSpan) out.push_back(p.text(k));
+  return out;
+}
+
+const std::string kA =
+    "The lighthouse on Skerry Point was built in 1852 by the engineer Alan Brodie.";
+const std::string kB = "Carrick is a fishing town on the west coast; its school dates from 1870.";
+const std::string kC = "Alan Brodie was born in Leith in 1811 and died in Carrick in 1879.";
+// Passages of 40-60 tokens on the real tokenizers (spans need 32).
+const std::string kLongA = kA +
+                           " It stands forty metres tall, and its light is seen for twenty "
+                           "miles on a clear night; it was automated in 1989.";
+const std::string kLongB = kB +
+                           " The harbour holds sixty boats, most of them crab and lobster "
+                           "boats that sail before dawn and land their catch by noon.";
+const std::string kLongC = kC +
+                           " His notebooks, with drawings of every harbour wall he built, "
+                           "are kept in the town library and were printed in 1960.";
+
+}  // namespace
+
+TEST_CASE("chunks: blank lines cut passages; the chunks tile the prompt in order", "[server]") {
+  const bytes_prompt p("Answer from the context.\n\n" + kA + "\n\n" + kB + "\n\nQuestion: who?");
+  const auto cs = find_chunks(p.ids, p.pieces);
+  REQUIRE(cs.size() >= 4);
+  CHECK(cs.front().kind == chunk_kind::kPrefix);
+  CHECK(cs.back().kind == chunk_kind::kQuestion);
+  CHECK(cs.front().begin == 0);
+  CHECK(cs.back().end == static_cast<std::int32_t>(p.ids.size()));
+  for (std::size_t i = 1; i < cs.size(); ++i) CHECK(cs[i].begin == cs[i - 1].end);
+  CHECK(spans_of(p, cs) == std::vector<std::string>{kA, kB});
+  CHECK(p.text(cs.back()) == "Question: who?");
+}
+
+TEST_CASE("chunks: a passage is the same span in another order and another template", "[server]") {
+  const std::vector<std::string> prompts = {
+      // LangChain's "stuff" prompt
+      "Use the following pieces of context to answer the question at the end.\n\n" + kC + "\n\n" +
+          kA + "\n\n" + kB + "\n\nQuestion: where?\nHelpful Answer:",
+      // LlamaIndex's QA template
+      "Context information is below.\n---------------------\n" + kB + "\n\n" + kA + "\n\n" + kC +
+          "\n---------------------\nGiven the context information, answer the query.\nQuery: "
+          "where?\nAnswer: ",
+      // a markdown list
+      "Sources:\n- " + kA + "\n- " + kC + "\n- " + kB + "\n\nQuestion: where?",
+      // a numbered list
+      "Sources:\n1. " + kA + "\n2. " + kB + "\n3. " + kC + "\n\nQuestion: where?",
+  };
+  for (const std::string& s : prompts) {
+    INFO(s);
+    const bytes_prompt p(s);
+    auto spans = spans_of(p, find_chunks(p.ids, p.pieces));
+    // A list item's marker stays with it (a numbered one differs with the order: the span
+    // from its first block on is the passage's own).
+    for (std::string& t : spans) {
+      if (t.starts_with("- ")) t = t.substr(2);
+      if (t.size() > 3 && t[1] == '.' && t[2] == ' ') t = t.substr(3);
+    }
+    std::sort(spans.begin(), spans.end());
+    std::vector<std::string> want = {kA, kB, kC};
+    std::sort(want.begin(), want.end());
+    CHECK(spans == want);
+  }
+}
+
+TEST_CASE("chunks: short pieces and the whitespace between passages are computed, not spans",
+          "[server]") {
+  const bytes_prompt p("System.\n\nDocument 1:\n\n" + kA + "\n\n\n" + kB + "\n\nQ?");
+  const auto cs = find_chunks(p.ids, p.pieces);
+  for (const chunk& k : cs) {
+    if (k.kind == chunk_kind::kSpan) {
+      CHECK(k.end - k.begin >= 32);
+      CHECK(p.text(k).find_first_of("\n") == std::string::npos);
+    }
+  }
+  bool label_dependent = false;
+  for (const chunk& k : cs)
+    label_dependent |= k.kind == chunk_kind::kDependent && p.text(k).find("Document 1:") == 0;
+  CHECK(label_dependent);
+  // Neighbouring computed pieces are one segment.
+  for (std::size_t i = 1; i < cs.size(); ++i)
+    CHECK(!(cs[i].kind == chunk_kind::kDependent && cs[i - 1].kind == chunk_kind::kDependent));
+}
+
+TEST_CASE("chunks: a prompt with nothing to cut is one prefix", "[server]") {
+  for (const std::string& s :
+       std::vector<std::string>{"hello", "a\nb\nc\n", kA + " " + kB,
+                                std::string("short\n\npieces\n\nonly"), std::string()}) {
+    const bytes_prompt p(s);
+    const auto cs = find_chunks(p.ids, p.pieces);
+    if (s.empty()) {
+      CHECK(cs.empty());
+      continue;
+    }
+    REQUIRE(cs.size() == 1);
+    CHECK(cs[0].kind == chunk_kind::kPrefix);
+    CHECK(cs[0].end == static_cast<std::int32_t>(s.size()));
+  }
+}
+
+TEST_CASE("chunks: delimiter lines cut; a heading or a rule of two does not", "[server]") {
+  const bytes_prompt p("Context:\n===\n" + kA + "\n## " + kB + "\n--\n" + kC + "\n***\nQ?");
+  const auto spans = spans_of(p, find_chunks(p.ids, p.pieces));
+  REQUIRE(spans.size() == 1);
+  CHECK(spans[0].starts_with(kA));
+  CHECK(spans[0].find(kC) != std::string::npos);  // "--" is not a delimiter
+}
+
+TEST_CASE("chunks: a long run without separators is cut at anchors its content decides",
+          "[server]") {
+  // A pseudo-random run of 4,000 tokens, met behind two different openings.
+  std::vector<std::int32_t> run;
+  std::uint32_t x = 12345;
+  for (int i = 0; i < 4000; ++i) {
+    x = x * 1103515245u + 12345u;
+    run.push_back(static_cast<std::int32_t>('a' + (x >> 16) % 26));
+  }
+  const auto cuts_in_run = [&](const std::string& opening) {
+    bytes_prompt p(opening);
+    for (const std::int32_t id : run) {
+      p.ids.push_back(id);
+      p.pieces.emplace_back(1, static_cast<char>(id));
+    }
+    std::vector<std::int32_t> out;
+    for (const chunk& k : find_chunks(p.ids, p.pieces))
+      if (k.begin > static_cast<std::int32_t>(opening.size()))
+        out.push_back(k.begin - static_cast<std::int32_t>(opening.size()));
+    return out;
+  };
+  const auto a = cuts_in_run("Read this:\n\n");
+  const auto b = cuts_in_run("A longer opening, then the same text after a blank line.\n\n");
+  REQUIRE(a.size() >= 10);  // about one per anchor_every tokens
+  CHECK(a == b);
+  for (std::size_t i = 1; i < a.size(); ++i) CHECK(a[i] - a[i - 1] >= 32);
+  // Without anchors the run is one piece.
+  relokv_server::chunk_options no;
+  no.anchor_after = 0;
+  bytes_prompt p("Read this:\n\n");
+  for (const std::int32_t id : run) {
+    p.ids.push_back(id);
+    p.pieces.emplace_back(1, static_cast<char>(id));
+  }
+  CHECK(find_chunks(p.ids, p.pieces, no).size() == 1);
+}
+
+namespace {
+std::string model_file(const char* name) {
+  const char* home = std::getenv("HOME");
+  const std::string dir = std::getenv("RELOKV_MODEL_DIR") != nullptr
+                              ? std::getenv("RELOKV_MODEL_DIR")
+                              : std::string(home ? home : "") + "/.cache/relokv";
+  return dir + "/" + name;
+}
+}  // namespace
+
+TEST_CASE("chunks: on real tokenizers the prompt's tokens are kept and passages recur as spans",
+          "[server][model]") {
+  for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct.gguf",
+                           "gemma-3-270m-q4_k_m.gguf"}) {
+    const std::string path = model_file(file);
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      std::fclose(f);
+    } else {
+      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
+      WARN("no " << path << ": its case is not run (scripts/get-model fetches it)");
+      continue;
+    }
+    INFO(file);
+    const auto gguf = relokv_engine::gguf_file::open(path);
+    const relokv_engine::tokenizer tok(gguf);
+    relokv_server::api_limits limits;
+    const std::vector<std::string> passages = {kLongA, kLongB, kLongC};
+    const std::vector<std::vector<std::size_t>> orders = {{0, 1, 2}, {2, 0, 1}, {1, 2, 0}};
+    // Per passage, the span tokens seen in each order: all equal where the cut is clean.
+    std::map<std::size_t, std::vector<std::vector<relokv::token_t>>> seen;
+    for (const auto& order : orders) {
+      std::string context;
+      for (std::size_t i : order) context += (context.empty() ? "" : "\n\n") + passages[i];
+      relokv_server::chat_request r;
+      r.messages.push_back({"user", "Use the following pieces of context to answer.\n\n" + context +
+                                        "\n\nQuestion: where did he die?"});
+      r.max_tokens = 8;
+      const auto p = relokv_server::build_prompt(r, tok, "", true, limits);
+      // The tokens served are the prompt's own: the same as without spans.
+      const auto plain = relokv_server::build_prompt(r, tok, "", false, limits);
+      CHECK(p.layout.tokens == plain.layout.tokens);
+      REQUIRE(!p.chunks.empty());
+      std::vector<relokv::token_t> all = p.prefix;
+      all.insert(all.end(), p.question.begin(), p.question.end());
+      for (const chunk& k : p.chunks) {
+        if (k.kind != chunk_kind::kSpan) continue;
+        const std::vector<relokv::token_t> t(all.begin() + k.begin, all.begin() + k.end);
+        const std::string text = tok.decode(t);
+        for (std::size_t i = 0; i < passages.size(); ++i)
+          if (text.find(passages[i].substr(4, 20)) != std::string::npos) seen[i].push_back(t);
+      }
+    }
+    for (const auto& [i, ts] : seen) {
+      INFO("passage " << i);
+      CHECK(ts.size() == orders.size());
+      // The same tokens in every order, but where the tokenizer merged the passage's last
+      // punctuation with what follows (then the last token differs, never the rest).
+      for (const auto& t : ts) {
+        REQUIRE(t.size() >= ts[0].size() - 1);
+        CHECK(std::equal(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(ts[0].size() - 1),
+                         ts[0].begin()));
+      }
+    }
+    CHECK(seen.size() == passages.size());
+  }
+}

@@ -28,7 +28,9 @@ void usage() {
       "  --reps N     repetitions per figure; the median is reported (default 15)\n"
       "  --filter S   only figures whose name contains S (llama_cpp: that group alone;\n"
       "               a filter starting with rag_: the QA group alone; server_: relokv_server\n"
-      "               side by side with llama-server, bench/serve_compare, tens of minutes;\n"
+      "               side by side with llama-server, bench/serve_compare, tens of minutes\n"
+      "               (server_plain: --spans auto on plain RAG prompts alone, a minute or\n"
+      "               two, bench/plain_prompt_reuse);\n"
       "               server_soak or server_p95: the ten-minute soak under attack,\n"
       "               bench/server_soak.py;\n"
       "               store_cluster: the Redis Cluster group alone; rag_gemma3: the QA\n"
@@ -82,16 +84,26 @@ int main(int argc, char** argv) {
     return pclose(p) == 0 ? 0 : 1;
   }
   if (filter.rfind("server_", 0) == 0) {
-    // Two servers under load for minutes: a script (bench/serve_compare), its server_ lines.
-    FILE* p = popen(RELOKV_SERVE_COMPARE, "r");
-    if (p == nullptr) {
-      std::fprintf(stderr, "relokv_report: cannot run %s\n", RELOKV_SERVE_COMPARE);
-      return 1;
+    // relokv_server under load for minutes: scripts, their server_ lines. The plain-prompt
+    // reuse (bench/plain_prompt_reuse: relokv_server alone, a minute or two), then the two
+    // servers side by side (bench/serve_compare: llama-server too).
+    int rc = 0;
+    for (const char* script : {RELOKV_PLAIN_PROMPT_REUSE, RELOKV_SERVE_COMPARE}) {
+      const bool plain = std::string(script) == RELOKV_PLAIN_PROMPT_REUSE;
+      // A filter naming one group runs that group alone.
+      if (filter.rfind("server_plain", 0) == 0 && !plain) continue;
+      if (filter.rfind("server_plain", 0) != 0 && plain && filter != "server_") continue;
+      FILE* p = popen(script, "r");
+      if (p == nullptr) {
+        std::fprintf(stderr, "relokv_report: cannot run %s\n", script);
+        return 1;
+      }
+      char line[512];
+      while (std::fgets(line, sizeof line, p) != nullptr)
+        if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
+      if (pclose(p) != 0) rc = 1;
     }
-    char line[512];
-    while (std::fgets(line, sizeof line, p) != nullptr)
-      if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
-    return pclose(p) == 0 ? 0 : 1;
+    return rc;
   }
   // The Redis Cluster figures start a 6-node cluster on loopback ports (and stop it).
   const auto cluster = [&] {

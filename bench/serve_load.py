@@ -56,8 +56,32 @@ def make_requests(sample, n, zipf, seed, keep=0):
     return reqs
 
 
-def body(req, kind, max_tokens, strategy, cache=True):
-    if kind == "relokv":
+# The prompts RAG clients send with the passages in the message text (--format): LangChain's
+# "stuff" prompt, LlamaIndex's QA template, blank lines between passages, a markdown list.
+# A passage is its title and text on two lines, as a document loader gives it.
+FORMATS = {
+    "langchain": lambda ctx, q: (
+        "Use the following pieces of context to answer the question at the end. If you don't "
+        "know the answer, just say that you don't know, don't try to make up an answer.\n\n"
+        + "\n\n".join(ctx) + "\n\nQuestion: " + q + "\nHelpful Answer:"),
+    "llamaindex": lambda ctx, q: (
+        "Context information is below.\n---------------------\n" + "\n\n".join(ctx)
+        + "\n---------------------\nGiven the context information and not prior knowledge, "
+        "answer the query.\nQuery: " + q + "\nAnswer: "),
+    "blank-lines": lambda ctx, q: "\n\n".join(ctx) + "\n\n" + q,
+    "markdown": lambda ctx, q: "Sources:\n" + "".join("- " + c + "\n" for c in ctx) + "\n" + q,
+}
+
+
+def body(req, kind, max_tokens, strategy, cache=True, fmt="documents"):
+    if kind == "relokv" and fmt in FORMATS:
+        # Plain prompt: no field of relokv's (relokv_server --spans auto finds the passages).
+        ctx = [f"{d['title']}\n{d['text']}" for d in req["docs"]]
+        b = {"messages": [{"role": "system", "content": SYSTEM},
+                          {"role": "user", "content": FORMATS[fmt](ctx, req["question"])}]}
+        if strategy:
+            b["relokv"] = {"strategy": strategy}
+    elif kind == "relokv":
         b = {"messages": [{"role": "system", "content": SYSTEM},
                           {"role": "user", "content": req["question"]}],
              "documents": req["docs"]}
@@ -85,7 +109,7 @@ def one(url, req, args):
     try:
         conn.request("POST", u.path + "/chat/completions",
                      json.dumps(body(req, args.kind, args.max_tokens, args.strategy,
-                                     not args.no_cache)),
+                                     not args.no_cache, args.format)),
                      {"Content-Type": "application/json"})
         r = conn.getresponse()
         if r.status != 200:
@@ -173,6 +197,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--strategy", default=None, help="relokv.strategy for every request")
+    ap.add_argument("--format", default="documents", choices=["documents"] + list(FORMATS),
+                    help="relokv: the passages in `documents` (default) or in the message text "
+                         "as a RAG template puts them")
     ap.add_argument("--sample", default=os.path.join(ROOT, "data", "2wikimqa_dev_sample200.jsonl"))
     ap.add_argument("--reference", help="answers to compare with (from --write-reference)")
     ap.add_argument("--write-reference", help="answer each request alone and save the answers")
@@ -199,6 +226,8 @@ def main():
         "output_tokens_per_s": sum(r["completion"] for r in ok) / wall,
         "prompt_tokens_per_request": statistics.mean(r["prompt"] for r in ok) if ok else 0,
         "computed_tokens_per_request": statistics.mean(r["computed"] for r in ok) if ok else 0,
+        "reused_tokens_per_request":
+            statistics.mean(r["prompt"] - r["computed"] for r in ok) if ok else 0,
     })
     if args.reference:
         ref = json.load(open(args.reference))

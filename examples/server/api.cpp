@@ -365,7 +365,9 @@ built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer&
     std::vector<std::string> pieces;
     pieces.reserve(all.size());
     for (const relokv::token_t t : all) pieces.push_back(tok.decode({t}));
-    p.chunks = find_chunks(all, pieces, limits.chunks);
+    // The last message's text starts a chunk: the template before it is the prefix.
+    p.chunks =
+        find_chunks(all, pieces, limits.chunks, {static_cast<std::int32_t>(p.prefix.size())});
     if (p.chunks.size() < 2) p.chunks.clear();  // one prefix: nothing to relocate
   }
   p.layout = p.with({});

@@ -47,7 +47,8 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
 }  // namespace
 
 std::vector<chunk> find_chunks(const std::vector<std::int32_t>& ids,
-                               const std::vector<std::string>& pieces, const chunk_options& opt) {
+                               const std::vector<std::string>& pieces, const chunk_options& opt,
+                               const std::vector<std::int32_t>& forced) {
   const auto n = static_cast<std::int32_t>(std::min(ids.size(), pieces.size()));
   if (n == 0) return {};
   std::string text;
@@ -81,6 +82,10 @@ std::vector<chunk> find_chunks(const std::vector<std::int32_t>& ids,
         list_item(all.substr(at)))
       cuts.push_back(i);
   }
+  for (const std::int32_t f : forced)
+    if (f > 0 && f < n) cuts.push_back(f);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   cuts.push_back(n);
 
   // Content-defined anchors inside long runs without a separator.

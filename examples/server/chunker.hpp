@@ -43,9 +43,13 @@ struct chunk {
 ///     "12. ", "3) ", "[4]");
 /// and at content-defined anchors inside longer runs. The whitespace tokens that end a chunk
 /// are a segment of their own (the newlines between passages differ between templates, the
-/// passages do not). Returns one chunk (the prefix: exact reuse only) when nothing is cut.
+/// passages do not). `forced` cuts come first: where a message's text starts (the template
+/// before it is the prefix, and a span's key depends on what it was computed behind: the
+/// prefix must not hold a passage). Returns one chunk (the prefix: exact reuse only) when no
+/// span is found.
 std::vector<chunk> find_chunks(const std::vector<std::int32_t>& ids,
                                const std::vector<std::string>& pieces,
-                               const chunk_options& opt = {});
+                               const chunk_options& opt = {},
+                               const std::vector<std::int32_t>& forced = {});
 
 }  // namespace relokv_server

@@ -251,3 +251,13 @@ TEST_CASE("chunks: on real tokenizers the prompt's tokens are kept and passages 
     CHECK(seen.size() == passages.size());
   }
 }
+
+TEST_CASE("chunks: a forced cut keeps the first passage out of the prefix", "[server]") {
+  const std::string opening = "<|im_start|>user\n";
+  const bytes_prompt p(opening + kA + "\n\n" + kB + "\n\nwho?");
+  const auto plain = find_chunks(p.ids, p.pieces);
+  CHECK(spans_of(p, plain) == std::vector<std::string>{kB});  // kA is in the prefix
+  const auto cut = find_chunks(p.ids, p.pieces, {}, {static_cast<std::int32_t>(opening.size())});
+  CHECK(p.text(cut.front()) == opening);
+  CHECK(spans_of(p, cut) == std::vector<std::string>{kA, kB});
+}

@@ -474,3 +474,62 @@ def test_links_adapter(tmp_path):
     p = subprocess.run([os.environ["RELOKV_SERVER_BIN"], "--links", str(bad), "--port", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "bad.gguf" in p.stderr
+
+
+def doc_text(d):
+    return d if isinstance(d, str) else d["text"]
+
+
+PLAIN_FORMATS = {
+    # LangChain's "stuff" prompt, LlamaIndex's QA template, a markdown list.
+    "langchain": lambda ctx, q: (
+        "Use the following pieces of context to answer the question at the end. If you don't "
+        "know the answer, just say that you don't know.\n\n" + "\n\n".join(ctx) +
+        "\n\nQuestion: " + q + "\nHelpful Answer:"),
+    "llamaindex": lambda ctx, q: (
+        "Context information is below.\n---------------------\n" + "\n\n".join(ctx) +
+        "\n---------------------\nGiven the context information and not prior knowledge, "
+        "answer the query.\nQuery: " + q + "\nAnswer: "),
+    "markdown": lambda ctx, q: (
+        "Sources:\n" + "".join("- " + c + "\n" for c in ctx) + "\nQuestion: " + q),
+}
+
+
+def ask_plain(s, fmt, docs, question, strategy=None, max_tokens=8):
+    extra = {"relokv": {"strategy": strategy}} if strategy else {}
+    content = PLAIN_FORMATS[fmt]([doc_text(d) for d in docs], question)
+    return client(s).chat.completions.create(
+        model="relokv", messages=[{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": content}],
+        max_tokens=max_tokens, temperature=0, extra_body=extra)
+
+
+def test_spans_auto_reuses_passages_in_plain_prompts():
+    """--spans auto (the default): passages pasted into the message text by the common RAG
+    templates are reused in another order without any field of relokv's; under full
+    recompute the answer is the one --spans off gives (the same tokens); --spans documents
+    and off reuse nothing but the exact prefix."""
+    q = "How long is the Nile?"
+    answers = {}
+    for mode in ("auto", "documents", "off"):
+        s = Server("--spans", mode, "--strategy", "naive")
+        try:
+            meta = json.loads(s.get("/v1/models"))["data"][0]["meta"]
+            assert meta["spans"] == mode
+            for fmt in PLAIN_FORMATS:
+                first = ask_plain(s, fmt, [DOCS[0], DOCS[2], DOCS[1]], q)
+                again = ask_plain(s, fmt, [DOCS[2], DOCS[1], DOCS[0]], q)
+                assert first.usage.prompt_tokens == again.usage.prompt_tokens
+                reused = again.usage.prompt_tokens_details.cached_tokens
+                if mode == "auto":
+                    # The two long passages (Eiffel, Nile) come back relocated.
+                    assert reused > 0.35 * again.usage.prompt_tokens, (fmt, again.usage)
+                else:
+                    assert reused < 0.35 * again.usage.prompt_tokens, (fmt, again.usage)
+                full = ask_plain(s, fmt, [DOCS[1], DOCS[0], DOCS[2]], q, strategy="full",
+                                 max_tokens=12)
+                answers.setdefault(fmt, []).append(full.choices[0].message.content)
+        finally:
+            assert s.stop() == 0, s.output()
+    for fmt, got in answers.items():
+        assert len(set(got)) == 1, (fmt, got)

@@ -296,11 +296,12 @@ relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& ge
 
 std::vector<relokv::request_layout> built_prompt::compile_layouts() const {
   std::vector<relokv::request_layout> out;
-  if (!links || !spans) return out;
+  if (!spans) return out;
   const auto alone = [&](std::span<const relokv::token_t> behind,
                          std::span<const relokv::token_t> span) {
     relokv::layout_builder b(block_size);
-    out.push_back(b.links(*links).prefix(behind).span(span).build());
+    if (links) b.links(*links);
+    out.push_back(b.prefix(behind).span(span).build());
   };
   if (!chunks.empty()) {
     std::vector<relokv::token_t> all = prefix;

@@ -101,9 +101,9 @@ struct built_prompt {
   /// The layout of the prompt followed by `generated` (a preempted request's recompute: the
   /// answer so far continues the question).
   [[nodiscard]] relokv::request_layout with(const std::vector<relokv::token_t>& generated) const;
-  /// Under a span-link adapter, each document as the rows were trained to read it: a span
-  /// compiled alone behind the prefix (the adapter's keys; a document still cached costs the
-  /// plan's one token). Empty without links or documents.
+  /// Each span compiled alone behind the prefix (--compile-spans alone; as span-link rows
+  /// were trained to read them, under the adapter's keys): a span still cached costs the
+  /// plan's one token. Empty without spans.
   [[nodiscard]] std::vector<relokv::request_layout> compile_layouts() const;
 };
 built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer& tok,

@@ -83,9 +83,9 @@ void metrics::preempted() {
   const std::lock_guard lock(mu_);
   ++preemptions_;
 }
-void metrics::document_compiled() {
+void metrics::span_compiled() {
   const std::lock_guard lock(mu_);
-  ++documents_compiled_;
+  ++spans_compiled_;
 }
 void metrics::escalated() {
   const std::lock_guard lock(mu_);
@@ -135,9 +135,9 @@ std::string metrics::text() const {
   counter(out, "relokv_escalations_total",
           "Requests recomputed in full before their first token by the escalation policy.",
           double(escalations_));
-  counter(out, "relokv_documents_compiled_total",
-          "Documents compiled alone before their request (--links: as the rows were trained).",
-          double(documents_compiled_));
+  counter(out, "relokv_spans_compiled_total",
+          "Spans compiled alone before their request (--compile-spans alone).",
+          double(spans_compiled_));
   gauge(out, "relokv_requests_running", "Sequences decoding.", double(snap_.running));
   gauge(out, "relokv_requests_prefilling", "Sequences whose prompt is being computed.",
         double(snap_.prefilling));

@@ -22,8 +22,7 @@ int parse_options(int argc, char** argv, server_options& o) {
                  "kvboost, cacheblend, union, question, qepic, ape, seam (default epic)");
   app.add_option("--links", o.links,
                  "a span-link adapter for this model (tools/links): its learned rows open the "
-                 "question of every request with spans, on top of the strategy (each document "
-                 "compiled alone first, as the rows were trained)")
+                 "question of every request with spans, on top of the strategy")
       ->check(CLI::ExistingFile);
   app.add_option("--spans", o.spans,
                  "where a request's relocatable spans come from: auto (the documents field, or "
@@ -31,6 +30,12 @@ int parse_options(int argc, char** argv, server_options& o) {
                  "list items; docs/server.md), documents (the documents field only), off (exact "
                  "prefixes only) (default auto)")
       ->check(CLI::IsMember({"auto", "documents", "off"}));
+  app.add_option("--compile-spans", o.compile_spans,
+                 "how a span first seen is cached: in-context (computed in the request that "
+                 "shows it; default) or alone (compiled behind the prefix before the request, "
+                 "as span-link adapters are trained: measured worse at ten passages, "
+                 "docs/server.md)")
+      ->check(CLI::IsMember({"in-context", "alone"}));
   app.add_option("--span-min-tokens", o.limits.chunks.min_span,
                  "--spans auto: a passage shorter than this is computed in every request "
                  "(default 32)")

@@ -11,8 +11,9 @@ namespace relokv_server {
 
 struct server_options {
   std::string model_path, host = "127.0.0.1", alias, strategy = "epic", profile;
-  std::string links;           ///< --links: a span-link adapter (tools/links)
-  std::string spans = "auto";  ///< --spans: auto, documents or off
+  std::string links;                         ///< --links: a span-link adapter (tools/links)
+  std::string spans = "auto";                ///< --spans: auto, documents or off
+  std::string compile_spans = "in-context";  ///< --compile-spans: in-context or alone
   std::string engine = "relokv";
   std::string escalate;       ///< --escalate POLICY for the default strategy
   std::string system_prompt;  ///< empty: the model's own default (its chat template's)

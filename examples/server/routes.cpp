@@ -43,9 +43,10 @@ json chunk(const job& j, const std::string& model, std::int64_t created, json de
 }
 
 json relokv_info(const job& j) {
-  return {{"strategy", j.strategy_name},      {"computed_tokens", j.computed_tokens},
-          {"reused_tokens", j.cached_tokens}, {"work", j.work},
-          {"preemptions", j.preemptions},     {"escalated", j.escalated}};
+  return {{"strategy", j.strategy_name},         {"computed_tokens", j.computed_tokens},
+          {"reused_tokens", j.cached_tokens},    {"work", j.work},
+          {"preemptions", j.preemptions},        {"escalated", j.escalated},
+          {"compiled_tokens", j.compiled_tokens}};
 }
 
 /// The whole answer of a finished job (under j.mu).

@@ -174,7 +174,8 @@ void scheduler::admit() {
     job& j = *s.j;
     relokv_engine::prefill_stats st;
     std::int64_t compiled_layers = 0;
-    if (!s.prompt_counted && !s.full) compiled_layers = compile_alone(j.prompt, j);
+    if (opt_.compile_alone && !s.prompt_counted && !s.full)
+      compiled_layers = compile_alone(j.prompt, j);
     try {
       const built_prompt& p = s.full ? j.full_prompt : j.prompt;
       const auto layout = s.generated.empty() ? p.layout : p.with(s.generated);
@@ -202,7 +203,8 @@ void scheduler::admit() {
       j.prompt_tokens = st.tokens;
       j.computed_tokens = st.computed;
       j.cached_tokens = st.tokens - st.computed;
-      // Documents compiled alone for this request are its work too.
+      // Spans compiled alone for this request are its work too.
+      j.compiled_tokens = static_cast<std::int32_t>(compiled_layers / std::max(1, eng_.n_layers()));
       if (st.tokens > 0)
         j.work += double(compiled_layers) / (double(eng_.n_layers()) * double(st.tokens));
       metrics_.prompt_tokens(st.computed, st.tokens - st.computed);
@@ -219,13 +221,14 @@ std::int64_t scheduler::compile_alone(const built_prompt& p, const job& j) {
     std::int32_t id = -1;
     try {
       id = eng_.open(l, relokv::recompute::none{}, &st, j.keys, j.principal);
+      layers += st.token_layers;  // an engine that computes at open (llama.cpp) counts it here
       for (bool done = false; !done;) {
         relokv_engine::prefill_stats step;
         done = !eng_.prefill_step(id, opt_.prefill_chunk, &step).empty();
         layers += step.token_layers;
       }
       eng_.close(id, /*commit=*/true);
-      metrics_.document_compiled();
+      metrics_.span_compiled();
     } catch (const std::exception&) {
       // No room (or a refusal the request meets itself): the request computes the
       // document in its own context instead.

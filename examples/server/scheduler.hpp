@@ -70,6 +70,7 @@ struct job {
   std::string error_message;
   std::int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   std::int32_t computed_tokens = 0;  ///< prompt tokens computed at the first layer
+  std::int32_t compiled_tokens = 0;  ///< --compile-spans alone: span tokens compiled for it
   double work = 0;                   ///< prefill work as a fraction of full recompute's
   std::int32_t preemptions = 0;
   bool escalated = false;  ///< recomputed in full by the escalation policy
@@ -81,6 +82,10 @@ class scheduler {
     std::int32_t max_running = 16;     ///< sequences live at once (the batch)
     std::int32_t max_queue = 64;       ///< jobs waiting for admission; beyond: 503
     std::int32_t prefill_chunk = 256;  ///< prompt rows computed per step
+    /// --compile-spans alone: a request's spans are compiled alone behind its prefix before it
+    /// opens (as span-link adapters were trained); false: a span first seen is computed in
+    /// the request that shows it, in its context.
+    bool compile_alone = false;
   };
   scheduler(serving_engine& eng, const relokv_engine::tokenizer& tok, metrics& m, options o);
   ~scheduler();
@@ -104,8 +109,8 @@ class scheduler {
   void loop();
   void step(std::vector<std::shared_ptr<job>>& incoming);
   void admit();
-  /// Under a span-link adapter: the request's documents compiled alone (and committed) before
-  /// it opens; returns the token-layers computed. Stops at the first that cannot open.
+  /// --compile-spans alone: the request's spans compiled alone (and committed) before it
+  /// opens; returns the token-layers computed. Stops at the first that cannot open.
   std::int64_t compile_alone(const built_prompt& p, const job& j);
   void prefill_one();
   void decode_all();

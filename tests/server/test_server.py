@@ -433,21 +433,24 @@ def test_llama_cpp_engine_serves_the_same_api():
 
 
 def check_links_adapter(*engine):
-    """--links: /v1/models names the adapter; a request's documents are compiled alone before it
-    (as the rows were trained to read them), so its first request already reuses them, and
-    another order reuses them too."""
+    """--links: /v1/models names the adapter; with --compile-spans alone a request's documents
+    are compiled alone before it (as the rows were trained to read them), so its first request
+    already reuses them, and another order reuses them too."""
     adapter = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links", "adapters",
                            "smollm2-135m.gguf")
-    s = Server("--links", adapter, "--strategy", "naive", *engine)
+    s = Server("--links", adapter, "--strategy", "naive", "--compile-spans", "alone", *engine)
     try:
         meta = json.loads(s.get("/v1/models"))["data"][0]["meta"]
         assert meta["links"]["rows"] >= 1 and meta["links"]["file"] == "smollm2-135m.gguf"
         q = "How long is the Nile?"
         first = ask(s, q, [DOCS[2], DOCS[0]])
         compiled = [l for l in s.get("/metrics").splitlines()
-                    if l.startswith("relokv_documents_compiled_total ")]
-        assert compiled == ["relokv_documents_compiled_total 2"], compiled
+                    if l.startswith("relokv_spans_compiled_total ")]
+        assert compiled == ["relokv_spans_compiled_total 2"], compiled
         assert first.usage.prompt_tokens_details.cached_tokens > 0.4 * first.usage.prompt_tokens
+        info = post(s, {"messages": [{"role": "user", "content": "Why?"}],
+                        "documents": [DOCS[1]], "max_tokens": 2})[2]["relokv"]
+        assert info["compiled_tokens"] > 0, info
         again = ask(s, q, [DOCS[0], DOCS[2]])
         assert again.choices[0].message.content
         assert again.usage.prompt_tokens_details.cached_tokens > 0.4 * again.usage.prompt_tokens
@@ -467,8 +470,15 @@ def test_llama_cpp_engine_reads_links():
 
 
 def test_links_adapter(tmp_path):
-    """The adapter on relokv's engine; an adapter for another model is refused at start."""
+    """The adapter on relokv's engine; an adapter for another model is refused at start; by
+    default a span first seen is computed in its request (nothing compiled alone)."""
     check_links_adapter()
+    s = Server("--strategy", "naive")
+    try:
+        ask(s, "How long is the Nile?", [DOCS[2], DOCS[0]])
+        assert "relokv_spans_compiled_total 0" in s.get("/metrics").splitlines()
+    finally:
+        assert s.stop() == 0, s.output()
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 60)
     p = subprocess.run([os.environ["RELOKV_SERVER_BIN"], "--links", str(bad), "--port", "0"],

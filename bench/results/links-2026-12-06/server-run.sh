@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# relokv_server EPIC with and without the SmolLM2 link rows, ten passages, against its own full
-# recompute (bench/serve_load.py; loopback; bounded).
+# relokv_server EPIC and naive with and without the SmolLM2 link rows, spans first seen computed
+# in context (default) or compiled alone (--compile-spans alone), ten passages, against its own
+# full recompute (bench/serve_load.py; loopback; bounded).
 set -euo pipefail
-root=/work/main
+root=$(cd "$(dirname "$0")/../../.." && pwd)
 bin=$root/build/examples/server/relokv_server
 model=$(ls ~/.cache/relokv/SmolLM2-135M-Instruct.Q4_1.gguf)
 work=$(mktemp -d)
@@ -21,7 +22,11 @@ run() {  # name strategy parallel [server args] -- [load args]
 }
 run ref full 1 -- --users 1 --strategy full --write-reference "$work/ref.json" > /dev/null
 run epic epic 4 -- --users 4 --reference "$work/ref.json" --prefix relokv_epic_
-run epic_links epic 4 --links $root/tools/links/adapters/smollm2-135m.gguf -- --users 4 --reference "$work/ref.json" --prefix relokv_epic_links_
-run naive_links naive 4 --links $root/tools/links/adapters/smollm2-135m.gguf -- --users 4 --reference "$work/ref.json" --prefix relokv_naive_links_
+ad=$root/tools/links/adapters/smollm2-135m.gguf
+run epic_links epic 4 --links $ad -- --users 4 --reference "$work/ref.json" --prefix relokv_epic_links_
+run epic_links_alone epic 4 --links $ad --compile-spans alone -- --users 4 --reference "$work/ref.json" --prefix relokv_epic_links_alone_
+run naive_links naive 4 --links $ad -- --users 4 --reference "$work/ref.json" --prefix relokv_naive_links_
+run naive_links_alone naive 4 --links $ad --compile-spans alone -- --users 4 --reference "$work/ref.json" --prefix relokv_naive_links_alone_
+run naive_alone naive 4 --compile-spans alone -- --users 4 --reference "$work/ref.json" --prefix relokv_naive_alone_
 run naive naive 4 -- --users 4 --reference "$work/ref.json" --prefix relokv_naive_
 rm -rf "$work"

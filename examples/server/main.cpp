@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
     relokv_server::metrics metrics;
     relokv_server::scheduler sched(
         *engine, *loaded.tokenizer, metrics,
-        {o.parallel, o.queue, o.prefill_chunk, o.compile_spans == "alone"});
+        {o.parallel, o.queue, o.prefill_chunk, o.step_tokens, o.compile_spans == "alone"});
 
     relokv_server::http::server http(o.http);
     c.sched = &sched;

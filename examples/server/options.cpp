@@ -64,6 +64,10 @@ int parse_options(int argc, char** argv, server_options& o) {
   app.add_option("--prefill-chunk", o.prefill_chunk,
                  "prompt rows per step, so that long prompts do not stall decode (default 256)")
       ->check(CLI::Range(1, 8192));
+  app.add_option("--step-tokens", o.step_tokens,
+                 "rows a step computes: a decode row per running sequence, the rest prompt "
+                 "chunks of as many prefilling sequences as fit (default 512)")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--max-tokens", o.limits.default_max_tokens,
                  "completion tokens when a request names none (default 256)")
       ->check(CLI::Range(1, 8192));

@@ -19,6 +19,7 @@ struct server_options {
   std::string system_prompt;  ///< empty: the model's own default (its chat template's)
   int port = 8080;
   std::int32_t ctx = 4096, kv_blocks = 0, parallel = 16, queue = 64, prefill_chunk = 256;
+  std::int32_t step_tokens = 512;  ///< --step-tokens: rows a scheduler step computes
   std::int32_t block_size = 16;
   double drain_timeout = 30;
   std::string store_url, store_key_file;

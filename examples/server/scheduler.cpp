@@ -1,12 +1,15 @@
 // relokv_server's scheduler (scheduler.hpp).
 #include "scheduler.hpp"
 
+#include "detok.hpp"
+
 #include <relokv/recompute/full.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 namespace relokv_server {
@@ -15,7 +18,8 @@ struct scheduler::seq_state {
   std::shared_ptr<job> j;
   std::int32_t id = -1;
   std::vector<relokv::token_t> generated;
-  relokv::token_t next = -1;  ///< sampled, not yet fed
+  std::optional<incremental_text> text;  ///< the answer's text, one token at a time
+  relokv::token_t next = -1;             ///< sampled, not yet fed
   std::mt19937_64 rng;
   bool first_token_seen = false;
   bool prompt_counted = false;
@@ -139,7 +143,7 @@ void scheduler::step(std::vector<std::shared_ptr<job>>& incoming) {
   try {
     drop_cancelled();
     admit();
-    prefill_one();
+    prefill_some();
     decode_all();
   } catch (const std::exception& e) {
     // An engine failure is not the requests' fault, and what it left is unknown: every live
@@ -239,18 +243,33 @@ std::int64_t scheduler::compile_alone(const built_prompt& p, const job& j) {
   return layers;
 }
 
-void scheduler::prefill_one() {
-  if (prefilling_.empty()) return;
-  seq_state& s = *prefilling_.front();
+void scheduler::prefill_some() {
+  // One budget of rows a step: a row for each running sequence's next token, the rest for
+  // prompt chunks of the prefilling sequences in order of admission (the first always moves).
+  std::int32_t budget =
+      std::max<std::int32_t>(0, opt_.step_tokens - static_cast<std::int32_t>(running_.size()));
+  bool first = true;
+  for (std::size_t i = 0; i < prefilling_.size();) {
+    const std::int32_t rows = std::min(opt_.prefill_chunk, budget);
+    if (rows <= 0 && !first) break;
+    first = false;
+    budget -= std::max(rows, 1);
+    if (!prefill_one(i, std::max(rows, 1))) ++i;
+  }
+}
+
+bool scheduler::prefill_one(std::size_t i, std::int32_t rows) {
+  seq_state& s = *prefilling_[i];
+  const auto at = prefilling_.begin() + static_cast<std::ptrdiff_t>(i);
   relokv_engine::prefill_stats st;
-  const auto logits = eng_.prefill_step(s.id, opt_.prefill_chunk, &st);
+  const auto logits = eng_.prefill_step(s.id, rows, &st);
   {
     const std::lock_guard lock(s.j->mu);
     const double layers = eng_.n_layers();
     if (s.j->prompt_tokens > 0 && s.generated.empty())
       s.j->work += double(st.token_layers) / (layers * double(s.j->prompt_tokens));
   }
-  if (logits.empty()) return;
+  if (logits.empty()) return false;
   job& j = *s.j;
   if (j.escalation.enabled && !s.full && s.generated.empty() &&
       j.escalation.escalate(relokv::recompute::summarize_logits(logits), 0)) {
@@ -264,15 +283,15 @@ void scheduler::prefill_one() {
       j.escalated = true;
     }
     metrics_.escalated();
-    waiting_.push_front(std::move(prefilling_.front()));
-    prefilling_.pop_front();
-    return;
+    waiting_.push_front(std::move(*at));
+    prefilling_.erase(at);
+    return true;
   }
-  auto owned = std::move(prefilling_.front());
-  prefilling_.pop_front();
-  running_.push_back(std::move(owned));
+  running_.push_back(std::move(*at));
+  prefilling_.erase(at);
   seq_state& r = *running_.back();
   on_token(r, sample(r, logits));
+  return true;
 }
 
 void scheduler::decode_all() {
@@ -344,16 +363,29 @@ relokv::token_t scheduler::sample(seq_state& s, const std::vector<float>& logits
   for (std::size_t i = 0; i < logits.size(); ++i)
     sum += p[i] = std::exp((double(logits[i]) - mx) * inv_t);
   if (!std::isfinite(sum) || !(sum > 0)) return relokv_engine::argmax(logits);
-  std::vector<std::int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+  // The nucleus without sorting the vocabulary: the most likely candidates are ordered a
+  // growing window at a time (64, 256, ...) until they hold top_p of the mass; top_p = 1 draws
+  // over the whole vocabulary in index order.
+  const auto by_p = [&](std::int32_t a, std::int32_t b) {
     return p[static_cast<std::size_t>(a)] > p[static_cast<std::size_t>(b)] ||
            (p[static_cast<std::size_t>(a)] == p[static_cast<std::size_t>(b)] && a < b);
-  });
-  std::size_t keep = 0;
-  double mass = 0;
-  while (keep < order.size() && (keep == 0 || mass < r.top_p * sum))
-    mass += p[static_cast<std::size_t>(order[keep++])];
+  };
+  std::vector<std::int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::size_t keep = order.size();
+  double mass = sum;
+  if (r.top_p < 1.0) {
+    for (std::size_t window = 64;; window *= 4) {
+      const std::size_t w = std::min(window, order.size());
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(w), order.end(),
+                        by_p);
+      keep = 0;
+      mass = 0;
+      while (keep < w && (keep == 0 || mass < r.top_p * sum))
+        mass += p[static_cast<std::size_t>(order[keep++])];
+      if (mass >= r.top_p * sum || w == order.size()) break;
+    }
+  }
   // One 53-bit uniform from the generator (std::uniform_real_distribution's draws are the
   // library's choice; this is the same on every build).
   const double u = double(s.rng() >> 11) * 0x1.0p-53 * mass;
@@ -383,12 +415,19 @@ void scheduler::on_token(seq_state& s, relokv::token_t t) {
     const std::lock_guard lock(s.j->mu);
     s.j->completion_tokens = static_cast<std::int32_t>(s.generated.size());
   }
-  const std::string text = tok_.decode(s.generated);
-  for (const auto& stop : s.j->req.stop)
-    if (text.find(stop) != std::string::npos) {
+  // The text grows by this token's piece (a few tokens decoded, not the answer); a stop
+  // string is looked for where it could end in that piece.
+  if (!s.text) s.text.emplace(tok_);
+  const std::size_t had = s.text->text().size(), redone = s.text->redecoded();
+  const std::string& text = s.text->push(t);
+  for (const auto& stop : s.j->req.stop) {
+    const std::size_t from =
+        s.text->redecoded() != redone || had < stop.size() ? 0 : had - stop.size() + 1;
+    if (text.find(stop, from) != std::string::npos) {
       finish(s, "stop");
       return;
     }
+  }
   if (static_cast<std::int32_t>(s.generated.size()) >= s.j->req.max_tokens) {
     finish(s, "length");
     return;
@@ -432,7 +471,7 @@ void scheduler::finish(seq_state& s, const std::string& reason) {
     s.j->finish_reason = reason;
     s.j->completion_tokens = static_cast<std::int32_t>(s.generated.size());
   }
-  publish(s, tok_.decode(s.generated), true);
+  publish(s, s.text ? s.text->text() : std::string(), true);
   {
     const std::lock_guard lock(mu_);
     --in_flight_;

@@ -81,7 +81,10 @@ class scheduler {
   struct options {
     std::int32_t max_running = 16;     ///< sequences live at once (the batch)
     std::int32_t max_queue = 64;       ///< jobs waiting for admission; beyond: 503
-    std::int32_t prefill_chunk = 256;  ///< prompt rows computed per step
+    std::int32_t prefill_chunk = 256;  ///< prompt rows of one sequence per step, at most
+    /// Rows a step computes: one per running sequence's next token, the rest prompt chunks of
+    /// as many prefilling sequences as fit (the first of them always moves).
+    std::int32_t step_tokens = 512;
     /// --compile-spans alone: a request's spans are compiled alone behind its prefix before it
     /// opens (as span-link adapters were trained); false: a span first seen is computed in
     /// the request that shows it, in its context.
@@ -112,7 +115,11 @@ class scheduler {
   /// --compile-spans alone: the request's spans compiled alone (and committed) before it
   /// opens; returns the token-layers computed. Stops at the first that cannot open.
   std::int64_t compile_alone(const built_prompt& p, const job& j);
-  void prefill_one();
+  /// The prefilling sequences' prompt chunks within the step's budget.
+  void prefill_some();
+  /// A chunk of prefilling_[i]'s prompt; true when it left prefilling_ (its first token
+  /// sampled, or sent back to wait for full recompute).
+  bool prefill_one(std::size_t i, std::int32_t rows);
   void decode_all();
   void on_token(seq_state& s, relokv::token_t t);
   /// `text`: the answer so far, decoded once per token by the caller.

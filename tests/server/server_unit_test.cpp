@@ -16,6 +16,7 @@
 
 #include "api.hpp"
 #include "auth.hpp"
+#include "detok.hpp"
 #include "gguf.hpp"
 #include "metrics.hpp"
 #include "scheduler.hpp"
@@ -437,5 +438,128 @@ TEST_CASE("tokenizer: a long text tokenizes in chunks exactly as its pieces do w
       want.insert(want.end(), ids.begin(), ids.end());
     }
     CHECK(tok.encode(text) == want);
+  }
+}
+
+namespace {
+
+/// An engine whose prompts take several chunks: it records, per scheduler step (snapshot()
+/// ends each), the rows every prefill_step was given and the decode rows.
+struct chunked_engine final : relokv_server::serving_engine {
+  std::map<std::int32_t, std::int32_t> left_;  // prompt rows still to compute, per sequence
+  std::int32_t next_ = 0;
+  struct step_rows {
+    std::vector<std::int32_t> prefill;
+    std::int32_t decode = 0;
+  };
+  mutable std::vector<step_rows> steps{1};
+
+  std::int32_t open(const relokv::request_layout& layout, const relokv::recompute::any_strategy&,
+                    relokv_engine::prefill_stats* st, const relokv::extra_keys&,
+                    std::uint64_t) override {
+    const auto n = static_cast<std::int32_t>(layout.tokens.size());
+    if (st) st->tokens = st->computed = n;
+    left_[next_] = n;
+    return next_++;
+  }
+  std::vector<float> prefill_step(std::int32_t s, std::int32_t rows,
+                                  relokv_engine::prefill_stats*) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    steps.back().prefill.push_back(rows);
+    auto& left = left_.at(s);
+    left -= std::min(left, rows);
+    return left == 0 ? std::vector<float>{1, 0, 0} : std::vector<float>{};
+  }
+  bool append(std::int32_t, relokv::token_t) override { return true; }
+  std::vector<std::vector<float>> decode_step(std::span<const std::int32_t> seqs) override {
+    steps.back().decode += static_cast<std::int32_t>(seqs.size());
+    return std::vector<std::vector<float>>(seqs.size(), {1, 0, 0});
+  }
+  void close(std::int32_t s, bool) override { left_.erase(s); }
+  std::int32_t live() const override { return static_cast<std::int32_t>(left_.size()); }
+  std::int32_t max_live() const override { return 16; }
+  std::int32_t n_layers() const override { return 1; }
+  std::int32_t block_size() const override { return 16; }
+  relokv_server::cache_snapshot snapshot() const override {
+    steps.emplace_back();
+    return {};
+  }
+  std::string name() const override { return "chunked"; }
+};
+
+}  // namespace
+
+TEST_CASE("scheduler: one budget of rows a step, prompt chunks of several sequences in it",
+          "[server]") {
+  for (const std::int32_t budget : {512, 300, 1}) {
+    INFO("step_tokens " << budget);
+    chunked_engine eng;
+    const auto tok = tiny_tokenizer();
+    relokv_server::metrics m;
+    std::vector<std::shared_ptr<job>> jobs;
+    {
+      scheduler::options o;
+      o.prefill_chunk = 256;
+      o.step_tokens = budget;
+      scheduler sched(eng, tok, m, o);
+      for (int i = 0; i < 3; ++i) {
+        jobs.push_back(make_job(2000, 4));
+        REQUIRE(sched.submit(jobs.back()));
+      }
+      for (auto& j : jobs) REQUIRE(wait_done(*j));
+    }
+    for (auto& j : jobs) CHECK(completion_tokens(*j) == 4);
+    std::size_t most = 0;
+    for (const auto& st : eng.steps) {
+      most = std::max(most, st.prefill.size());
+      std::int32_t rows = 0;
+      for (const std::int32_t r : st.prefill) {
+        CHECK(r >= 1);
+        CHECK(r <= 256);
+        rows += r;
+      }
+      // Prompt rows within the budget (less the decode rows), but for the chunk that always
+      // moves.
+      if (!st.prefill.empty()) CHECK(rows <= std::max(budget, st.prefill.front()));
+    }
+    if (budget >= 512) CHECK(most >= 2);  // two sequences' chunks in one step
+    if (budget == 1) CHECK(most == 1);
+  }
+}
+
+TEST_CASE("output: the answer's text one token at a time equals the whole decoded",
+          "[server][model]") {
+  for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct.gguf",
+                           "gemma-3-270m-q4_k_m.gguf"}) {
+    const std::string path = model_file(file);
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      std::fclose(f);
+    } else {
+      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
+      WARN("no " << path << ": its case is not run (scripts/get-model fetches it)");
+      continue;
+    }
+    INFO(file);
+    const auto gguf = relokv_engine::gguf_file::open(path);
+    const relokv_engine::tokenizer tok(gguf);
+    // Text with spaces at token starts, newlines, multi-byte characters split across byte
+    // tokens, and random ids.
+    std::vector<relokv::token_t> ids = tok.encode(
+        "The Nile, about 6,650 km long, flows north.\n\n  Café déjà vu — 東京タワー 🚀!\tEnd.");
+    std::mt19937 rng(7);
+    for (int i = 0; i < 300; ++i)
+      ids.push_back(
+          static_cast<relokv::token_t>(rng() % static_cast<std::uint32_t>(tok.vocab_size())));
+    relokv_server::incremental_text text(tok);
+    std::vector<relokv::token_t> so_far;
+    std::size_t mismatches = 0;
+    for (const relokv::token_t t : ids) {
+      so_far.push_back(t);
+      mismatches += text.push(t) != tok.decode(so_far);
+    }
+    CHECK(mismatches == 0);
+    // The whole is decoded again rarely (a character completed across tokens).
+    INFO("redecoded " << text.redecoded() << " of " << ids.size());
+    CHECK(text.redecoded() * 10 < ids.size());
   }
 }

@@ -30,7 +30,8 @@ void usage() {
       "               a filter starting with rag_: the QA group alone; server_: relokv_server\n"
       "               side by side with llama-server, bench/serve_compare, tens of minutes\n"
       "               (server_plain: --spans auto on plain RAG prompts alone, a minute or\n"
-      "               two, bench/plain_prompt_reuse);\n"
+      "               two, bench/plain_prompt_reuse; server_rag: real RAG lengths under\n"
+      "               aiperf beside llama-server, bench/serve_rag);\n"
       "               server_soak or server_p95: the ten-minute soak under attack,\n"
       "               bench/server_soak.py;\n"
       "               store_cluster: the Redis Cluster group alone; rag_gemma3: the QA\n"
@@ -84,15 +85,20 @@ int main(int argc, char** argv) {
     return pclose(p) == 0 ? 0 : 1;
   }
   if (filter.rfind("server_", 0) == 0) {
-    // relokv_server under load for minutes: scripts, their server_ lines. The plain-prompt
-    // reuse (bench/plain_prompt_reuse: relokv_server alone, a minute or two), then the two
-    // servers side by side (bench/serve_compare: llama-server too).
+    // relokv_server under load for minutes: scripts, their server_ lines. server_plain: the
+    // plain-prompt reuse (bench/plain_prompt_reuse, relokv_server alone, a minute or two);
+    // server_rag: real RAG lengths under aiperf beside llama-server (bench/serve_rag); any
+    // other server_ filter: the toy workload beside llama-server (bench/serve_compare);
+    // server_ alone: all three.
     int rc = 0;
-    for (const char* script : {RELOKV_PLAIN_PROMPT_REUSE, RELOKV_SERVE_COMPARE}) {
-      const bool plain = std::string(script) == RELOKV_PLAIN_PROMPT_REUSE;
-      // A filter naming one group runs that group alone.
-      if (filter.rfind("server_plain", 0) == 0 && !plain) continue;
-      if (filter.rfind("server_plain", 0) != 0 && plain && filter != "server_") continue;
+    const std::pair<const char*, const char*> scripts[] = {
+        {"server_plain", RELOKV_PLAIN_PROMPT_REUSE},
+        {"server_rag", RELOKV_SERVE_RAG},
+        {"", RELOKV_SERVE_COMPARE}};
+    const bool named = filter.rfind("server_plain", 0) == 0 || filter.rfind("server_rag", 0) == 0;
+    for (const auto& [group, script] : scripts) {
+      const bool mine = *group != '\0' ? filter.rfind(group, 0) == 0 : !named;
+      if (!mine && filter != "server_") continue;
       FILE* p = popen(script, "r");
       if (p == nullptr) {
         std::fprintf(stderr, "relokv_report: cannot run %s\n", script);

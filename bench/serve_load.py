@@ -74,7 +74,15 @@ FORMATS = {
 
 
 def body(req, kind, max_tokens, strategy, cache=True, fmt="documents"):
-    if kind == "relokv" and fmt in FORMATS:
+    if "messages" in req:
+        # A conversation's turn (--workload): the messages as they are, on either server.
+        b = {"messages": req["messages"]}
+        if kind == "relokv" and strategy:
+            b["relokv"] = {"strategy": strategy}
+        if kind != "relokv":
+            b["cache_prompt"] = cache
+        max_tokens = req.get("max_tokens", max_tokens)
+    elif kind == "relokv" and fmt in FORMATS:
         # Plain prompt: no field of relokv's (relokv_server --spans auto finds the passages).
         ctx = [f"{d['title']}\n{d['text']}" for d in req["docs"]]
         b = {"messages": [{"role": "system", "content": SYSTEM},
@@ -166,9 +174,22 @@ def run(args, reqs):
                 if not queue:
                     return
                 req = queue.pop(0)
-            r = one(args.url, req, args)
-            with lock:
-                results[req["key"]] = r
+            if "turns" not in req:
+                r = one(args.url, req, args)
+                with lock:
+                    results[req["key"]] = r
+                continue
+            # A conversation: its turns one after another, each with the answers so far.
+            messages = [{"role": "system", "content": SYSTEM}]
+            for t, text in enumerate(req["turns"]):
+                messages.append({"role": "user", "content": text})
+                r = one(args.url, {"messages": list(messages),
+                                   "max_tokens": req.get("max_tokens", args.max_tokens)}, args)
+                with lock:
+                    results[f"{req['key']}#{t}"] = r
+                if not r["ok"]:
+                    break
+                messages.append({"role": "assistant", "content": r["text"]})
 
     threads = [threading.Thread(target=user) for _ in range(args.users)]
     for t in threads:
@@ -197,6 +218,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--strategy", default=None, help="relokv.strategy for every request")
+    ap.add_argument("--workload", help="conversations from bench/rag_workload.py --out, replayed "
+                    "as plain prompts instead of the sample's requests")
     ap.add_argument("--format", default="documents", choices=["documents"] + list(FORMATS),
                     help="relokv: the passages in `documents` (default) or in the message text "
                          "as a RAG template puts them")
@@ -207,8 +230,12 @@ def main():
     ap.add_argument("--timeout", type=float, default=600, help="seconds per request")
     ap.add_argument("--deadline", type=float, default=3600, help="seconds for the whole run")
     args = ap.parse_args()
-    reqs = make_requests(load_sample(args.sample, args.questions), args.requests, args.zipf,
-                         args.seed, args.docs)
+    if args.workload:
+        with open(args.workload) as f:
+            reqs = json.load(f)
+    else:
+        reqs = make_requests(load_sample(args.sample, args.questions), args.requests, args.zipf,
+                             args.seed, args.docs)
     if args.write_reference:
         args.users = 1
     results, wall = run(args, reqs)

@@ -13,9 +13,11 @@ namespace relokv_server {
 
 /// The text of a growing token sequence, equal after every push() to the tokenizer's decode of
 /// the whole sequence. A token's text is the difference between decoding the few tokens before
-/// it with and without it (a SentencePiece decode drops the first token's leading space, a
-/// byte sequence may end inside a character: both cancel in the difference); where that is
-/// not a clean extension (a character completed across tokens), the whole is decoded again.
+/// it with and without it, so that a decode whose output for a token depends on its neighbours
+/// (a leading space dropped at the start, bytes joined into a character) still extends the
+/// text exactly; where that is not a clean extension, the whole is decoded again. (On the
+/// project's three tokenizers a token decoded alone is already its exact piece: the context
+/// is what keeps it right for a tokenizer where it is not.)
 class incremental_text {
  public:
   static constexpr std::size_t kContext = 4;  ///< tokens decoded before the new one

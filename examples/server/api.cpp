@@ -366,9 +366,22 @@ built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer&
     std::vector<std::string> pieces;
     pieces.reserve(all.size());
     for (const relokv::token_t t : all) pieces.push_back(tok.decode({t}));
-    // The last message's text starts a chunk: the template before it is the prefix.
-    p.chunks =
-        find_chunks(all, pieces, limits.chunks, {static_cast<std::int32_t>(p.prefix.size())});
+    // Every message's text starts a chunk (the template before the first is the prefix): the
+    // line after each turn's opening token, and the last message's start. A conversation's
+    // earlier turns are then cut the same way in every later request, so its passages meet
+    // their own blocks again as exact hits.
+    std::vector<std::int32_t> starts{static_cast<std::int32_t>(p.prefix.size())};
+    for (const char* open : {"<|im_start|>", "<start_of_turn>"}) {
+      const relokv::token_t turn = tok.id(open);
+      if (turn < 0) continue;
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        if (all[i] != turn) continue;
+        std::size_t j = i + 1;
+        while (j < all.size() && pieces[j].find('\n') == std::string::npos) ++j;
+        if (j < all.size()) starts.push_back(static_cast<std::int32_t>(j + 1));
+      }
+    }
+    p.chunks = find_chunks(all, pieces, limits.chunks, starts);
     if (p.chunks.size() < 2) p.chunks.clear();  // one prefix: nothing to relocate
   }
   p.layout = p.with({});

@@ -261,3 +261,44 @@ TEST_CASE("chunks: a forced cut keeps the first passage out of the prefix", "[se
   CHECK(p.text(cut.front()) == opening);
   CHECK(spans_of(p, cut) == std::vector<std::string>{kA, kB});
 }
+
+TEST_CASE("chunks: a conversation's earlier turns are cut the same way in its later requests",
+          "[server][model]") {
+  for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
+    const std::string path = model_file(file);
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      std::fclose(f);
+    } else {
+      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
+      WARN("no " << path << ": its case is not run (scripts/get-model fetches it)");
+      continue;
+    }
+    INFO(file);
+    const auto gguf = relokv_engine::gguf_file::open(path);
+    const relokv_engine::tokenizer tok(gguf);
+    relokv_server::api_limits limits;
+    relokv_server::chat_request r;
+    r.max_tokens = 8;
+    r.messages.push_back({"system", "Answer from the context."});
+    r.messages.push_back({"user", "Use the following pieces of context.\n\n" + kLongA + "\n\n" +
+                                      kLongB + "\n\nQuestion: where?"});
+    const auto one = relokv_server::build_prompt(r, tok, "", true, limits);
+    r.messages.push_back({"assistant", "In Carrick."});
+    r.messages.push_back({"user", "Which passage says so?"});
+    const auto two = relokv_server::build_prompt(r, tok, "", true, limits);
+    // The first request's prefix and spans are the second's, at the same places: its spans
+    // are exact hits there (what follows the last span, the first question, is cut otherwise).
+    REQUIRE(one.chunks.size() >= 3);
+    REQUIRE(two.chunks.size() >= 3);
+    CHECK(two.chunks.front().end == one.chunks.front().end);
+    for (const chunk& k : one.chunks) {
+      if (k.kind != chunk_kind::kSpan) continue;
+      INFO("span at " << k.begin);
+      CHECK(std::any_of(two.chunks.begin(), two.chunks.end(), [&](const chunk& t) {
+        return t.kind == chunk_kind::kSpan && t.begin == k.begin && t.end == k.end;
+      }));
+    }
+    CHECK(std::count_if(one.chunks.begin(), one.chunks.end(),
+                        [](const chunk& k) { return k.kind == chunk_kind::kSpan; }) >= 2);
+  }
+}

@@ -1,7 +1,8 @@
-# Two-turn conversations (bench/rag_workload.py --docs 10 --requests 16 --turns 2 --out /tmp/mt.json),
+# Two-turn conversations (bench/rag_workload.py, ten passages, 16 conversations),
 # 4 users, the project's client, relokv_server (epic, --spans auto) then llama-server (--cache-reuse 256).
 set -e
 root=$(cd "$(dirname "$0")/../../.." && pwd)
+python3 $root/bench/rag_workload.py --docs 10 --requests 16 --turns 2 --questions 40 --out /tmp/mt.json
 model=$(ls ~/.cache/relokv/SmolLM2-135M-Instruct.Q4_1.gguf)
 llama=$($root/scripts/get-llama-server)
 port=18411

@@ -370,22 +370,33 @@ def live(s):
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_leaves_is_released_at_once(slow, stream):
     doc = "The tower was built in 1889 by Gustave Eiffel's company. " * 150
-    c = connect(slow)
-    c.sendall(request(body=chat_body(max_tokens=64, stream=stream, documents=[doc],
-                                     messages=[{"role": "user", "content": "When?"}])))
-    deadline = time.monotonic() + 30
-    while live(slow) != 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)  # well into its prefill (it takes seconds)
-    assert live(slow) == 1
-    t0 = time.monotonic()
-    c.close()
-    while live(slow) != 0 and time.monotonic() < t0 + 10:
-        time.sleep(0.005)
-    took = time.monotonic() - t0
-    say(f"{'streamed' if stream else 'whole'} answer, client gone mid-prefill: released in "
-        f"{took * 1000:.0f} ms")
-    assert live(slow) == 0 and took < 0.2
+
+    def leave_mid_prefill():
+        c = connect(slow)
+        c.sendall(request(body=chat_body(max_tokens=64, stream=stream, documents=[doc],
+                                         messages=[{"role": "user", "content": "When?"}])))
+        deadline = time.monotonic() + 30
+        while live(slow) != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # well into its prefill (it takes seconds)
+        assert live(slow) == 1
+        t0 = time.monotonic()
+        c.close()
+        while live(slow) != 0 and time.monotonic() < t0 + 10:
+            time.sleep(0.005)
+        took = time.monotonic() - t0
+        say(f"{'streamed' if stream else 'whole'} answer, client gone mid-prefill: released in "
+            f"{took * 1000:.0f} ms")
+        assert live(slow) == 0
+        return took
+
+    # Released within a step or two (83-92 ms here), not at the end of a prefill of seconds.
+    # A timing on two shared cores: a second try absorbs one scheduling stall of the machine
+    # (ctest runs other tests beside this one); a release that waits for the prefill fails both.
+    took = leave_mid_prefill()
+    if took >= 0.2:
+        took = min(took, leave_mid_prefill())
+    assert took < 0.2
 
 
 # --- Who sees what ---------------------------------------------------------------------------

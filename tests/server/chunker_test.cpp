@@ -10,6 +10,7 @@
 #include "api.hpp"
 #include "chunker.hpp"
 #include "gguf.hpp"
+#include "model_files.hpp"
 #include "support/catch.hpp"
 #include "support/skip.hpp"
 #include "tokenizer.hpp"
@@ -185,28 +186,12 @@ TEST_CASE("chunks: a long run without separators is cut at anchors its content d
   CHECK(find_chunks(p.ids, p.pieces, no).size() == 1);
 }
 
-namespace {
-std::string model_file(const char* name) {
-  const char* home = std::getenv("HOME");
-  const std::string dir = std::getenv("RELOKV_MODEL_DIR") != nullptr
-                              ? std::getenv("RELOKV_MODEL_DIR")
-                              : std::string(home ? home : "") + "/.cache/relokv";
-  return dir + "/" + name;
-}
-}  // namespace
-
 TEST_CASE("chunks: on real tokenizers the prompt's tokens are kept and passages recur as spans",
           "[server][model]") {
   for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct.gguf",
                            "gemma-3-270m-q4_k_m.gguf"}) {
-    const std::string path = model_file(file);
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      std::fclose(f);
-    } else {
-      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
-      WARN("no " << path << ": its case is not run (scripts/get-model fetches it)");
-      continue;
-    }
+    const std::string path = relokv_test::fetched_model(file);
+    if (path.empty()) continue;
     INFO(file);
     const auto gguf = relokv_engine::gguf_file::open(path);
     const relokv_engine::tokenizer tok(gguf);
@@ -265,14 +250,8 @@ TEST_CASE("chunks: a forced cut keeps the first passage out of the prefix", "[se
 TEST_CASE("chunks: a conversation's earlier turns are cut the same way in its later requests",
           "[server][model]") {
   for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"}) {
-    const std::string path = model_file(file);
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      std::fclose(f);
-    } else {
-      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
-      WARN("no " << path << ": its case is not run (scripts/get-model fetches it)");
-      continue;
-    }
+    const std::string path = relokv_test::fetched_model(file);
+    if (path.empty()) continue;
     INFO(file);
     const auto gguf = relokv_engine::gguf_file::open(path);
     const relokv_engine::tokenizer tok(gguf);

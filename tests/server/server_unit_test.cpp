@@ -19,6 +19,7 @@
 #include "detok.hpp"
 #include "gguf.hpp"
 #include "metrics.hpp"
+#include "model_files.hpp"
 #include "scheduler.hpp"
 #include "serving_engine.hpp"
 #include "support/catch.hpp"
@@ -295,18 +296,6 @@ TEST_CASE("tokenizer: special-token literals in client text are text; the templa
   CHECK(std::find(s.begin(), s.end(), 2) == s.end());
 }
 
-namespace {
-
-std::string model_file(const char* name) {
-  const char* home = std::getenv("HOME");
-  const std::string dir = std::getenv("RELOKV_MODEL_DIR") != nullptr
-                              ? std::getenv("RELOKV_MODEL_DIR")
-                              : std::string(home ? home : "") + "/.cache/relokv";
-  return dir + "/" + name;
-}
-
-}  // namespace
-
 TEST_CASE("prompts: a document or message holding the model's own control literals stays text",
           "[server][model]") {
   struct model {
@@ -319,14 +308,8 @@ TEST_CASE("prompts: a document or message holding the model's own control litera
       {"gemma-3-270m-q4_k_m.gguf", {"<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>"}},
   };
   for (const model& mdl : models) {
-    const std::string path = model_file(mdl.file);
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      std::fclose(f);
-    } else {
-      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
-      WARN("no " << path << ": its case is not run (scripts/get-model fetches it)");
-      continue;
-    }
+    const std::string path = relokv_test::fetched_model(mdl.file);
+    if (path.empty()) continue;
     INFO(mdl.file);
     const auto file = relokv_engine::gguf_file::open(path);
     const relokv_engine::tokenizer tok(file);
@@ -404,14 +387,8 @@ TEST_CASE("keys: constant-time lookup, admin apart from tenants, bad entries nam
 TEST_CASE("tokenizer: a long text tokenizes in chunks exactly as its pieces do whole",
           "[server][model]") {
   for (const char* name : {"SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct.gguf"}) {
-    const std::string path = model_file(name);
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      std::fclose(f);
-    } else {
-      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
-      WARN("no " << path << ": its case is not run");
-      continue;
-    }
+    const std::string path = relokv_test::fetched_model(name);
+    if (path.empty()) continue;
     INFO(name);
     const auto file = relokv_engine::gguf_file::open(path);
     const relokv_engine::tokenizer tok(file);
@@ -531,14 +508,8 @@ TEST_CASE("output: the answer's text one token at a time equals the whole decode
           "[server][model]") {
   for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct.gguf",
                            "gemma-3-270m-q4_k_m.gguf"}) {
-    const std::string path = model_file(file);
-    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-      std::fclose(f);
-    } else {
-      if (relokv_test::in_ci()) FAIL("CI=true: no " << path << " (scripts/get-model)");
-      WARN("no " << path << ": its case is not run (scripts/get-model fetches it)");
-      continue;
-    }
+    const std::string path = relokv_test::fetched_model(file);
+    if (path.empty()) continue;
     INFO(file);
     const auto gguf = relokv_engine::gguf_file::open(path);
     const relokv_engine::tokenizer tok(gguf);

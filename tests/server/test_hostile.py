@@ -390,13 +390,14 @@ def test_a_client_that_leaves_is_released_at_once(slow, stream):
         assert live(slow) == 0
         return took
 
-    # Released within a step or two (83-92 ms here), not at the end of a prefill of seconds.
-    # A timing on two shared cores: a second try absorbs one scheduling stall of the machine
-    # (ctest runs other tests beside this one); a release that waits for the prefill fails both.
+    # Released within a step or two (83-92 ms alone, 216-366 ms beside ctest's other tests on
+    # two cores), not at the end of the prefill (seconds at 4 rows a step). A timing on a shared
+    # machine: the bound leaves room for the load, a release that waits for the prefill exceeds
+    # it, and a second try absorbs one stall.
     took = leave_mid_prefill()
-    if took >= 0.2:
+    if took >= 0.5:
         took = min(took, leave_mid_prefill())
-    assert took < 0.2
+    assert took < 0.5
 
 
 # --- Who sees what ---------------------------------------------------------------------------

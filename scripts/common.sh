@@ -9,7 +9,7 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$RELOKV_ROOT}
 # the exact command is printed and the script stops.
 RELOKV_DEB_PACKAGES=(cmake ninja-build g++ clang libclang-rt-dev clang-format libxxhash-dev
   catch2 libbenchmark-dev libssl-dev libopenblas-dev ccache
-  nlohmann-json3-dev libcli11-dev libhiredis-dev libboost1.81-dev redis-server python3 python3-pip python3-numpy)
+  nlohmann-json3-dev libcli11-dev libhiredis-dev libboost1.81-dev redis-server python3 python3-pip python3-numpy python3-venv python3-dev)
 
 relokv_ensure_packages() {
   local missing=() p
@@ -44,6 +44,14 @@ relokv_ensure_server_clients() {
   echo "relokv: installing openai and pytest for $(command -v python3) (pip)" >&2
   python3 -m pip install -q openai pytest >&2 ||
     echo "relokv: could not install openai/pytest; the server tests will report skipped" >&2
+}
+
+# The Python package (python/, docs/python.md): nanobind and scikit-build-core build it (PyPI).
+relokv_ensure_python_build() {
+  python3 -c 'import nanobind, scikit_build_core' 2>/dev/null && return 0
+  echo "relokv: installing nanobind and scikit-build-core for $(command -v python3) (pip)" >&2
+  python3 -m pip install -q nanobind scikit-build-core >&2 ||
+    echo "relokv: could not install nanobind; the Python package is not built" >&2
 }
 
 # The span-link trainer (tools/links) and its tests: JAX's CPU wheels (~100 MB) and llama.cpp's

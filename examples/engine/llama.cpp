@@ -81,6 +81,14 @@ typename llama_engine<P, T>::live_request& llama_engine<P, T>::seq(seq_id s,
 }
 
 template <class P, class T>
+std::vector<relokv::block_entry> llama_engine<P, T>::block_table(seq_id s) const {
+  const live_request& r = seq(s, "block_table");
+  if (!r.req) return {};
+  const auto b = r.req->blocks();
+  return {b.begin(), b.end()};
+}
+
+template <class P, class T>
 typename llama_engine<P, T>::seq_id llama_engine<P, T>::open(
     const relokv::request_layout& layout, const relokv::recompute::any_strategy& strategy,
     prefill_stats* stats, const relokv::extra_keys& extras, std::uint64_t principal) {

@@ -182,6 +182,11 @@ class llama_engine {
   /// Ends a sequence: `commit` registers its blocks for reuse (and writes new ones to the
   /// store), then they are released. Unknown ids are ignored.
   void close(seq_id s, bool commit);
+  /// The blocks a live sequence reads, in order: {pool block, first position, valid slots}
+  /// (its KV is kv()'s rows of those blocks). @throws std::logic_error for an unknown id
+  [[nodiscard]] std::vector<relokv::block_entry> block_table(seq_id s) const;
+  /// The one-request loop's live sequence (prefill() to end()), or -1.
+  [[nodiscard]] seq_id current() const noexcept { return current_; }
   /// Live sequences.
   [[nodiscard]] std::int32_t live() const noexcept {
     return static_cast<std::int32_t>(seqs_.size());

@@ -129,7 +129,7 @@ def run(
     kv_dtype: str = "bf16",
     seed: int = 1,
     links: Optional[str] = None,
-    noise_floor: bool = False,
+    noise_floor: bool = True,
     num_blocks: int = 4096,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> RunResult:

@@ -149,7 +149,7 @@ nb::object pool_view(any_engine& e, nb::handle owner, std::size_t offset, std::s
   if (e.bf16()) {
     auto* p = static_cast<relokv::bf16*>(e.kv_data()) + offset;
     const nb::dlpack::dtype bf16{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
-    return nb::cast(nb::ndarray<>(p, ndim, shape, owner, strides, bf16));
+    return nb::cast(nb::ndarray<nb::array_api>(p, ndim, shape, owner, strides, bf16));
   }
   float* p = static_cast<float*>(e.kv_data()) + offset;
   return nb::cast(nb::ndarray<nb::numpy, float>(p, ndim, shape, owner, strides));
@@ -341,15 +341,16 @@ void bind_engine(nb::module_& m) {
             std::vector<float> cur = std::move(first);
             for (std::int32_t i = 0; i < max_tokens; ++i) {
               const relokv::token_t t = relokv_engine::argmax(cur);
+              if (t == eot) break;
               out.push_back(t);
-              if (t == eot || i + 1 == max_tokens) break;
+              if (i + 1 == max_tokens) break;
               cur = e.e->decode(t);
             }
             return out;
           },
           "logits"_a, "max_tokens"_a = 32, "stop"_a = nb::none(),
-          "Greedy answer from prefill's logits: up to max_tokens ids, ending with the stop id\n"
-          "(default: the end of turn) when it comes. Each token but the last is decoded.")
+          "Greedy answer from prefill's logits: up to max_tokens ids, ending before the stop id\n"
+          "(default: the end of turn; not returned). Each returned token but the last is decoded.")
       .def(
           "end",
           [](py_engine& e, bool commit) {
@@ -400,6 +401,22 @@ void bind_engine(nb::module_& m) {
           "The KV pool without a copy: [layer, block, k|v, kv_head, slot, dim], float32 for\n"
           "kv_dtype='fp32' (numpy.asarray, torch.from_dlpack) or bfloat16 (torch.from_dlpack).\n"
           "Keys are as the placement stores them. Later requests overwrite freed blocks.")
+      .def_prop_ro(
+          "kv_bits",
+          [](nb::handle self) -> nb::object {
+            py_engine& e = nb::cast<py_engine&>(self);
+            if (!e.e->bf16()) return nb::none();
+            const relokv::kv_shape& s = e.e->kv_shape();
+            const std::size_t shape[6] = {static_cast<std::size_t>(s.num_layers),
+                                          static_cast<std::size_t>(s.num_blocks), 2,
+                                          static_cast<std::size_t>(s.num_kv_heads),
+                                          static_cast<std::size_t>(s.block_size),
+                                          static_cast<std::size_t>(s.head_dim)};
+            return nb::cast(nb::ndarray<nb::numpy, std::uint16_t>(
+                static_cast<std::uint16_t*>(e.e->kv_data()), 6, shape, self));
+          },
+          "A bf16 pool's bits as uint16, for numpy (which has no bfloat16), without a copy;\n"
+          "None for an fp32 pool. float32 values: (bits.astype(uint32) << 16).view(float32).")
       .def(
           "request_kv",
           [](nb::handle self) {

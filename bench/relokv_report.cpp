@@ -37,7 +37,9 @@ void usage() {
       "               store_cluster: the Redis Cluster group alone; rag_gemma3: the QA\n"
       "               job on Gemma 3 270M (sliding windows), $RELOKV_GEMMA3_REQUESTS\n"
       "               questions; rag_links: span links on held-out questions; rag_escalation: the\n"
-      "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions)\n");
+      "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions;\n"
+      "               python_: a plan from Python against the same plan in C++,\n"
+      "               bench/python_plan_overhead.py)\n");
 }
 }  // namespace
 
@@ -158,6 +160,29 @@ int main(int argc, char** argv) {
 #endif
     return 0;
   }
+  // The Python package's plan overhead (bench/python_plan_overhead.py, seconds): alone under
+  // --filter python_, and with everything else.
+  const auto python = [&] {
+#ifdef RELOKV_PYTHON_PLAN_OVERHEAD
+    const std::string cmd = std::string(RELOKV_PYTHON_PLAN_OVERHEAD) + " " + std::to_string(reps);
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) {
+      std::fprintf(stderr, "relokv_report: cannot run %s\n", cmd.c_str());
+      return 1;
+    }
+    char line[512];
+    while (std::fgets(line, sizeof line, p) != nullptr)
+      if (filter.empty() || std::string(line).find(filter) != std::string::npos)
+        std::fputs(line, stdout);
+    std::fflush(stdout);
+    return pclose(p) == 0 ? 0 : 1;
+#else
+    std::fprintf(stderr, "relokv_report: python_* skipped: this build has no Python package "
+                         "(-DRELOKV_BUILD_PYTHON=ON)\n");
+    return 0;
+#endif
+  };
+  if (filter.rfind("python_", 0) == 0) return python();
   if (filter.rfind("rag_", 0) == 0) {
 #if RELOKV_REPORT_ENGINE
     print(relokv_bench::rag_figures());
@@ -173,6 +198,7 @@ int main(int argc, char** argv) {
     print(relokv_bench::engine_figures(reps));
     print(relokv_bench::rag_figures());
 #endif
+    if (filter.empty() && python() != 0) return 1;
   }
 #if RELOKV_REPORT_LLAMA_CPP
   print(relokv_bench::llama_cpp_figures(reps));

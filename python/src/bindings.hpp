@@ -4,6 +4,7 @@
 // engine.cpp the example engine and its tokenizer; rag.cpp the QA job.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -37,8 +38,17 @@ struct strategy {
 /// The strategy `name` (a named one or a kind), with `k` / `ratio` overriding its budget.
 /// @throws std::invalid_argument for an unknown name; relokv::error for a bad budget
 strategy make_strategy(const std::string& name, std::int64_t k, double ratio);
-/// A Python argument that is a Strategy or a name.
-strategy strategy_arg(nb::handle h);
+/// A Python argument that is a Strategy (read in place, no copy) or a name (made here).
+class strategy_ref {
+ public:
+  explicit strategy_ref(nb::handle h);
+  const strategy& operator*() const noexcept { return *p_; }
+  const strategy* operator->() const noexcept { return p_; }
+
+ private:
+  std::optional<strategy> own_;
+  const strategy* p_ = nullptr;
+};
 
 /// A model named by scripts/get-model's name that is not fetched (relokv.ModelError).
 struct model_missing : std::runtime_error {

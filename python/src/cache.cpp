@@ -1,4 +1,5 @@
 // relokv.Cache: relocatable_cache with its policies chosen by name, its plans, its stores.
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -208,6 +209,26 @@ nb::dict stats_dict(const relokv::cache_stats& s) {
 nb::dict cache_stats_dict(const relokv::cache_stats& s) { return stats_dict(s); }
 
 void bind_cache(nb::module_& m) {
+  // The C++ side of bench/python_plan_overhead.py: the same plan and release as Cache.plan and
+  // Cache.release, `iterations` times in C++; nanoseconds per plan and release.
+  m.def(
+      "_bench_plan",
+      [](py_cache& c, const relokv::request_layout& l, nb::handle strategy_h, std::int64_t iterations) {
+        if (iterations <= 0) throw relokv::error("_bench_plan: iterations must be positive");
+        const strategy_ref s(strategy_h);
+        nb::gil_scoped_release unlock;
+        const std::lock_guard lock(c.m);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (std::int64_t i = 0; i < iterations; ++i) {
+          const relokv::reuse_plan p = c.c->plan(l, &s->made, {}, 0);
+          if (p.ok()) c.c->release(p.id);
+        }
+        const auto ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0);
+        return ns.count() / static_cast<double>(iterations);
+      },
+      "cache"_a, "layout"_a, "strategy"_a, "iterations"_a,
+      "Benchmark support: ns per plan and release of `layout`, looped in C++.");
+
   nb::class_<py_plan>(m, "Plan",
                       "What Cache.plan decided for one request: each block's source, the tokens to\n"
                       "compute, the copies and fetches an engine applies first.")
@@ -305,7 +326,7 @@ void bind_cache(nb::module_& m) {
             if (pool != "lru") throw relokv::error("Cache: pool '" + pool + "' is not one of lru");
             if (hash != "xxh3_128" && hash != "xxh3_64")
               throw relokv::error("Cache: hash '" + hash + "' is not one of xxh3_128, xxh3_64");
-            const strategy s = strategy_arg(strategy_h);
+            const strategy_ref s(strategy_h);
             relokv::any_store st;
             if (store) {
               relokv::seal_options seal;
@@ -327,15 +348,20 @@ void bind_cache(nb::module_& m) {
             }
             auto c = hash == "xxh3_128"
                          ? with_placement<relokv::xxh3_128>(placement, num_blocks, block_size, seed,
-                                                            s.made, std::move(st), shape, fingerprint)
+                                                            s->made, std::move(st), shape, fingerprint)
                          : with_placement<relokv::xxh3_64>(placement, num_blocks, block_size, seed,
-                                                           s.made, std::move(st), shape, fingerprint);
+                                                           s->made, std::move(st), shape, fingerprint);
             new (self) py_cache{std::move(c), hash, placement, {}};
           },
           "num_blocks"_a, "block_size"_a = 16, "hash"_a = "xxh3_128", "pool"_a = "lru",
           "placement"_a = "at_attention", "strategy"_a = "naive", "store"_a = nb::none(),
           "kv_shape"_a = nb::none(), "seal_key_env"_a = nb::none(), "seal_key_file"_a = nb::none(),
           "seed"_a = 0, "fingerprint"_a = 1,
+          nb::sig("def __init__(self, num_blocks: int, block_size: int = 16, hash: str = 'xxh3_128', "
+                  "pool: str = 'lru', placement: str = 'at_attention', strategy: Strategy | str = 'naive', "
+                  "store: str | None = None, kv_shape: tuple[int, int, int] | None = None, "
+                  "seal_key_env: str | None = None, seal_key_file: str | None = None, seed: int = 0, "
+                  "fingerprint: int = 1) -> None"),
           "num_blocks: the pool's blocks. block_size: tokens per block (a power of two).\n"
           "hash: xxh3_128 or xxh3_64 (keys; seed salts them per deployment). pool: lru.\n"
           "placement: at_attention (keys stored unrotated), pre_rotated, block_relative.\n"
@@ -349,8 +375,8 @@ void bind_cache(nb::module_& m) {
           "plan",
           [](py_cache& c, const relokv::request_layout& l, nb::handle strategy_h, std::uint64_t tenant,
              std::uint64_t principal, std::uint64_t model) {
-            std::optional<strategy> s;
-            if (!strategy_h.is_none()) s = strategy_arg(strategy_h);
+            std::optional<strategy_ref> s;
+            if (!strategy_h.is_none()) s.emplace(strategy_h);
             relokv::extra_keys x;
             x.tenant_salt = tenant;
             x.model_fingerprint = model;
@@ -360,11 +386,13 @@ void bind_cache(nb::module_& m) {
             {
               nb::gil_scoped_release unlock;
               const std::lock_guard lock(c.m);
-              out.plan = c.c->plan(l, s ? &s->made : nullptr, x, principal);
+              out.plan = c.c->plan(l, s ? &(*s)->made : nullptr, x, principal);
             }
             return out;
           },
           "layout"_a, "strategy"_a = nb::none(), "tenant"_a = 0, "principal"_a = 0, "model"_a = 0,
+          nb::sig("def plan(self, layout: Layout, strategy: Strategy | str | None = None, tenant: int = 0, "
+                  "principal: int = 0, model: int = 0) -> Plan"),
           "Plans a request: looks every block up (context key, then content key), lets the\n"
           "strategy (default: the cache's) pick reused tokens to recompute, and takes the blocks.\n"
           "tenant salts the keys (tenants share nothing); principal names the sender for the\n"
@@ -378,7 +406,7 @@ void bind_cache(nb::module_& m) {
             const std::lock_guard lock(c.m);
             c.c->commit(id);
           },
-          "plan"_a,
+          "plan"_a, nb::sig("def commit(self, plan: Plan | int) -> None"),
           "Registers the request's new blocks for reuse (and writes them to the store) once the\n"
           "engine has written them. Raises Error for an unknown or already committed request.")
       .def(
@@ -388,7 +416,7 @@ void bind_cache(nb::module_& m) {
             const std::lock_guard lock(c.m);
             c.c->release(id);
           },
-          "plan"_a, "Ends a request: its blocks stay cached, evictable.")
+          "plan"_a, nb::sig("def release(self, plan: Plan | int) -> None"), "Ends a request: its blocks stay cached, evictable.")
       .def_prop_ro(
           "stats",
           [](py_cache& c) {
@@ -463,6 +491,7 @@ void bind_cache(nb::module_& m) {
                                           static_cast<std::size_t>(sh.head_dim)};
             return nb::cast(nb::ndarray<nb::numpy, float>(s->data(), 6, shape, self));
           },
+          nb::sig("def kv(self) -> numpy.typing.NDArray[numpy.float32] | None"),
           "The storage of a cache made with kv_shape, without a copy: float32\n"
           "[layer, block, k|v, kv_head, slot, dim]. None otherwise.");
 }

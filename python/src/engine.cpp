@@ -239,7 +239,8 @@ void bind_engine(nb::module_& m) {
             }
             return e.tok->decode(t);
           },
-          "ids"_a, "Token ids to text.")
+          "ids"_a, nb::sig("def detokenize(self, ids: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> str"),
+          "Token ids to text.")
       .def(
           "layout",
           [](py_engine& e, const std::vector<std::string>& documents, const std::string& question,
@@ -274,7 +275,7 @@ void bind_engine(nb::module_& m) {
           "prefill",
           [](py_engine& e, const relokv::request_layout& layout, nb::handle strategy_h,
              std::uint64_t tenant, std::uint64_t principal) {
-            const strategy s = strategy_arg(strategy_h);
+            const strategy_ref s(strategy_h);
             relokv::extra_keys x;
             x.tenant_salt = tenant;
             x.adapter_id = layout.adapter_id;
@@ -289,13 +290,13 @@ void bind_engine(nb::module_& m) {
               if (e.e->live())
                 throw relokv::error("prefill: a request is live; end() it first");
               relokv_engine::prefill_stats st;
-              if (s.spans) {
-                logits = e.e->prefill(layout, s.made, &st, x, principal);
+              if (s->spans) {
+                logits = e.e->prefill(layout, s->made, &st, x, principal);
               } else {  // 'prefix': the whole prompt one prefix, reused by exact key only
                 const auto one = relokv::layout_builder(e.block_size, e.model->input_ids())
                                      .prefix(layout.tokens)
                                      .build();
-                logits = e.e->prefill(one, s.made, &st, x, principal);
+                logits = e.e->prefill(one, s->made, &st, x, principal);
               }
               e.last = std::move(st);
               e.have_last = true;
@@ -303,6 +304,8 @@ void bind_engine(nb::module_& m) {
             return to_numpy(std::move(logits));
           },
           "layout"_a, "strategy"_a = "full", "tenant"_a = 0, "principal"_a = 0,
+          nb::sig("def prefill(self, layout: Layout, strategy: Strategy | str = 'full', tenant: int = 0, "
+                  "principal: int = 0) -> numpy.typing.NDArray[numpy.float32]"),
           "Prefills a request, reusing cached blocks as the strategy says, and returns the last\n"
           "token's logits (float32). The request stays live for decode() until end().")
       .def(

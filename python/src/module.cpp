@@ -85,9 +85,10 @@ std::vector<relokv::token_t> tokens_of(nb::handle h, const char* what) {
 }
 
 strategy make_strategy(const std::string& name, std::int64_t k, double ratio) {
+  static const auto table = relokv_engine::strategy_table();
   strategy s;
   bool found = false;
-  for (const auto& n : relokv_engine::strategy_table()) {
+  for (const auto& n : table) {
     if (n.key != name) continue;
     s.key = n.key;
     s.name = n.name;
@@ -102,7 +103,7 @@ strategy make_strategy(const std::string& name, std::int64_t k, double ratio) {
     for (const char* kind : kinds) found = found || name == kind;
     if (!found) {
       std::string known;
-      for (const auto& n : relokv_engine::strategy_table()) known += n.key + ", ";
+      for (const auto& n : table) known += n.key + ", ";
       for (const char* kind : kinds) known += std::string(kind) + ", ";
       known.resize(known.size() - 2);
       throw std::invalid_argument("unknown strategy '" + name + "' (" + known + ")");
@@ -121,10 +122,15 @@ strategy make_strategy(const std::string& name, std::int64_t k, double ratio) {
   return s;
 }
 
-strategy strategy_arg(nb::handle h) {
-  if (nb::isinstance<strategy>(h)) return nb::cast<strategy>(h);
-  if (nb::isinstance<nb::str>(h)) return make_strategy(nb::cast<std::string>(h), -1, -1);
-  throw nb::type_error("strategy: a relokv.Strategy or a strategy's name");
+strategy_ref::strategy_ref(nb::handle h) {
+  if (nb::isinstance<strategy>(h)) {
+    p_ = nb::inst_ptr<strategy>(h);
+  } else if (nb::isinstance<nb::str>(h)) {
+    own_ = make_strategy(nb::cast<std::string>(h), -1, -1);
+    p_ = &*own_;
+  } else {
+    throw nb::type_error("strategy: a relokv.Strategy or a strategy's name");
+  }
 }
 
 }  // namespace relokv_py
@@ -221,6 +227,7 @@ void bind_layout(nb::module_& m) {
             return b.prefix(tokens_of(t, "prefix"));
           },
           "tokens"_a, nb::rv_policy::reference,
+          nb::sig("def prefix(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> LayoutBuilder"),
           "The shared prefix (first, at most once): reused by exact key, the spans' context.")
       .def(
           "span",
@@ -228,6 +235,7 @@ void bind_layout(nb::module_& m) {
             return b.span(tokens_of(t, "span"));
           },
           "tokens"_a, nb::rv_policy::reference,
+          nb::sig("def span(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> LayoutBuilder"),
           "A relocatable span: cached once, reused at any position behind the same context.")
       .def(
           "span_context",
@@ -235,6 +243,7 @@ void bind_layout(nb::module_& m) {
             return b.span_context(tokens_of(t, "span_context"));
           },
           "tokens"_a, nb::rv_policy::reference,
+          nb::sig("def span_context(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> LayoutBuilder"),
           "What the spans were computed behind, instead of the prefix (a sink absorber).")
       .def(
           "dependent",
@@ -246,6 +255,7 @@ void bind_layout(nb::module_& m) {
             return b.dependent(tokens_of(t, "dependent"), last_n);
           },
           "tokens"_a, "last_n"_a = 0, nb::rv_policy::reference,
+          nb::sig("def dependent(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike, last_n: int = 0) -> LayoutBuilder"),
           "A segment bound to every token before it (last_n = 0) or to the last last_n.")
       .def(
           "question",
@@ -253,6 +263,7 @@ void bind_layout(nb::module_& m) {
             return b.question(tokens_of(t, "question"));
           },
           "tokens"_a, nb::rv_policy::reference,
+          nb::sig("def question(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> LayoutBuilder"),
           "The question: bound to everything before it; it ends the request.")
       .def("build", &relokv::layout_builder::build, "The Layout (raises LayoutError when invalid).");
 }

@@ -177,8 +177,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     return pclose(p) == 0 ? 0 : 1;
 #else
-    std::fprintf(stderr, "relokv_report: python_* skipped: this build has no Python package "
-                         "(-DRELOKV_BUILD_PYTHON=ON)\n");
+    std::fprintf(stderr,
+                 "relokv_report: python_* skipped: this build has no Python package "
+                 "(-DRELOKV_BUILD_PYTHON=ON)\n");
     return 0;
 #endif
   };

@@ -33,17 +33,23 @@ using namespace nb::literals;
 
 const char* status_name(relokv::block_status s) {
   switch (s) {
-    case relokv::block_status::kMiss: return "miss";
-    case relokv::block_status::kExactHit: return "exact";
-    case relokv::block_status::kRelocatedHit: return "relocated";
+    case relokv::block_status::kMiss:
+      return "miss";
+    case relokv::block_status::kExactHit:
+      return "exact";
+    case relokv::block_status::kRelocatedHit:
+      return "relocated";
   }
   return "?";
 }
 const char* tier_name(relokv::block_tier t) {
   switch (t) {
-    case relokv::block_tier::kComputed: return "computed";
-    case relokv::block_tier::kPool: return "pool";
-    case relokv::block_tier::kStore: return "store";
+    case relokv::block_tier::kComputed:
+      return "computed";
+    case relokv::block_tier::kPool:
+      return "pool";
+    case relokv::block_tier::kStore:
+      return "store";
   }
   return "?";
 }
@@ -157,10 +163,11 @@ struct py_cache {
 };
 
 template <class H>
-std::unique_ptr<any_cache> with_placement(const std::string& placement, std::int32_t n, std::int32_t bs,
-                                          std::uint64_t seed, relokv::recompute::any_strategy s,
-                                          relokv::any_store store, std::optional<relokv::kv_shape> shape,
-                                          std::uint64_t fp) {
+std::unique_ptr<any_cache> with_placement(const std::string& placement, std::int32_t n,
+                                          std::int32_t bs, std::uint64_t seed,
+                                          relokv::recompute::any_strategy s,
+                                          relokv::any_store store,
+                                          std::optional<relokv::kv_shape> shape, std::uint64_t fp) {
   if (placement == "at_attention")
     return std::make_unique<cache_impl<H, relokv::at_attention>>(n, bs, seed, std::move(s),
                                                                  std::move(store), shape, fp);
@@ -213,7 +220,8 @@ void bind_cache(nb::module_& m) {
   // Cache.release, `iterations` times in C++; nanoseconds per plan and release.
   m.def(
       "_bench_plan",
-      [](py_cache& c, const relokv::request_layout& l, nb::handle strategy_h, std::int64_t iterations) {
+      [](py_cache& c, const relokv::request_layout& l, nb::handle strategy_h,
+         std::int64_t iterations) {
         if (iterations <= 0) throw relokv::error("_bench_plan: iterations must be positive");
         const strategy_ref s(strategy_h);
         nb::gil_scoped_release unlock;
@@ -223,18 +231,22 @@ void bind_cache(nb::module_& m) {
           const relokv::reuse_plan p = c.c->plan(l, &s->made, {}, 0);
           if (p.ok()) c.c->release(p.id);
         }
-        const auto ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0);
+        const auto ns =
+            std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0);
         return ns.count() / static_cast<double>(iterations);
       },
       "cache"_a, "layout"_a, "strategy"_a, "iterations"_a,
       "Benchmark support: ns per plan and release of `layout`, looped in C++.");
 
-  nb::class_<py_plan>(m, "Plan",
-                      "What Cache.plan decided for one request: each block's source, the tokens to\n"
-                      "compute, the copies and fetches an engine applies first.")
-      .def_prop_ro("ok", [](const py_plan& p) { return p.plan.ok(); },
-                   "False when the pool could not hold the request (nothing was taken).")
-      .def_prop_ro("id", [](const py_plan& p) { return p.plan.id; }, "The request's id.")
+  nb::class_<py_plan>(
+      m, "Plan",
+      "What Cache.plan decided for one request: each block's source, the tokens to\n"
+      "compute, the copies and fetches an engine applies first.")
+      .def_prop_ro(
+          "ok", [](const py_plan& p) { return p.plan.ok(); },
+          "False when the pool could not hold the request (nothing was taken).")
+      .def_prop_ro(
+          "id", [](const py_plan& p) { return p.plan.id; }, "The request's id.")
       .def_prop_ro("blocks_short", [](const py_plan& p) { return p.plan.blocks_short; })
       .def_prop_ro("exact_hits", [](const py_plan& p) { return p.plan.exact_hits; })
       .def_prop_ro("relocated_hits", [](const py_plan& p) { return p.plan.relocated_hits; })
@@ -281,8 +293,7 @@ void bind_cache(nb::module_& m) {
           },
           nb::rv_policy::automatic, "The positions the engine computes, ascending (int32).")
       .def_prop_ro(
-          "reused",
-          [](const py_plan& p) { return to_numpy(p.plan.reused_mask()); },
+          "reused", [](const py_plan& p) { return to_numpy(p.plan.reused_mask()); },
           nb::rv_policy::automatic, "Per token, 1 where its K/V come from a cached block (uint8).")
       .def_prop_ro(
           "block_table",
@@ -296,7 +307,8 @@ void bind_cache(nb::module_& m) {
           "copies",
           [](const py_plan& p) {
             std::vector<std::tuple<std::int32_t, std::int32_t, std::int32_t, std::int32_t>> v;
-            for (const auto& c : p.plan.copies) v.emplace_back(c.src, c.dst, c.src_pos0, c.dst_pos0);
+            for (const auto& c : p.plan.copies)
+              v.emplace_back(c.src, c.dst, c.src_pos0, c.dst_pos0);
             return v;
           },
           "Copies on write as (src, dst, src_pos0, dst_pos0); a cache with kv_shape applied them.")
@@ -317,9 +329,10 @@ void bind_cache(nb::module_& m) {
       "An engine computes what a plan says; relokv.Engine is one.")
       .def(
           "__init__",
-          [](py_cache* self, std::int32_t num_blocks, std::int32_t block_size, const std::string& hash,
-             const std::string& pool, const std::string& placement, nb::handle strategy_h,
-             std::optional<std::string> store, std::optional<std::tuple<int, int, int>> kv_shape,
+          [](py_cache* self, std::int32_t num_blocks, std::int32_t block_size,
+             const std::string& hash, const std::string& pool, const std::string& placement,
+             nb::handle strategy_h, std::optional<std::string> store,
+             std::optional<std::tuple<int, int, int>> kv_shape,
              std::optional<std::string> seal_key_env, std::optional<std::string> seal_key_file,
              std::uint64_t seed, std::uint64_t fingerprint) {
             if (num_blocks <= 0) throw relokv::error("Cache: num_blocks must be positive");
@@ -346,22 +359,25 @@ void bind_cache(nb::module_& m) {
                   "Cache: a store needs kv_shape=(layers, kv_heads, head_dim): the blocks it reads "
                   "and writes live in the cache's storage (Cache.kv)");
             }
-            auto c = hash == "xxh3_128"
-                         ? with_placement<relokv::xxh3_128>(placement, num_blocks, block_size, seed,
-                                                            s->made, std::move(st), shape, fingerprint)
-                         : with_placement<relokv::xxh3_64>(placement, num_blocks, block_size, seed,
-                                                           s->made, std::move(st), shape, fingerprint);
+            auto c =
+                hash == "xxh3_128"
+                    ? with_placement<relokv::xxh3_128>(placement, num_blocks, block_size, seed,
+                                                       s->made, std::move(st), shape, fingerprint)
+                    : with_placement<relokv::xxh3_64>(placement, num_blocks, block_size, seed,
+                                                      s->made, std::move(st), shape, fingerprint);
             new (self) py_cache{std::move(c), hash, placement, {}};
           },
           "num_blocks"_a, "block_size"_a = 16, "hash"_a = "xxh3_128", "pool"_a = "lru",
           "placement"_a = "at_attention", "strategy"_a = "naive", "store"_a = nb::none(),
           "kv_shape"_a = nb::none(), "seal_key_env"_a = nb::none(), "seal_key_file"_a = nb::none(),
           "seed"_a = 0, "fingerprint"_a = 1,
-          nb::sig("def __init__(self, num_blocks: int, block_size: int = 16, hash: str = 'xxh3_128', "
-                  "pool: str = 'lru', placement: str = 'at_attention', strategy: Strategy | str = 'naive', "
-                  "store: str | None = None, kv_shape: tuple[int, int, int] | None = None, "
-                  "seal_key_env: str | None = None, seal_key_file: str | None = None, seed: int = 0, "
-                  "fingerprint: int = 1) -> None"),
+          nb::sig(
+              "def __init__(self, num_blocks: int, block_size: int = 16, hash: str = 'xxh3_128', "
+              "pool: str = 'lru', placement: str = 'at_attention', strategy: Strategy | str = "
+              "'naive', "
+              "store: str | None = None, kv_shape: tuple[int, int, int] | None = None, "
+              "seal_key_env: str | None = None, seal_key_file: str | None = None, seed: int = 0, "
+              "fingerprint: int = 1) -> None"),
           "num_blocks: the pool's blocks. block_size: tokens per block (a power of two).\n"
           "hash: xxh3_128 or xxh3_64 (keys; seed salts them per deployment). pool: lru.\n"
           "placement: at_attention (keys stored unrotated), pre_rotated, block_relative.\n"
@@ -373,8 +389,8 @@ void bind_cache(nb::module_& m) {
           "fingerprint: the model's identity in the store's keys.")
       .def(
           "plan",
-          [](py_cache& c, const relokv::request_layout& l, nb::handle strategy_h, std::uint64_t tenant,
-             std::uint64_t principal, std::uint64_t model) {
+          [](py_cache& c, const relokv::request_layout& l, nb::handle strategy_h,
+             std::uint64_t tenant, std::uint64_t principal, std::uint64_t model) {
             std::optional<strategy_ref> s;
             if (!strategy_h.is_none()) s.emplace(strategy_h);
             relokv::extra_keys x;
@@ -391,7 +407,8 @@ void bind_cache(nb::module_& m) {
             return out;
           },
           "layout"_a, "strategy"_a = nb::none(), "tenant"_a = 0, "principal"_a = 0, "model"_a = 0,
-          nb::sig("def plan(self, layout: Layout, strategy: Strategy | str | None = None, tenant: int = 0, "
+          nb::sig("def plan(self, layout: Layout, strategy: Strategy | str | None = None, tenant: "
+                  "int = 0, "
                   "principal: int = 0, model: int = 0) -> Plan"),
           "Plans a request: looks every block up (context key, then content key), lets the\n"
           "strategy (default: the cache's) pick reused tokens to recompute, and takes the blocks.\n"
@@ -416,7 +433,8 @@ void bind_cache(nb::module_& m) {
             const std::lock_guard lock(c.m);
             c.c->release(id);
           },
-          "plan"_a, nb::sig("def release(self, plan: Plan | int) -> None"), "Ends a request: its blocks stay cached, evictable.")
+          "plan"_a, nb::sig("def release(self, plan: Plan | int) -> None"),
+          "Ends a request: its blocks stay cached, evictable.")
       .def_prop_ro(
           "stats",
           [](py_cache& c) {
@@ -452,8 +470,7 @@ void bind_cache(nb::module_& m) {
             const auto o = c.c->origin_of(b);
             return std::make_tuple(o.canonical, o.principal);
           },
-          "block"_a,
-          "A cached block's provenance: (canonical, principal that computed it).")
+          "block"_a, "A cached block's provenance: (canonical, principal that computed it).")
       .def(
           "tokens_of",
           [](py_cache& c, std::int32_t b) {
@@ -463,20 +480,23 @@ void bind_cache(nb::module_& m) {
             return to_numpy(c.c->tokens_of(b));
           },
           "block"_a, "The tokens a cached block holds.")
-      .def_prop_ro("cached_blocks", [](py_cache& c) {
-        const std::lock_guard lock(c.m);
-        return c.c->cached_blocks();
-      })
-      .def_prop_ro("live_requests", [](py_cache& c) {
-        const std::lock_guard lock(c.m);
-        return c.c->live_requests();
-      })
+      .def_prop_ro("cached_blocks",
+                   [](py_cache& c) {
+                     const std::lock_guard lock(c.m);
+                     return c.c->cached_blocks();
+                   })
+      .def_prop_ro("live_requests",
+                   [](py_cache& c) {
+                     const std::lock_guard lock(c.m);
+                     return c.c->live_requests();
+                   })
       .def_prop_ro("num_blocks", [](py_cache& c) { return c.c->capacity(); })
       .def_prop_ro("block_size", [](py_cache& c) { return c.c->block_size(); })
       .def_ro("hash", &py_cache::hash)
       .def_ro("placement", &py_cache::placement)
-      .def_prop_ro("store", [](py_cache& c) { return c.c->store_description(); },
-                   "The store's URL, its password redacted ('' without a store).")
+      .def_prop_ro(
+          "store", [](py_cache& c) { return c.c->store_description(); },
+          "The store's URL, its password redacted ('' without a store).")
       .def_prop_ro(
           "kv",
           [](nb::handle self) -> nb::object {
@@ -485,7 +505,8 @@ void bind_cache(nb::module_& m) {
             if (!s) return nb::none();
             const relokv::kv_shape& sh = s->shape();
             const std::size_t shape[6] = {static_cast<std::size_t>(sh.num_layers),
-                                          static_cast<std::size_t>(sh.num_blocks), 2,
+                                          static_cast<std::size_t>(sh.num_blocks),
+                                          2,
                                           static_cast<std::size_t>(sh.num_kv_heads),
                                           static_cast<std::size_t>(sh.block_size),
                                           static_cast<std::size_t>(sh.head_dim)};

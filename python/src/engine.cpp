@@ -57,7 +57,8 @@ class engine_impl final : public any_engine {
   engine_impl(std::shared_ptr<const relokv_engine::llama_model> m, std::int32_t num_blocks,
               std::int32_t block_size, relokv::any_store store)
       : e_(std::move(m), num_blocks, block_size, std::move(store)) {}
-  std::vector<float> prefill(const relokv::request_layout& l, const relokv::recompute::any_strategy& s,
+  std::vector<float> prefill(const relokv::request_layout& l,
+                             const relokv::recompute::any_strategy& s,
                              relokv_engine::prefill_stats* st, const relokv::extra_keys& x,
                              std::uint64_t principal) override {
     return e_.prefill(l, s, st, x, principal);
@@ -85,11 +86,14 @@ std::unique_ptr<any_engine> make_engine(const std::string& placement,
                                         std::shared_ptr<const relokv_engine::llama_model> m,
                                         std::int32_t n, std::int32_t bs, relokv::any_store store) {
   if (placement == "block_relative")
-    return std::make_unique<engine_impl<relokv::block_relative, T>>(std::move(m), n, bs, std::move(store));
+    return std::make_unique<engine_impl<relokv::block_relative, T>>(std::move(m), n, bs,
+                                                                    std::move(store));
   if (placement == "at_attention")
-    return std::make_unique<engine_impl<relokv::at_attention, T>>(std::move(m), n, bs, std::move(store));
+    return std::make_unique<engine_impl<relokv::at_attention, T>>(std::move(m), n, bs,
+                                                                  std::move(store));
   if (placement == "pre_rotated")
-    return std::make_unique<engine_impl<relokv::pre_rotated, T>>(std::move(m), n, bs, std::move(store));
+    return std::make_unique<engine_impl<relokv::pre_rotated, T>>(std::move(m), n, bs,
+                                                                 std::move(store));
   throw relokv::error("Engine: placement '" + placement +
                       "' is not one of block_relative, at_attention, pre_rotated");
 }
@@ -110,15 +114,15 @@ struct py_engine {
 std::string resolve_model(const std::string& m) {
   if (m.find('/') != std::string::npos || m.ends_with(".gguf")) return m;
   const std::string p = relokv_engine::default_model_path(m);  // throws for an unknown name
-  if (p.empty())
-    throw model_missing("model " + m + " is not fetched: run scripts/get-model " + m);
+  if (p.empty()) throw model_missing("model " + m + " is not fetched: run scripts/get-model " + m);
   return p;
 }
 
 std::vector<relokv::token_t> encode(const py_engine& e, const std::string& text, bool special) {
   if (!e.tok) {  // the synthetic model: bytes folded into the vocabulary, as relokv_rag does
     std::vector<relokv::token_t> out;
-    for (unsigned char c : text) out.push_back(static_cast<relokv::token_t>(c % e.model->cfg.vocab));
+    for (unsigned char c : text)
+      out.push_back(static_cast<relokv::token_t>(c % e.model->cfg.vocab));
     return out;
   }
   if (special) return e.tok->encode(text);
@@ -194,9 +198,11 @@ void bind_engine(nb::module_& m) {
               auto loaded = relokv_engine::load_model(path);
               mdl = loaded.model;
               tok = std::move(loaded.tokenizer);
-              if (links) mdl = relokv_engine::with_links(mdl, relokv_engine::load_links(*links, *mdl));
+              if (links)
+                mdl = relokv_engine::with_links(mdl, relokv_engine::load_links(*links, *mdl));
               e = kv_dtype == "bf16"
-                      ? make_engine<relokv::bf16>(placement, mdl, num_blocks, block_size, std::move(st))
+                      ? make_engine<relokv::bf16>(placement, mdl, num_blocks, block_size,
+                                                  std::move(st))
                       : make_engine<float>(placement, mdl, num_blocks, block_size, std::move(st));
             }
             auto* p = new (self) py_engine();
@@ -239,7 +245,9 @@ void bind_engine(nb::module_& m) {
             }
             return e.tok->decode(t);
           },
-          "ids"_a, nb::sig("def detokenize(self, ids: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> str"),
+          "ids"_a,
+          nb::sig("def detokenize(self, ids: collections.abc.Sequence[int] | "
+                  "numpy.typing.ArrayLike) -> str"),
           "Token ids to text.")
       .def(
           "layout",
@@ -254,7 +262,8 @@ void bind_engine(nb::module_& m) {
               const auto close = e.tok->encode(e.tok->close_marked());
               q.insert(q.end(), close.begin(), close.end());
             } else {
-              prefix = encode(e, "<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n", false);
+              prefix =
+                  encode(e, "<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n", false);
               q = encode(e, question + "<|im_end|>\n<|im_start|>assistant\n", false);
             }
             relokv::layout_builder b(e.block_size, e.model->input_ids());
@@ -287,8 +296,7 @@ void bind_engine(nb::module_& m) {
                 throw relokv::error("prefill: the layout's block_size " +
                                     std::to_string(layout.block_size) + " is not the engine's " +
                                     std::to_string(e.block_size));
-              if (e.e->live())
-                throw relokv::error("prefill: a request is live; end() it first");
+              if (e.e->live()) throw relokv::error("prefill: a request is live; end() it first");
               relokv_engine::prefill_stats st;
               if (s->spans) {
                 logits = e.e->prefill(layout, s->made, &st, x, principal);
@@ -304,7 +312,8 @@ void bind_engine(nb::module_& m) {
             return to_numpy(std::move(logits));
           },
           "layout"_a, "strategy"_a = "full", "tenant"_a = 0, "principal"_a = 0,
-          nb::sig("def prefill(self, layout: Layout, strategy: Strategy | str = 'full', tenant: int = 0, "
+          nb::sig("def prefill(self, layout: Layout, strategy: Strategy | str = 'full', tenant: "
+                  "int = 0, "
                   "principal: int = 0) -> numpy.typing.NDArray[numpy.float32]"),
           "Prefills a request, reusing cached blocks as the strategy says, and returns the last\n"
           "token's logits (float32). The request stays live for decode() until end().")
@@ -327,11 +336,13 @@ void bind_engine(nb::module_& m) {
           "token"_a, "Appends a token to the live request and returns the next logits.")
       .def(
           "generate",
-          [](py_engine& e, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> logits,
+          [](py_engine& e,
+             nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> logits,
              std::int32_t max_tokens, std::optional<std::int64_t> stop) {
             if (static_cast<std::int64_t>(logits.shape(0)) != e.model->cfg.vocab)
               throw relokv::error("generate: logits of " + std::to_string(logits.shape(0)) +
-                                  " values, the vocabulary has " + std::to_string(e.model->cfg.vocab));
+                                  " values, the vocabulary has " +
+                                  std::to_string(e.model->cfg.vocab));
             if (max_tokens < 0) throw relokv::error("generate: max_tokens must be >= 0");
             const relokv::token_t eot =
                 stop ? static_cast<relokv::token_t>(*stop) : (e.tok ? e.tok->end_of_turn() : -1);
@@ -395,7 +406,8 @@ void bind_engine(nb::module_& m) {
             py_engine& e = nb::cast<py_engine&>(self);
             const relokv::kv_shape& s = e.e->kv_shape();
             const std::size_t shape[6] = {static_cast<std::size_t>(s.num_layers),
-                                          static_cast<std::size_t>(s.num_blocks), 2,
+                                          static_cast<std::size_t>(s.num_blocks),
+                                          2,
                                           static_cast<std::size_t>(s.num_kv_heads),
                                           static_cast<std::size_t>(s.block_size),
                                           static_cast<std::size_t>(s.head_dim)};
@@ -411,7 +423,8 @@ void bind_engine(nb::module_& m) {
             if (!e.e->bf16()) return nb::none();
             const relokv::kv_shape& s = e.e->kv_shape();
             const std::size_t shape[6] = {static_cast<std::size_t>(s.num_layers),
-                                          static_cast<std::size_t>(s.num_blocks), 2,
+                                          static_cast<std::size_t>(s.num_blocks),
+                                          2,
                                           static_cast<std::size_t>(s.num_kv_heads),
                                           static_cast<std::size_t>(s.block_size),
                                           static_cast<std::size_t>(s.head_dim)};
@@ -428,11 +441,10 @@ void bind_engine(nb::module_& m) {
             const std::lock_guard lock(e.m);
             if (!e.e->live()) throw relokv::error("request_kv: no live request");
             const relokv::kv_shape& s = e.e->kv_shape();
-            const std::int64_t strides[5] = {static_cast<std::int64_t>(s.layer_elems()),
-                                             static_cast<std::int64_t>(s.num_kv_heads) * s.block_size *
-                                                 s.head_dim,
-                                             static_cast<std::int64_t>(s.block_size) * s.head_dim,
-                                             s.head_dim, 1};
+            const std::int64_t strides[5] = {
+                static_cast<std::int64_t>(s.layer_elems()),
+                static_cast<std::int64_t>(s.num_kv_heads) * s.block_size * s.head_dim,
+                static_cast<std::int64_t>(s.block_size) * s.head_dim, s.head_dim, 1};
             for (const auto& b : e.e->block_table()) {
               const std::size_t shape[5] = {static_cast<std::size_t>(s.num_layers), 2,
                                             static_cast<std::size_t>(s.num_kv_heads),
@@ -456,11 +468,13 @@ void bind_engine(nb::module_& m) {
       .def_ro("kv_dtype", &py_engine::kv_dtype)
       .def_ro("block_size", &py_engine::block_size)
       .def_ro("num_blocks", &py_engine::num_blocks)
-      .def_prop_ro("end_of_turn",
-                   [](py_engine& e) { return e.tok ? e.tok->end_of_turn() : relokv::token_t{-1}; },
-                   "The id that ends an answer (-1: none, the synthetic model).")
-      .def_prop_ro("fingerprint", [](py_engine& e) { return e.e->fingerprint(); },
-                   "The identity its stored blocks carry (model, RoPE, placement).")
+      .def_prop_ro(
+          "end_of_turn",
+          [](py_engine& e) { return e.tok ? e.tok->end_of_turn() : relokv::token_t{-1}; },
+          "The id that ends an answer (-1: none, the synthetic model).")
+      .def_prop_ro(
+          "fingerprint", [](py_engine& e) { return e.e->fingerprint(); },
+          "The identity its stored blocks carry (model, RoPE, placement).")
       .def("__repr__", [](py_engine& e) {
         return "Engine(" + (e.path.empty() ? std::string("synthetic") : e.model->cfg.name) + ", " +
                e.placement + ", KV " + e.kv_dtype + ", " + std::to_string(e.num_blocks) +

@@ -60,11 +60,20 @@ std::vector<relokv::token_t> tokens_of(nb::handle h, const char* what) {
     out.reserve(a.shape(0));
     const bool u = dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt);
     switch (dt.bits) {
-      case 8: u ? append_ids<std::uint8_t>(a, out, what) : append_ids<std::int8_t>(a, out, what); break;
-      case 16: u ? append_ids<std::uint16_t>(a, out, what) : append_ids<std::int16_t>(a, out, what); break;
-      case 32: u ? append_ids<std::uint32_t>(a, out, what) : append_ids<std::int32_t>(a, out, what); break;
-      case 64: u ? append_ids<std::uint64_t>(a, out, what) : append_ids<std::int64_t>(a, out, what); break;
-      default: throw nb::type_error((std::string(what) + ": an array of integer token ids").c_str());
+      case 8:
+        u ? append_ids<std::uint8_t>(a, out, what) : append_ids<std::int8_t>(a, out, what);
+        break;
+      case 16:
+        u ? append_ids<std::uint16_t>(a, out, what) : append_ids<std::int16_t>(a, out, what);
+        break;
+      case 32:
+        u ? append_ids<std::uint32_t>(a, out, what) : append_ids<std::int32_t>(a, out, what);
+        break;
+      case 64:
+        u ? append_ids<std::uint64_t>(a, out, what) : append_ids<std::int64_t>(a, out, what);
+        break;
+      default:
+        throw nb::type_error((std::string(what) + ": an array of integer token ids").c_str());
     }
     return out;
   }
@@ -75,9 +84,8 @@ std::vector<relokv::token_t> tokens_of(nb::handle h, const char* what) {
   for (nb::handle item : seq) {
     std::int64_t v = 0;
     if (nb::isinstance<nb::bool_>(item) || !nb::try_cast(item, v, false))
-      throw nb::type_error((std::string(what) + ": item " + std::to_string(i) +
-                            " is not an int token id")
-                               .c_str());
+      throw nb::type_error(
+          (std::string(what) + ": item " + std::to_string(i) + " is not an int token id").c_str());
     out.push_back(static_cast<relokv::token_t>(checked_id(v, i, what)));
     ++i;
   }
@@ -98,7 +106,7 @@ strategy make_strategy(const std::string& name, std::int64_t k, double ratio) {
     found = true;
   }
   if (!found) {
-    static const char* kinds[] = {"none",  "full",           "first_k", "seam_window", "kvboost",
+    static const char* kinds[] = {"none",  "full",           "first_k",  "seam_window", "kvboost",
                                   "union", "deviation_topk", "question", "ape"};
     for (const char* kind : kinds) found = found || name == kind;
     if (!found) {
@@ -113,7 +121,8 @@ strategy make_strategy(const std::string& name, std::int64_t k, double ratio) {
   }
   if (k >= 0) {
     if (k > std::numeric_limits<std::int32_t>::max())
-      throw std::invalid_argument("strategy " + name + ": k = " + std::to_string(k) + " is too large");
+      throw std::invalid_argument("strategy " + name + ": k = " + std::to_string(k) +
+                                  " is too large");
     s.spec.k = static_cast<std::int32_t>(k);
   }
   if (ratio >= 0) s.spec.ratio = static_cast<float>(ratio);
@@ -143,9 +152,12 @@ namespace nb = nanobind;
 
 const char* kind_name(relokv::segment_kind k) {
   switch (k) {
-    case relokv::segment_kind::kPrefix: return "prefix";
-    case relokv::segment_kind::kSpan: return "span";
-    case relokv::segment_kind::kDependent: return "dependent";
+    case relokv::segment_kind::kPrefix:
+      return "prefix";
+    case relokv::segment_kind::kSpan:
+      return "span";
+    case relokv::segment_kind::kDependent:
+      return "dependent";
   }
   return "?";
 }
@@ -165,7 +177,9 @@ void bind_layout(nb::module_& m) {
       .def_prop_ro(
           "segments",
           [](const relokv::request_layout& l) {
-            std::vector<std::tuple<std::string, std::int32_t, std::int32_t, std::int32_t, std::int32_t>> v;
+            std::vector<
+                std::tuple<std::string, std::int32_t, std::int32_t, std::int32_t, std::int32_t>>
+                v;
             for (const auto& s : l.segments)
               v.emplace_back(kind_name(s.kind), s.first_token, s.num_tokens, s.first_block,
                              s.num_blocks);
@@ -180,12 +194,12 @@ void bind_layout(nb::module_& m) {
             return v;
           },
           "Each block as (first position, tokens, segment index, sealed).")
-      .def_prop_ro("adapter_id", [](const relokv::request_layout& l) { return l.adapter_id; },
-                   "The span-link adapter the layout reads (0: none).")
+      .def_prop_ro(
+          "adapter_id", [](const relokv::request_layout& l) { return l.adapter_id; },
+          "The span-link adapter the layout reads (0: none).")
       .def("__len__", &relokv::request_layout::num_tokens)
-      .def("__eq__", [](const relokv::request_layout& a, const relokv::request_layout& b) {
-        return a == b;
-      })
+      .def("__eq__",
+           [](const relokv::request_layout& a, const relokv::request_layout& b) { return a == b; })
       .def("__repr__", [](const relokv::request_layout& l) {
         std::string s = "Layout(" + std::to_string(l.num_tokens()) + " tokens, " +
                         std::to_string(l.num_blocks()) + " blocks:";
@@ -202,8 +216,8 @@ void bind_layout(nb::module_& m) {
       "after question(), a token outside the vocabulary) raise LayoutError.")
       .def(
           "__init__",
-          [](relokv::layout_builder* self, std::int32_t block_size, std::optional<std::int64_t> vocab,
-             std::int32_t max_segment_tokens) {
+          [](relokv::layout_builder* self, std::int32_t block_size,
+             std::optional<std::int64_t> vocab, std::int32_t max_segment_tokens) {
             if (block_size <= 0 || block_size > relokv::kMaxBlockSize ||
                 (block_size & (block_size - 1)) != 0)
               throw relokv::error("LayoutBuilder: block_size must be a power of two in [1, " +
@@ -227,7 +241,8 @@ void bind_layout(nb::module_& m) {
             return b.prefix(tokens_of(t, "prefix"));
           },
           "tokens"_a, nb::rv_policy::reference,
-          nb::sig("def prefix(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> LayoutBuilder"),
+          nb::sig("def prefix(self, tokens: collections.abc.Sequence[int] | "
+                  "numpy.typing.ArrayLike) -> LayoutBuilder"),
           "The shared prefix (first, at most once): reused by exact key, the spans' context.")
       .def(
           "span",
@@ -235,7 +250,8 @@ void bind_layout(nb::module_& m) {
             return b.span(tokens_of(t, "span"));
           },
           "tokens"_a, nb::rv_policy::reference,
-          nb::sig("def span(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> LayoutBuilder"),
+          nb::sig("def span(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) "
+                  "-> LayoutBuilder"),
           "A relocatable span: cached once, reused at any position behind the same context.")
       .def(
           "span_context",
@@ -243,11 +259,13 @@ void bind_layout(nb::module_& m) {
             return b.span_context(tokens_of(t, "span_context"));
           },
           "tokens"_a, nb::rv_policy::reference,
-          nb::sig("def span_context(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> LayoutBuilder"),
+          nb::sig("def span_context(self, tokens: collections.abc.Sequence[int] | "
+                  "numpy.typing.ArrayLike) -> LayoutBuilder"),
           "What the spans were computed behind, instead of the prefix (a sink absorber).")
       .def(
           "dependent",
-          [](relokv::layout_builder& b, nb::handle t, std::int32_t last_n) -> relokv::layout_builder& {
+          [](relokv::layout_builder& b, nb::handle t,
+             std::int32_t last_n) -> relokv::layout_builder& {
             if (last_n < 0 || last_n > relokv::kMaxDepWindow)
               throw relokv::error("dependent: last_n must be in [0, " +
                                   std::to_string(relokv::kMaxDepWindow) + "], got " +
@@ -255,7 +273,8 @@ void bind_layout(nb::module_& m) {
             return b.dependent(tokens_of(t, "dependent"), last_n);
           },
           "tokens"_a, "last_n"_a = 0, nb::rv_policy::reference,
-          nb::sig("def dependent(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike, last_n: int = 0) -> LayoutBuilder"),
+          nb::sig("def dependent(self, tokens: collections.abc.Sequence[int] | "
+                  "numpy.typing.ArrayLike, last_n: int = 0) -> LayoutBuilder"),
           "A segment bound to every token before it (last_n = 0) or to the last last_n.")
       .def(
           "question",
@@ -263,9 +282,11 @@ void bind_layout(nb::module_& m) {
             return b.question(tokens_of(t, "question"));
           },
           "tokens"_a, nb::rv_policy::reference,
-          nb::sig("def question(self, tokens: collections.abc.Sequence[int] | numpy.typing.ArrayLike) -> LayoutBuilder"),
+          nb::sig("def question(self, tokens: collections.abc.Sequence[int] | "
+                  "numpy.typing.ArrayLike) -> LayoutBuilder"),
           "The question: bound to everything before it; it ends the request.")
-      .def("build", &relokv::layout_builder::build, "The Layout (raises LayoutError when invalid).");
+      .def("build", &relokv::layout_builder::build,
+           "The Layout (raises LayoutError when invalid).");
 }
 
 void bind_strategy(nb::module_& m) {
@@ -293,9 +314,11 @@ void bind_strategy(nb::module_& m) {
       .def_prop_ro("kind", [](const strategy& s) { return s.spec.kind; })
       .def_prop_ro("k", [](const strategy& s) { return s.spec.k; })
       .def_prop_ro("ratio", [](const strategy& s) { return s.spec.ratio; })
-      .def_prop_ro("dynamic", [](const strategy& s) { return s.made.dynamic(); },
-                   "Whether it measures deviation between layers (CacheBlend, KVBoost).")
-      .def("__repr__", [](const strategy& s) { return "Strategy('" + s.key + "': " + s.name + ")"; });
+      .def_prop_ro(
+          "dynamic", [](const strategy& s) { return s.made.dynamic(); },
+          "Whether it measures deviation between layers (CacheBlend, KVBoost).")
+      .def("__repr__",
+           [](const strategy& s) { return "Strategy('" + s.key + "': " + s.name + ")"; });
 
   m.def(
       "strategies",
@@ -310,8 +333,9 @@ void bind_strategy(nb::module_& m) {
 }  // namespace
 
 NB_MODULE(_relokv, m) {
-  m.doc() = "relokv: relocatable KV-cache management (the C++ library, the example engine and\n"
-            "the QA job). See docs/python.md.";
+  m.doc() =
+      "relokv: relocatable KV-cache management (the C++ library, the example engine and\n"
+      "the QA job). See docs/python.md.";
   // Errors: the C++ message, as a Python exception of its kind.
   static nb::exception<relokv::error> err(m, "Error", PyExc_ValueError);
   static nb::exception<relokv::layout_error> layout_err(m, "LayoutError", err);

@@ -52,10 +52,12 @@ void bind_rag(nb::module_& m) {
          std::optional<std::function<void(std::size_t, std::size_t)>> progress) {
         if (requests == 0) throw relokv::error("rag.run: requests must be positive");
         if (max_answer <= 0) throw relokv::error("rag.run: max_answer must be positive");
-        if (passages == 0 || corpus == 0) throw relokv::error("rag.run: passages and corpus must be positive");
+        if (passages == 0 || corpus == 0)
+          throw relokv::error("rag.run: passages and corpus must be positive");
         if (first_k < 0) throw relokv::error("rag.run: first_k must be >= 0");
         if (!(topk > 0 && topk <= 1)) throw relokv::error("rag.run: topk must be in (0, 1]");
-        if (placement != "block_relative" && placement != "at_attention" && placement != "pre_rotated")
+        if (placement != "block_relative" && placement != "at_attention" &&
+            placement != "pre_rotated")
           throw relokv::error("rag.run: placement '" + placement +
                               "' is not one of block_relative, at_attention, pre_rotated");
         if (kv_dtype != "bf16" && kv_dtype != "fp32")
@@ -103,9 +105,9 @@ void bind_rag(nb::module_& m) {
           const relokv_rag::text_codec codec{loaded.tokenizer.get(), mdl->cfg.vocab};
           std::string file = data.value_or("");
           if (!data && !path.empty()) file = RELOKV_RAG_SAMPLE;
-          const auto w = file.empty()
-                             ? relokv_rag::generate(requests, corpus, passages, 1.0, seed, mdl->cfg.vocab)
-                             : relokv_rag::load_jsonl(file, requests, seed, codec);
+          const auto w = file.empty() ? relokv_rag::generate(requests, corpus, passages, 1.0, seed,
+                                                             mdl->cfg.vocab)
+                                      : relokv_rag::load_jsonl(file, requests, seed, codec);
           source = w.source;
           relokv_rag::run_options o;
           o.max_answer = max_answer;

@@ -31,7 +31,9 @@ const relokv_engine::named_strategy& named(const std::string& key) {
     if (n.key == key) return n;
   throw std::invalid_argument("unknown strategy " + key);
 }
-relokv::recompute::any_strategy strategy_of(const std::string& key) { return named(key).spec.make(); }
+relokv::recompute::any_strategy strategy_of(const std::string& key) {
+  return named(key).spec.make();
+}
 
 relokv::request_layout layout_of(const json& r, std::int32_t block_size) {
   relokv::layout_builder b(block_size);
@@ -46,9 +48,13 @@ json plan_json(const relokv::reuse_plan& p) {
   static const char* tier[] = {"computed", "pool", "store"};
   json blocks = json::array();
   for (const auto& b : p.blocks)
-    blocks.push_back({{"physical", b.physical}, {"source", b.source}, {"pos0", b.pos0}, {"len", b.len},
+    blocks.push_back({{"physical", b.physical},
+                      {"source", b.source},
+                      {"pos0", b.pos0},
+                      {"len", b.len},
                       {"status", status[static_cast<int>(b.status)]},
-                      {"tier", tier[static_cast<int>(b.tier)]}, {"fresh", b.fresh},
+                      {"tier", tier[static_cast<int>(b.tier)]},
+                      {"fresh", b.fresh},
                       {"copy_on_write", b.copy_on_write}});
   return {{"ok", p.ok()},
           {"id", p.id},
@@ -98,8 +104,10 @@ json run_engine(const json& spec) {
     std::vector<std::uint32_t> bits;
     for (float x : l) bits.push_back(std::bit_cast<std::uint32_t>(x));
     logits.push_back(bits);
-    stats.push_back({{"computed", st.computed}, {"token_layers", st.token_layers},
-                     {"exact_hits", st.exact_hits}, {"relocated_hits", st.relocated_hits},
+    stats.push_back({{"computed", st.computed},
+                     {"token_layers", st.token_layers},
+                     {"exact_hits", st.exact_hits},
+                     {"relocated_hits", st.relocated_hits},
                      {"misses", st.misses}});
     eng.end(true);
   }

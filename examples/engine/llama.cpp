@@ -35,6 +35,7 @@ struct llama_engine<P, T>::live_request {
   bool chunks = true;                      // a static strategy: the prompt may come in chunks
   bool prefilled = false;                  // the prompt's logits were returned
   bool appended = false;                   // a token waits for decode_step
+  bool committed = false;                  // commit() registered the prompt's blocks
 };
 
 namespace {
@@ -255,6 +256,17 @@ std::vector<std::vector<float>> llama_engine<P, T>::decode_step(std::span<const 
 }
 
 template <class P, class T>
+void llama_engine<P, T>::commit(seq_id s) {
+  live_request& r = seq(s, "commit");
+  if (!r.prefilled)
+    throw std::logic_error("llama_engine::commit: sequence " + std::to_string(s) +
+                           " has not computed its prompt");
+  if (r.committed) return;
+  r.req->commit();
+  r.committed = true;
+}
+
+template <class P, class T>
 void llama_engine<P, T>::close(seq_id s, bool commit) {
   const auto it = seqs_.find(s);
   if (it == seqs_.end()) return;
@@ -262,7 +274,8 @@ void llama_engine<P, T>::close(seq_id s, bool commit) {
   seqs_.erase(it);
   if (s == current_) current_ = -1;
   // A prompt not computed to its end has blocks without their K/V: never committed.
-  if (commit && r->prefilled) r->req->commit();  // and writes new blocks to the store
+  if (commit && r->prefilled && !r->committed)
+    r->req->commit();  // and writes new blocks to the store
   // ~request_kv releases the request.
 }
 

@@ -179,8 +179,13 @@ class llama_engine {
   /// weight matrix over all rows, attention per sequence) and returns their logits, in order.
   /// A row's logits are the bits its sequence decoded alone would give.
   std::vector<std::vector<float>> decode_step(std::span<const seq_id> seqs);
+  /// Registers a prefilled sequence's prompt blocks for reuse now (and writes new ones to the
+  /// store), while it goes on decoding: a request that arrives during its answer reuses its
+  /// spans. Only the prompt's sealed blocks are registered (decode writes private blocks).
+  /// Idempotent. @throws std::logic_error for an unknown id or a prompt not computed to its end
+  void commit(seq_id s);
   /// Ends a sequence: `commit` registers its blocks for reuse (and writes new ones to the
-  /// store), then they are released. Unknown ids are ignored.
+  /// store) unless commit(s) did already, then they are released. Unknown ids are ignored.
   void close(seq_id s, bool commit);
   /// The blocks a live sequence reads, in order: {pool block, first position, valid slots}
   /// (its KV is kv()'s rows of those blocks). @throws std::logic_error for an unknown id

@@ -87,6 +87,10 @@ void metrics::span_compiled() {
   const std::lock_guard lock(mu_);
   ++spans_compiled_;
 }
+void metrics::span_wait() {
+  const std::lock_guard lock(mu_);
+  ++span_waits_;
+}
 void metrics::escalated() {
   const std::lock_guard lock(mu_);
   ++escalations_;
@@ -138,6 +142,10 @@ std::string metrics::text() const {
   counter(out, "relokv_spans_compiled_total",
           "Spans compiled alone before their request (--compile-spans alone).",
           double(spans_compiled_));
+  counter(out, "relokv_span_waits_total",
+          "Requests held back a step because a span of theirs was being computed by another "
+          "request (they reuse it once its prompt is done).",
+          double(span_waits_));
   gauge(out, "relokv_requests_running", "Sequences decoding.", double(snap_.running));
   gauge(out, "relokv_requests_prefilling", "Sequences whose prompt is being computed.",
         double(snap_.prefilling));

@@ -46,7 +46,9 @@ class metrics {
   void completion_tokens(std::int64_t n);
   void preempted();
   void span_compiled();  ///< a span compiled alone (--compile-spans alone)
-  void escalated();      ///< a request recomputed in full by the escalation policy
+  /// A request held back a step: a span of its prompt was being computed by another request.
+  void span_wait();
+  void escalated();  ///< a request recomputed in full by the escalation policy
   void rejected(const std::string& reason);  ///< refused before scheduling: queue_full, ...
   void snapshot(const cache_snapshot& s);
   [[nodiscard]] cache_snapshot last_snapshot() const;
@@ -60,7 +62,7 @@ class metrics {
   std::map<std::string, std::int64_t> rejected_;
   histogram ttft_, itl_;
   std::int64_t computed_ = 0, reused_ = 0, completion_ = 0, preemptions_ = 0, escalations_ = 0,
-               spans_compiled_ = 0;
+               spans_compiled_ = 0, span_waits_ = 0;
   cache_snapshot snap_;
 };
 

@@ -8,9 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_set>
 
 namespace relokv_server {
 
@@ -27,9 +31,34 @@ struct scheduler::seq_state {
   clock_type::time_point last_token;
   std::size_t published = 0;  ///< bytes of text published
   bool ended = false;         ///< finished or failed: counted out of in_flight_ once
+  /// Its prompt's spans as the cache keys them (span_ids), computed at its first admission.
+  std::optional<std::vector<std::uint64_t>> spans;
+  bool span_waited = false;  ///< held back at least once (counted once in the metrics)
 };
 
 namespace {
+/// A prompt's spans as the cache keys them: each span's tokens with what the spans were computed
+/// behind, the tenant and the adapter. Two prompts that share one, admitted together, would
+/// both compute it; equal identities are equal spans but for a hash collision (which costs a
+/// step's wait, never a wrong block: the cache verifies every hit by its tokens).
+std::vector<std::uint64_t> span_ids(const relokv::request_layout& l, const relokv::extra_keys& k) {
+  const auto bytes = [](std::span<const relokv::token_t> t) {
+    return std::string_view(reinterpret_cast<const char*>(t.data()), t.size_bytes());
+  };
+  const std::hash<std::string_view> h;
+  const std::uint64_t context = h(bytes(l.span_context_tokens())) ^
+                                (k.tenant_salt * 0x9e3779b97f4a7c15ull) ^
+                                ((k.adapter_id ^ l.adapter_id) * 0xc2b2ae3d27d4eb4full);
+  std::vector<std::uint64_t> out;
+  for (const relokv::segment& g : l.segments)
+    if (g.kind == relokv::segment_kind::kSpan)
+      out.push_back(
+          h(bytes(std::span<const relokv::token_t>(l.tokens).subspan(
+              static_cast<std::size_t>(g.first_token), static_cast<std::size_t>(g.num_tokens)))) ^
+          context);
+  return out;
+}
+
 /// Bytes of `s` that end on a whole UTF-8 character (an incomplete last one held back).
 std::size_t utf8_whole(const std::string& s, std::size_t n) {
   std::size_t i = n;
@@ -172,10 +201,30 @@ void scheduler::drop_cancelled() {
 
 void scheduler::admit() {
   const std::int32_t most = std::min(opt_.max_running, eng_.max_live());
-  while (!waiting_.empty() &&
-         static_cast<std::int32_t>(prefilling_.size() + running_.size()) < most) {
-    seq_state& s = *waiting_.front();
+  // The spans being computed: those of the prompts now prefilling. A waiting request that
+  // shares one is held back (those behind it go on) until that prompt is done and committed
+  // (prefill_one commits a prompt when its first token comes), then reuses the span instead of
+  // computing it a second time. The holder always moves (prefill_some), so the wait ends.
+  const auto spans_of = [](seq_state& s) -> const std::vector<std::uint64_t>& {
+    if (!s.spans) s.spans = span_ids(s.j->prompt.layout, s.j->keys);
+    return *s.spans;
+  };
+  const auto fresh = [](const seq_state& s) { return !s.full && s.generated.empty(); };
+  std::unordered_set<std::uint64_t> computing;
+  for (auto& p : prefilling_)
+    if (fresh(*p)) computing.insert(spans_of(*p).begin(), spans_of(*p).end());
+  for (std::size_t i = 0; i < waiting_.size() &&
+                          static_cast<std::int32_t>(prefilling_.size() + running_.size()) < most;) {
+    seq_state& s = *waiting_[i];
     job& j = *s.j;
+    if (fresh(s) && std::any_of(spans_of(s).begin(), spans_of(s).end(),
+                                [&](std::uint64_t id) { return computing.contains(id); })) {
+      if (!s.span_waited) metrics_.span_wait();
+      s.span_waited = true;
+      ++i;
+      continue;
+    }
+    const auto at = waiting_.begin() + static_cast<std::ptrdiff_t>(i);
     relokv_engine::prefill_stats st;
     std::int64_t compiled_layers = 0;
     if (opt_.compile_alone && !s.prompt_counted && !s.full)
@@ -188,15 +237,15 @@ void scheduler::admit() {
     } catch (const relokv_engine::out_of_blocks& e) {
       if (eng_.live() > 0) return;  // blocks come back as sequences end: wait
       fail(s, 503, std::string("the KV pool cannot hold this request: ") + e.what());
-      waiting_.pop_front();
+      waiting_.erase(at);
       continue;
     } catch (const std::invalid_argument& e) {  // what the engine refuses to serve
       fail(s, 400, e.what());
-      waiting_.pop_front();
+      waiting_.erase(at);
       continue;
     } catch (const std::exception& e) {
       fail(s, 500, std::string("engine error: ") + e.what());
-      waiting_.pop_front();
+      waiting_.erase(at);
       continue;
     }
     if (!s.prompt_counted) {
@@ -213,8 +262,9 @@ void scheduler::admit() {
         j.work += double(compiled_layers) / (double(eng_.n_layers()) * double(st.tokens));
       metrics_.prompt_tokens(st.computed, st.tokens - st.computed);
     }
-    prefilling_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    if (fresh(s)) computing.insert(spans_of(s).begin(), spans_of(s).end());
+    prefilling_.push_back(std::move(*at));
+    waiting_.erase(at);
   }
 }
 
@@ -287,6 +337,9 @@ bool scheduler::prefill_one(std::size_t i, std::int32_t rows) {
     prefilling_.erase(at);
     return true;
   }
+  // The prompt is reusable from here on, while the answer is decoded: requests held back for
+  // its spans (admit) and any later one reuse them now, not when this one ends.
+  eng_.commit_prompt(s.id);
   running_.push_back(std::move(*at));
   prefilling_.erase(at);
   seq_state& r = *running_.back();

@@ -44,6 +44,7 @@ class relokv_serving final : public serving_engine {
     return eng_.decode_step(seqs);
   }
   void close(std::int32_t s, bool commit) override { eng_.close(s, commit); }
+  void commit_prompt(std::int32_t s) override { eng_.commit(s); }
   std::int32_t live() const override { return eng_.live(); }
   std::int32_t max_live() const override { return 1 << 20; }
   std::int32_t n_layers() const override { return eng_.model().cfg.n_layers; }

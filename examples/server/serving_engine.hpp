@@ -32,6 +32,9 @@ class serving_engine {
   [[nodiscard]] virtual bool append(std::int32_t s, relokv::token_t token) = 0;
   virtual std::vector<std::vector<float>> decode_step(std::span<const std::int32_t> seqs) = 0;
   virtual void close(std::int32_t s, bool commit) = 0;
+  /// Registers a prefilled sequence's prompt for reuse while it decodes (llama_engine::commit);
+  /// an engine of one sequence at a time has nobody to share it with and does nothing.
+  virtual void commit_prompt(std::int32_t /*s*/) {}
   [[nodiscard]] virtual std::int32_t live() const = 0;
   /// Sequences it can hold at once (the scheduler admits no more).
   [[nodiscard]] virtual std::int32_t max_live() const = 0;

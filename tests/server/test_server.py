@@ -228,6 +228,25 @@ def test_answers_do_not_depend_on_the_load(srv):
     assert srv.metric('relokv_cache_blocks_total{kind="exact"}') > hits  # prefix hit something
 
 
+def test_requests_that_share_new_documents_wait_and_reuse(srv):
+    # Four requests at once show the same three new documents in other orders. Admitted
+    # together, each would compute all three; instead the first computes them while the others
+    # are held back (relokv_span_waits_total), and they reuse its spans as soon as its prompt is
+    # done: a prompt is committed at its first token, not when its answer ends.
+    docs = [f"Document {name}: " + " ".join(f"{name} fact {i} is about the river {name}." for i in range(6))
+            for name in ("Oxbow", "Meander", "Delta")]
+    waits = srv.metric("relokv_span_waits_total")
+    orders = [[0, 1, 2], [2, 0, 1], [1, 2, 0], [2, 1, 0]]
+    with cf.ThreadPoolExecutor(4) as ex:
+        rs = list(ex.map(lambda o: ask(srv, "Which river is named first?", [docs[i] for i in o],
+                                       strategy="epic", max_tokens=24), orders))
+    reused = [r.usage.prompt_tokens_details.cached_tokens / r.usage.prompt_tokens for r in rs]
+    assert srv.metric("relokv_span_waits_total") > waits
+    # Three of the four reused the documents (more than half of their prompt), not only the
+    # system prompt's exact prefix.
+    assert sum(f > 0.5 for f in reused) >= 3, reused
+
+
 def test_client_that_disconnects_is_released(srv):
     body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
                        "max_tokens": 400, "stream": True}).encode()

@@ -41,20 +41,14 @@ std::string resolve_model(const std::string& m) {
 
 std::vector<relokv_rag::variant> pick(std::vector<relokv_rag::variant> all,
                                       const std::string& list) {
-  if (list.empty()) return all;
-  std::vector<bool> keep(all.size(), false);
-  keep[0] = true;  // the reference
+  std::vector<std::string> keys;
   std::stringstream in(list);
-  for (std::string item; std::getline(in, item, ',');) {
-    std::size_t k = 0;
-    while (k < all.size() && item != all[k].key) ++k;
-    if (k == all.size()) throw std::runtime_error("--variants: unknown variant '" + item + "'");
-    keep[k] = true;
+  for (std::string item; std::getline(in, item, ',');) keys.push_back(item);
+  try {
+    return relokv_rag::pick_variants(std::move(all), keys);
+  } catch (const relokv::error& e) {
+    throw std::runtime_error(std::string("--variants: ") + e.what());
   }
-  std::vector<relokv_rag::variant> out;
-  for (std::size_t k = 0; k < all.size(); ++k)
-    if (keep[k]) out.push_back(all[k]);
-  return out;
 }
 
 /// The cheapest swept strategy within the thresholds; kinds none of whose budgets passed are

@@ -133,6 +133,26 @@ std::vector<variant> default_variants(std::int32_t first_k, float topk) {
   return out;
 }
 
+std::vector<variant> pick_variants(std::vector<variant> all, const std::vector<std::string>& keys) {
+  if (keys.empty()) return all;
+  std::vector<bool> keep(all.size(), false);
+  keep[0] = true;  // the reference
+  for (const auto& key : keys) {
+    std::size_t k = 0;
+    while (k < all.size() && all[k].key != key) ++k;
+    if (k == all.size()) {
+      std::string known;
+      for (const auto& v : all) known += (known.empty() ? "" : ", ") + v.key;
+      throw relokv::error("unknown variant '" + key + "' (" + known + ")");
+    }
+    keep[k] = true;
+  }
+  std::vector<variant> out;
+  for (std::size_t k = 0; k < all.size(); ++k)
+    if (keep[k]) out.push_back(std::move(all[k]));
+  return out;
+}
+
 variant variant_of(const relokv_engine::strategy_spec& spec) {
   // Full recompute is the reference: the prompt as one segment, as an engine without relokv
   // would see it. (Over the span layout its blocks break at other slots, and bf16 keys stored

@@ -89,6 +89,10 @@ std::vector<variant> default_variants(std::int32_t first_k = 16, float topk = 0.
 /// and the seam window (KVBoost's, with its 15% cosine CacheBlend), r for deviation_topk, both
 /// for the union, r for question_topk (and r with k = 2), APE at two (T, S).
 std::vector<variant> sweep_variants();
+/// The variants of `all` whose key `keys` names, in `all`'s order, the reference (all[0])
+/// always first; every variant when `keys` is empty (relokv_rag --variants, relokv.rag.run).
+/// @throws relokv::error naming an unknown key and the known ones
+std::vector<variant> pick_variants(std::vector<variant> all, const std::vector<std::string>& keys);
 /// A variant serving `spec`.
 variant variant_of(const relokv_engine::strategy_spec& spec);
 

@@ -2,6 +2,8 @@
 // relokv's Python extension (relokv._relokv): what its units share. Each unit binds one part:
 // module.cpp the layouts, strategies and errors; cache.cpp the cache and its stores;
 // engine.cpp the example engine and its tokenizer; rag.cpp the QA job.
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,7 +16,9 @@
 #include <nanobind/ndarray.h>
 
 #include <relokv/layout/request_layout.hpp>
+#include <relokv/memory/host_kv_storage.hpp>
 #include <relokv/recompute/any_strategy.hpp>
+#include <relokv/store/any_store.hpp>
 
 #include "profile.hpp"
 
@@ -61,6 +65,28 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T>&& v) {
   auto* heap = new std::vector<T>(std::move(v));
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
   return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+}
+
+/// The store a Cache or an Engine was given (empty without a URL), sealed with the key a
+/// variable or a file names. @throws relokv::error naming `who` for a seal key without a store,
+/// and as relokv::any_store::from_url
+relokv::any_store open_store(const std::optional<std::string>& url,
+                             const std::optional<std::string>& seal_key_env,
+                             const std::optional<std::string>& seal_key_file, const char* who);
+
+/// A model argument: a GGUF path (it has a '/' or ends in .gguf) as it is, else the file
+/// scripts/get-model fetched under that name. @throws model_missing when it is not fetched,
+/// std::invalid_argument for an unknown name
+std::string model_path_of(const std::string& model);
+
+/// The KV pool's shape as the arrays show it: [layer, block, k|v, kv_head, slot, dim].
+inline std::array<std::size_t, 6> pool_shape(const relokv::kv_shape& s) {
+  return {static_cast<std::size_t>(s.num_layers),
+          static_cast<std::size_t>(s.num_blocks),
+          2,
+          static_cast<std::size_t>(s.num_kv_heads),
+          static_cast<std::size_t>(s.block_size),
+          static_cast<std::size_t>(s.head_dim)};
 }
 
 /// Ids from a Python argument: a token_array or any sequence of ints.

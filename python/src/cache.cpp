@@ -340,15 +340,7 @@ void bind_cache(nb::module_& m) {
             if (hash != "xxh3_128" && hash != "xxh3_64")
               throw relokv::error("Cache: hash '" + hash + "' is not one of xxh3_128, xxh3_64");
             const strategy_ref s(strategy_h);
-            relokv::any_store st;
-            if (store) {
-              relokv::seal_options seal;
-              seal.key_env = seal_key_env.value_or("");
-              seal.key_file = seal_key_file.value_or("");
-              st = relokv::any_store::from_url(*store, seal);
-            } else if (seal_key_env || seal_key_file) {
-              throw relokv::error("Cache: a seal key needs a store");
-            }
+            relokv::any_store st = open_store(store, seal_key_env, seal_key_file, "Cache");
             std::optional<relokv::kv_shape> shape;
             if (kv_shape) {
               const auto [layers, heads, dim] = *kv_shape;
@@ -504,13 +496,8 @@ void bind_cache(nb::module_& m) {
             relokv::host_kv_storage<float>* s = c.c->storage();
             if (!s) return nb::none();
             const relokv::kv_shape& sh = s->shape();
-            const std::size_t shape[6] = {static_cast<std::size_t>(sh.num_layers),
-                                          static_cast<std::size_t>(sh.num_blocks),
-                                          2,
-                                          static_cast<std::size_t>(sh.num_kv_heads),
-                                          static_cast<std::size_t>(sh.block_size),
-                                          static_cast<std::size_t>(sh.head_dim)};
-            return nb::cast(nb::ndarray<nb::numpy, float>(s->data(), 6, shape, self));
+            const auto shape = pool_shape(sh);
+            return nb::cast(nb::ndarray<nb::numpy, float>(s->data(), 6, shape.data(), self));
           },
           nb::sig("def kv(self) -> numpy.typing.NDArray[numpy.float32] | None"),
           "The storage of a cache made with kv_shape, without a copy: float32\n"

@@ -111,13 +111,6 @@ struct py_engine {
   std::mutex m;
 };
 
-std::string resolve_model(const std::string& m) {
-  if (m.find('/') != std::string::npos || m.ends_with(".gguf")) return m;
-  const std::string p = relokv_engine::default_model_path(m);  // throws for an unknown name
-  if (p.empty()) throw model_missing("model " + m + " is not fetched: run scripts/get-model " + m);
-  return p;
-}
-
 std::vector<relokv::token_t> encode(const py_engine& e, const std::string& text, bool special) {
   if (!e.tok) {  // the synthetic model: bytes folded into the vocabulary, as relokv_rag does
     std::vector<relokv::token_t> out;
@@ -180,16 +173,8 @@ void bind_engine(nb::module_& m) {
                 placement != "pre_rotated")
               throw relokv::error("Engine: placement '" + placement +
                                   "' is not one of block_relative, at_attention, pre_rotated");
-            const std::string path = model ? resolve_model(*model) : std::string();
-            relokv::any_store st;
-            if (store) {
-              relokv::seal_options seal;
-              seal.key_env = seal_key_env.value_or("");
-              seal.key_file = seal_key_file.value_or("");
-              st = relokv::any_store::from_url(*store, seal);
-            } else if (seal_key_env || seal_key_file) {
-              throw relokv::error("Engine: a seal key needs a store");
-            }
+            const std::string path = model ? model_path_of(*model) : std::string();
+            relokv::any_store st = open_store(store, seal_key_env, seal_key_file, "Engine");
             std::shared_ptr<const relokv_engine::llama_model> mdl;
             std::unique_ptr<relokv_engine::tokenizer> tok;
             std::unique_ptr<any_engine> e;
@@ -405,13 +390,8 @@ void bind_engine(nb::module_& m) {
           [](nb::handle self) {
             py_engine& e = nb::cast<py_engine&>(self);
             const relokv::kv_shape& s = e.e->kv_shape();
-            const std::size_t shape[6] = {static_cast<std::size_t>(s.num_layers),
-                                          static_cast<std::size_t>(s.num_blocks),
-                                          2,
-                                          static_cast<std::size_t>(s.num_kv_heads),
-                                          static_cast<std::size_t>(s.block_size),
-                                          static_cast<std::size_t>(s.head_dim)};
-            return pool_view(*e.e, self, 0, 6, shape, nullptr);
+            const auto shape = pool_shape(s);
+            return pool_view(*e.e, self, 0, 6, shape.data(), nullptr);
           },
           "The KV pool without a copy: [layer, block, k|v, kv_head, slot, dim], float32 for\n"
           "kv_dtype='fp32' (numpy.asarray, torch.from_dlpack) or bfloat16 (torch.from_dlpack).\n"
@@ -422,14 +402,9 @@ void bind_engine(nb::module_& m) {
             py_engine& e = nb::cast<py_engine&>(self);
             if (!e.e->bf16()) return nb::none();
             const relokv::kv_shape& s = e.e->kv_shape();
-            const std::size_t shape[6] = {static_cast<std::size_t>(s.num_layers),
-                                          static_cast<std::size_t>(s.num_blocks),
-                                          2,
-                                          static_cast<std::size_t>(s.num_kv_heads),
-                                          static_cast<std::size_t>(s.block_size),
-                                          static_cast<std::size_t>(s.head_dim)};
+            const auto shape = pool_shape(s);
             return nb::cast(nb::ndarray<nb::numpy, std::uint16_t>(
-                static_cast<std::uint16_t*>(e.e->kv_data()), 6, shape, self));
+                static_cast<std::uint16_t*>(e.e->kv_data()), 6, shape.data(), self));
           },
           "A bf16 pool's bits as uint16, for numpy (which has no bfloat16), without a copy;\n"
           "None for an fp32 pool. float32 values: (bits.astype(uint32) << 16).view(float32).")

@@ -16,6 +16,7 @@
 #include "bindings.hpp"
 #include "gguf.hpp"
 #include "llama.hpp"
+#include "model_path.hpp"
 
 namespace relokv_py {
 
@@ -126,9 +127,32 @@ strategy make_strategy(const std::string& name, std::int64_t k, double ratio) {
     s.spec.k = static_cast<std::int32_t>(k);
   }
   if (ratio >= 0) s.spec.ratio = static_cast<float>(ratio);
-  if (!found || s.name.empty() || k >= 0 || ratio >= 0) s.name = s.spec.label();
-  s.made = s.spec.make();  // checks the budget
+  if (s.name.empty() || k >= 0 || ratio >= 0)
+    s.name = s.spec.label();  // a kind, or a budget changed
+  s.made = s.spec.make();     // checks the budget
   return s;
+}
+
+relokv::any_store open_store(const std::optional<std::string>& url,
+                             const std::optional<std::string>& seal_key_env,
+                             const std::optional<std::string>& seal_key_file, const char* who) {
+  if (!url) {
+    if (seal_key_env || seal_key_file)
+      throw relokv::error(std::string(who) + ": a seal key needs a store");
+    return {};
+  }
+  relokv::seal_options seal;
+  seal.key_env = seal_key_env.value_or("");
+  seal.key_file = seal_key_file.value_or("");
+  return relokv::any_store::from_url(*url, seal);
+}
+
+std::string model_path_of(const std::string& model) {
+  if (model.find('/') != std::string::npos || model.ends_with(".gguf")) return model;
+  const std::string p = relokv_engine::default_model_path(model);  // throws for an unknown name
+  if (p.empty())
+    throw model_missing("model " + model + " is not fetched: run scripts/get-model " + model);
+  return p;
 }
 
 strategy_ref::strategy_ref(nb::handle h) {

@@ -62,36 +62,13 @@ void bind_rag(nb::module_& m) {
                               "' is not one of block_relative, at_attention, pre_rotated");
         if (kv_dtype != "bf16" && kv_dtype != "fp32")
           throw relokv::error("rag.run: kv_dtype '" + kv_dtype + "' is not one of bf16, fp32");
-        std::string path;
-        if (model) {
-          path = *model;
-          if (path.find('/') == std::string::npos && !path.ends_with(".gguf")) {
-            path = relokv_engine::default_model_path(*model);
-            if (path.empty())
-              throw model_missing("model " + *model + " is not fetched: run scripts/get-model " +
-                                  *model);
-          }
-        }
+        const std::string path = model ? model_path_of(*model) : std::string();
         // The variants by key, the reference (full recompute) first, in relokv_rag's order.
         auto all = relokv_rag::default_variants(first_k, static_cast<float>(topk));
         if (links)
           for (auto& v : relokv_rag::link_variants(first_k, static_cast<float>(topk), false))
             all.push_back(std::move(v));
-        std::vector<bool> keep(all.size(), false);
-        keep[0] = true;
-        for (const auto& key : variants) {
-          std::size_t k = 0;
-          while (k < all.size() && all[k].key != key) ++k;
-          if (k == all.size()) {
-            std::string known;
-            for (const auto& v : all) known += (known.empty() ? "" : ", ") + v.key;
-            throw relokv::error("rag.run: unknown variant '" + key + "' (" + known + ")");
-          }
-          keep[k] = true;
-        }
-        std::vector<relokv_rag::variant> chosen;
-        for (std::size_t k = 0; k < all.size(); ++k)
-          if (keep[k] || variants.empty()) chosen.push_back(all[k]);
+        auto chosen = relokv_rag::pick_variants(std::move(all), variants);
 
         std::vector<relokv_rag::variant_result> res;
         std::string source;

@@ -19,6 +19,8 @@
 #include <thread>
 
 #include <relokv/store/any_store.hpp>
+#include <relokv/store/prefetching_store.hpp>
+#include <relokv/store/write_behind.hpp>
 #include <relokv/store/store_url.hpp>
 
 #include "auth.hpp"
@@ -120,10 +122,23 @@ int main(int argc, char** argv) {
     pick_strategies(o, model, c);
 
     relokv::any_store store;
+    relokv::store_prefetcher prefetcher;
     if (!o.store_url.empty()) {
       relokv::seal_options seal;
       seal.key_file = o.store_key_file;
-      store = relokv::any_store::from_url(o.store_url, seal);
+      const auto open = [&] { return relokv::any_store::from_url(o.store_url, seal); };
+      store = open();
+      if (o.engine != "llama.cpp" && o.store_url != "memory:") {
+        // The scheduler's thread never waits for the store: puts are written behind it, and
+        // the entries a request's plan reads are fetched while it waits (three connections).
+        const std::string shown = store.description();
+        relokv::prefetching_store<relokv::any_store> pf(
+            relokv::any_store(relokv::write_behind<relokv::any_store>(std::move(store), open()),
+                              shown),
+            open());
+        prefetcher = pf.prefetcher();
+        store = relokv::any_store(std::move(pf), shown);
+      }
     } else if (!o.store_key_file.empty()) {
       throw std::runtime_error("--store-key-file without --store");
     }
@@ -138,7 +153,7 @@ int main(int argc, char** argv) {
             ? relokv_server::make_llama_cpp_engine(o.model_path, o.kv_blocks, o.ctx,
                                                    std::move(store), served->links)
             : relokv_server::make_relokv_engine(served, o.kv_blocks, std::move(store),
-                                                o.block_size);
+                                                o.block_size, std::move(prefetcher));
     relokv_server::metrics metrics;
     relokv_server::scheduler sched(
         *engine, *loaded.tokenizer, metrics,

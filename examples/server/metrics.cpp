@@ -91,6 +91,10 @@ void metrics::span_wait() {
   const std::lock_guard lock(mu_);
   ++span_waits_;
 }
+void metrics::prefetch_wait() {
+  const std::lock_guard lock(mu_);
+  ++prefetch_waits_;
+}
 void metrics::escalated() {
   const std::lock_guard lock(mu_);
   ++escalations_;
@@ -146,6 +150,10 @@ std::string metrics::text() const {
           "Requests held back a step because a span of theirs was being computed by another "
           "request (they reuse it once its prompt is done).",
           double(span_waits_));
+  counter(out, "relokv_store_prefetch_waits_total",
+          "Requests that waited, while others ran, for the store entries their plan reads to be "
+          "fetched off the scheduler's thread.",
+          double(prefetch_waits_));
   gauge(out, "relokv_requests_running", "Sequences decoding.", double(snap_.running));
   gauge(out, "relokv_requests_prefilling", "Sequences whose prompt is being computed.",
         double(snap_.prefilling));

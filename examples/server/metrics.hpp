@@ -48,6 +48,9 @@ class metrics {
   void span_compiled();  ///< a span compiled alone (--compile-spans alone)
   /// A request held back a step: a span of its prompt was being computed by another request.
   void span_wait();
+  /// A request held back until the store entries its plan reads were fetched off the
+  /// scheduler's thread (a store that prefetches: redis, redis-cluster, file).
+  void prefetch_wait();
   void escalated();  ///< a request recomputed in full by the escalation policy
   void rejected(const std::string& reason);  ///< refused before scheduling: queue_full, ...
   void snapshot(const cache_snapshot& s);
@@ -62,7 +65,8 @@ class metrics {
   std::map<std::string, std::int64_t> rejected_;
   histogram ttft_, itl_;
   std::int64_t computed_ = 0, reused_ = 0, completion_ = 0, preemptions_ = 0, escalations_ = 0,
-               spans_compiled_ = 0, span_waits_ = 0;
+               spans_compiled_ = 0, span_waits_ = 0,
+               prefetch_waits_ = 0;
   cache_snapshot snap_;
 };
 

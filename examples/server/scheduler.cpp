@@ -34,6 +34,10 @@ struct scheduler::seq_state {
   /// Its prompt's spans as the cache keys them (span_ids), computed at its first admission.
   std::optional<std::vector<std::uint64_t>> spans;
   bool span_waited = false;  ///< held back at least once (counted once in the metrics)
+  /// The store entries its next open() reads, being fetched off this thread (prefetch());
+  /// dropped once it opens.
+  std::unique_ptr<relokv::prefetch_ticket> fetch;
+  bool fetch_waited = false;  ///< waited for a fetch at least once (counted once)
 };
 
 namespace {
@@ -132,10 +136,19 @@ void scheduler::loop() {
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      const bool idle = waiting_.empty() && prefilling_.empty() && running_.empty();
-      if (idle) cv_.wait(lock, [&] { return stopping_ || woken_ || !intake_.empty(); });
+      // Idle: nothing to compute, and whoever waits, waits for a store fetch (whose end
+      // wakes this thread) or for nothing.
+      const bool idle = prefilling_.empty() && running_.empty() &&
+                        std::all_of(waiting_.begin(), waiting_.end(), [](const auto& s) {
+                          return s->fetch && !s->fetch->ready();
+                        });
+      if (idle)
+        cv_.wait(lock, [&] {
+          return woken_ || !intake_.empty() ||
+                 (!waiting_.empty() ? cancel_status_ != 0 : stopping_);
+        });
       woken_ = false;
-      if (stopping_ && idle && intake_.empty()) break;
+      if (stopping_ && idle && waiting_.empty() && intake_.empty()) break;
       incoming.swap(intake_);
       cancel_status = cancel_status_;
       cancel_message = cancel_message_;
@@ -227,15 +240,28 @@ void scheduler::admit() {
     const auto at = waiting_.begin() + static_cast<std::ptrdiff_t>(i);
     relokv_engine::prefill_stats st;
     std::int64_t compiled_layers = 0;
-    if (opt_.compile_alone && !s.prompt_counted && !s.full)
-      compiled_layers = compile_alone(j.prompt, j);
     try {
       const built_prompt& p = s.full ? j.full_prompt : j.prompt;
       const auto layout = s.generated.empty() ? p.layout : p.with(s.generated);
-      s.id = s.full ? eng_.open(layout, relokv::recompute::full{}, &st, j.keys, j.principal)
-                    : eng_.open(layout, j.strategy, &st, j.keys, j.principal);
+      const relokv::recompute::any_strategy& strategy = s.full ? full_ : j.strategy;
+      if (!s.fetch) {
+        // What its plan would read from the store is fetched off this thread; it waits for it
+        // here, those behind it go on (a store's deadline bounds the wait).
+        s.fetch = eng_.prefetch(layout, strategy, j.keys, j.principal, [this] { wake(); });
+      }
+      if (s.fetch && !s.fetch->ready()) {
+        if (!s.fetch_waited) metrics_.prefetch_wait();
+        s.fetch_waited = true;
+        ++i;
+        continue;
+      }
+      if (opt_.compile_alone && !s.prompt_counted && !s.full)
+        compiled_layers = compile_alone(j.prompt, j);
+      s.id = eng_.open(layout, strategy, &st, j.keys, j.principal);
+      s.fetch.reset();  // its entries were read (or it is let go, below)
     } catch (const relokv_engine::out_of_blocks& e) {
-      if (eng_.live() > 0) return;  // blocks come back as sequences end: wait
+      // Blocks come back as sequences end: wait. What its fetch staged stays for that plan.
+      if (eng_.live() > 0) return;
       fail(s, 503, std::string("the KV pool cannot hold this request: ") + e.what());
       waiting_.erase(at);
       continue;

@@ -23,6 +23,7 @@
 
 #include <relokv/recompute/any_strategy.hpp>
 #include <relokv/recompute/escalation.hpp>
+#include <relokv/recompute/full.hpp>
 #include <relokv/rope/block_relative.hpp>
 
 #include "api.hpp"
@@ -136,6 +137,7 @@ class scheduler {
   metrics& metrics_;
   options opt_;
   std::vector<relokv::token_t> stops_;  // end of turn, end of text
+  const relokv::recompute::any_strategy full_{relokv::recompute::full{}};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -27,8 +27,17 @@ cache_snapshot snapshot_of(const Cache& cache) {
 class relokv_serving final : public serving_engine {
  public:
   relokv_serving(std::shared_ptr<const relokv_engine::llama_model> m, std::int32_t blocks,
-                 relokv::any_store store, std::int32_t bs)
-      : eng_(std::move(m), blocks, bs, std::move(store)), block_size_(bs) {}
+                 relokv::any_store store, std::int32_t bs, relokv::store_prefetcher pre)
+      : eng_(std::move(m), blocks, bs, std::move(store)), block_size_(bs), pre_(std::move(pre)) {}
+  std::unique_ptr<relokv::prefetch_ticket> prefetch(
+      const relokv::request_layout& layout, const relokv::recompute::any_strategy& strategy,
+      const relokv::extra_keys& extras, std::uint64_t principal,
+      std::function<void()> on_ready) override {
+    if (!pre_) return nullptr;
+    eng_.cache().store_keys(layout, strategy, extras, keys_, principal);
+    if (keys_.empty()) return nullptr;
+    return pre_.prefetch(keys_, std::move(on_ready));
+  }
   std::int32_t open(const relokv::request_layout& layout,
                     const relokv::recompute::any_strategy& strategy,
                     relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
@@ -57,6 +66,8 @@ class relokv_serving final : public serving_engine {
  private:
   relokv_engine::llama_engine<relokv::block_relative, relokv::bf16> eng_;
   std::int32_t block_size_;
+  relokv::store_prefetcher pre_;
+  std::vector<relokv::store_key> keys_;
 };
 
 #if RELOKV_SERVER_LLAMA_CPP
@@ -140,9 +151,9 @@ class llama_cpp_serving final : public serving_engine {
 
 std::unique_ptr<serving_engine> make_relokv_engine(
     std::shared_ptr<const relokv_engine::llama_model> model, std::int32_t kv_blocks,
-    relokv::any_store store, std::int32_t block_size) {
+    relokv::any_store store, std::int32_t block_size, relokv::store_prefetcher prefetcher) {
   return std::make_unique<relokv_serving>(std::move(model), kv_blocks, std::move(store),
-                                          block_size);
+                                          block_size, std::move(prefetcher));
 }
 
 std::unique_ptr<serving_engine> make_llama_cpp_engine(

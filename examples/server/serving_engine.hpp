@@ -3,6 +3,7 @@
 // relokv's example engine (every strategy, many sequences batched) and relokv inside llama.cpp
 // (--engine llama.cpp: static strategies, one sequence at a time; see docs/server.md).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -12,6 +13,7 @@
 #include <relokv/layout/request_layout.hpp>
 #include <relokv/recompute/any_strategy.hpp>
 #include <relokv/store/any_store.hpp>
+#include <relokv/store/prefetching_store.hpp>
 
 #include "llama.hpp"
 #include "metrics.hpp"
@@ -27,6 +29,16 @@ class serving_engine {
                             const relokv::recompute::any_strategy& strategy,
                             relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
                             std::uint64_t principal) = 0;
+  /// Fetches, off the caller's thread, the store entries open(layout, strategy, ...) would read
+  /// now; open() then finds them staged and never waits for the store. nullptr: nothing to
+  /// fetch (no such store, or every block pooled). `on_ready` runs on the fetching thread once
+  /// the ticket is ready (not when it is ready at return, nor after it is dropped).
+  virtual std::unique_ptr<relokv::prefetch_ticket> prefetch(
+      const relokv::request_layout& /*layout*/, const relokv::recompute::any_strategy& /*strategy*/,
+      const relokv::extra_keys& /*extras*/, std::uint64_t /*principal*/,
+      std::function<void()> /*on_ready*/) {
+    return nullptr;
+  }
   virtual std::vector<float> prefill_step(std::int32_t s, std::int32_t max_rows,
                                           relokv_engine::prefill_stats* stats) = 0;
   [[nodiscard]] virtual bool append(std::int32_t s, relokv::token_t token) = 0;
@@ -46,10 +58,13 @@ class serving_engine {
   [[nodiscard]] virtual std::string name() const = 0;
 };
 
-/// relokv's example engine: block_relative keys in bf16, every strategy.
+/// relokv's example engine: block_relative keys in bf16, every strategy. With `prefetcher`
+/// (the handle of the prefetching_store `store` holds), prefetch() fetches a request's store
+/// entries off the scheduler's thread.
 std::unique_ptr<serving_engine> make_relokv_engine(
     std::shared_ptr<const relokv_engine::llama_model> model, std::int32_t kv_blocks,
-    relokv::any_store store, std::int32_t block_size = 16);
+    relokv::any_store store, std::int32_t block_size = 16,
+    relokv::store_prefetcher prefetcher = {});
 
 /// relokv inside llama.cpp on the GGUF at `path` (fp16 KV, placement pre_rotated), reading a
 /// span-link adapter's rows when `links` is set, or a std::runtime_error saying this build has

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -138,3 +139,67 @@ class Redis:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SlowProxy:
+    """A TCP proxy on loopback to 127.0.0.1:`port` that answers every command `delay` seconds
+    late (a reply is not forwarded before `delay` after the command that asked for it): a
+    distant or loaded store server. `delay` may change while it runs."""
+
+    def __init__(self, port, delay=0.0):
+        self.delay = delay
+        self.upstream = port
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            u = socket.create_connection(("127.0.0.1", self.upstream))
+            self.conns += [c, u]
+            asked = [0.0]  # when the client last sent a command
+            threading.Thread(target=self._pump, args=(c, u, asked, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(u, c, asked, True), daemon=True).start()
+
+    def _pump(self, src, dst, asked, reply):
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                if not reply:
+                    asked[0] = time.time()
+                elif self.delay:
+                    wait = asked[0] + self.delay - time.time()
+                    if wait > 0:
+                        time.sleep(wait)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for x in (src, dst):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self):
+        self.closed = True
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass

@@ -15,7 +15,7 @@ import urllib.request
 import openai
 import pytest
 
-from serverlib import Redis, Server
+from serverlib import Redis, Server, SlowProxy
 
 DOCS = [
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It "
@@ -377,6 +377,63 @@ def test_two_servers_share_spans_through_redis(tmp_path):
         for s in (a, b):
             if s:
                 s.stop()
+        r.stop()
+
+
+def test_store_fetches_never_stall_the_batch(tmp_path):
+    # A request whose documents are in a slow store waits for them off the scheduler's thread
+    # (relokv_store_prefetch_waits_total) while another request goes on decoding; then it
+    # reads them from what was fetched. A fetch made on the scheduler's thread would stop every
+    # stream for the store's round trip.
+    try:
+        r = Redis()
+    except RuntimeError as e:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(e))
+    proxy = SlowProxy(r.port)
+    a = b = None
+    delay = 0.9  # within the store's deadline (1 s a call)
+    try:
+        a = Server("--store", r.url)
+        q = "Where does the Nile flow?"
+        ask(a, q, DOCS, strategy="naive")
+        time.sleep(1)  # the writes are behind the request
+        b = Server("--store", proxy.url)
+        body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
+                           "max_tokens": 160, "stream": True, "temperature": 0}).encode()
+        req = urllib.request.Request(b.url + "/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        stream = urllib.request.urlopen(req, timeout=120)
+        times = []
+        for _ in range(3):
+            stream.readline()
+        proxy.delay = delay
+        with cf.ThreadPoolExecutor(1) as ex:
+            t0 = time.time()
+            fut = ex.submit(ask, b, q, list(reversed(DOCS)), strategy="naive", max_tokens=4)
+            while not fut.done():
+                line = stream.readline()
+                if not line:
+                    break
+                if line.startswith(b"data: "):
+                    times.append(time.time())
+            got = fut.result()
+            took = time.time() - t0
+        stream.close()
+        assert took >= delay  # it did wait for the store
+        assert got.usage.prompt_tokens_details.cached_tokens > 0.5 * got.usage.prompt_tokens
+        assert b.metric("relokv_store_hits_total") > 0
+        gaps = [y - x for x, y in zip(times, times[1:])]
+        assert len(gaps) >= 5, times
+        # The other stream went on while the documents were fetched.
+        assert max(gaps) < 0.6 * delay, gaps
+        assert b.metric("relokv_store_prefetch_waits_total") >= 1
+    finally:
+        for s in (a, b):
+            if s:
+                s.stop()
+        proxy.stop()
         r.stop()
 
 

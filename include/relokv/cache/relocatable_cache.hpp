@@ -158,6 +158,18 @@ class relocatable_cache {
   void plan_into(const request_layout& layout, const RecomputeStrategy& strategy,
                  const extra_keys& extras, reuse_plan& p, std::uint64_t principal = 0);
 
+  /// The store entries a plan of `layout` would look up if it were made now, into `out`: those
+  /// of its sealed blocks the pool does not hold, less those `strategy` would recompute whole
+  /// even as hits. For a prefetch on another thread (store/prefetching_store.hpp) while the
+  /// request waits, so that its plan finds them staged and never waits for the store. Changes
+  /// nothing: no request, no LRU order, no counter. A pool entry is taken as held without its
+  /// chain verified (the plan verifies; at worst a block is not prefetched and is computed), and
+  /// the pool may change before the plan. Empty without a store, or when reads are off.
+  /// @throws as plan() for a layout plan() would refuse
+  void store_keys(const request_layout& layout, const RecomputeStrategy& strategy,
+                  const extra_keys& extras, std::vector<store_key>& out,
+                  std::uint64_t principal = 0) const;
+
   /// Registers the request's new, sealed blocks under their keys so that later requests reuse
   /// them. Call once the engine has written them. A cache that writes to a store needs the
   /// storage to serialize them from: see commit(id, storage).

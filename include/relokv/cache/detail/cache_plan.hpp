@@ -7,6 +7,20 @@
 
 RELOKV_NAMESPACE_BEGIN
 
+namespace detail {
+/// A layout that reads an adapter's learned rows keys every block under that adapter.
+inline extra_keys keys_under_adapter(const request_layout& layout, const extra_keys& extras) {
+  extra_keys x = extras;
+  if (layout.adapter_id != 0) {
+    if (extras.adapter_id != 0 && extras.adapter_id != layout.adapter_id)
+      throw error("plan: extra_keys.adapter_id " + std::to_string(extras.adapter_id) +
+                  " differs from the layout's adapter " + std::to_string(layout.adapter_id));
+    x.adapter_id = layout.adapter_id;
+  }
+  return x;
+}
+}  // namespace detail
+
 template <class HashScheme, class BlockAllocator, class RopePlacement, class RecomputeStrategy,
           class KvStore>
 void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrategy,
@@ -21,14 +35,7 @@ void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrat
     throw error("plan: layout block_size " + std::to_string(layout.block_size) +
                 " differs from the cache's " + std::to_string(block_size_));
   check_layout(layout);
-  // A layout that reads an adapter's learned rows keys every block under that adapter.
-  extra_keys x = extras;
-  if (layout.adapter_id != 0) {
-    if (extras.adapter_id != 0 && extras.adapter_id != layout.adapter_id)
-      throw error("plan: extra_keys.adapter_id " + std::to_string(extras.adapter_id) +
-                  " differs from the layout's adapter " + std::to_string(layout.adapter_id));
-    x.adapter_id = layout.adapter_id;
-  }
+  const extra_keys x = detail::keys_under_adapter(layout, extras);
   const std::int32_t nb = layout.num_blocks();
   derive_block_keys(hash_, layout, x, keys_);
   request_state& rs = new_state();
@@ -201,6 +208,62 @@ void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrat
   stats_.misses += p.misses;
   stats_.store_hits += p.store_hits;
   stats_.provenance_denied += denied;
+}
+
+template <class HashScheme, class BlockAllocator, class RopePlacement, class RecomputeStrategy,
+          class KvStore>
+void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrategy,
+                       KvStore>::store_keys(const request_layout& layout,
+                                            const RecomputeStrategy& strategy,
+                                            const extra_keys& extras, std::vector<store_key>& out,
+                                            std::uint64_t principal) const {
+  out.clear();
+  if (layout.block_size != block_size_)
+    throw error("store_keys: layout block_size " + std::to_string(layout.block_size) +
+                " differs from the cache's " + std::to_string(block_size_));
+  check_layout(layout);
+  if constexpr (kHasStore) {
+    if (!tier_.opts.read) return;
+    const extra_keys x = detail::keys_under_adapter(layout, extras);
+    block_keys<HashScheme> keys;
+    derive_block_keys(hash_, layout, x, keys);
+    const auto nb = static_cast<std::size_t>(layout.num_blocks());
+    std::vector<block_status> status(nb, block_status::kMiss);
+    std::vector<std::uint8_t> compute(layout.tokens.size(), 0);
+    // Step 1 of the plan without its verification: what the pool holds under these keys.
+    bool chain_exact = true;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const block_extent& e = layout.blocks[b];
+      const segment& seg = layout.segments[static_cast<std::size_t>(e.segment)];
+      if (e.sealed && chain_exact && lookup(ctx_index_, keys.context[b]) != kNoBlock)
+        status[b] = block_status::kExactHit;
+      if (status[b] == block_status::kMiss && e.sealed && detail::relocatable(seg)) {
+        const block_id hit = lookup(content_index_, keys.content[b]);
+        if (hit != kNoBlock && serves(provenance_, meta_of(hit).origin, principal))
+          status[b] = block_status::kRelocatedHit;
+      }
+      if (status[b] != block_status::kExactHit) chain_exact = false;
+      if (status[b] == block_status::kMiss) std::fill_n(compute.begin() + e.pos0, e.len, std::uint8_t{1});
+    }
+    std::vector<block_status> spec_status;
+    std::vector<std::uint8_t> spec_mask;
+    std::vector<std::size_t> blocks;
+    detail::store_tier<KvStore>::fetch_candidates(
+        layout, strategy, std::span<const block_status>(status),
+        std::span<const std::uint8_t>(compute), spec_status, spec_mask, blocks, nullptr);
+    for (const std::size_t b : blocks) {
+      const bool content = detail::relocatable(
+          layout.segments[static_cast<std::size_t>(layout.blocks[b].segment)]);
+      out.push_back(content ? make_store_key(tier_.opts.fingerprint, store_entry_kind::kContent,
+                                             block_size_, x, keys.content[b])
+                            : make_store_key(tier_.opts.fingerprint, store_entry_kind::kContext,
+                                             block_size_, x, keys.context[b]));
+    }
+  } else {
+    (void)strategy;
+    (void)extras;
+    (void)principal;
+  }
 }
 
 RELOKV_NAMESPACE_END

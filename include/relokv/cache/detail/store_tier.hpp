@@ -72,46 +72,63 @@ class store_tier {
                                                         static_cast<std::size_t>(e.len))};
   }
 
+  /// The blocks of a plan's pool misses (`status`, `compute` as step 1 left them) worth a
+  /// store lookup, into `out`: sealed misses, less those a static strategy would recompute
+  /// whole even as hits (EPIC's first k of a span, when k covers the block), which go to
+  /// `kept_out` when given. `spec_status` and `spec_mask` are scratch.
+  template <class Strategy>
+  static void fetch_candidates(const request_layout& layout, const Strategy& strategy,
+                               std::span<const block_status> status,
+                               std::span<const std::uint8_t> compute,
+                               std::vector<block_status>& spec_status,
+                               std::vector<std::uint8_t>& spec_mask, std::vector<std::size_t>& out,
+                               std::vector<std::uint8_t>* kept_out) {
+    out.clear();
+    const auto nb = static_cast<std::size_t>(layout.num_blocks());
+    const auto candidate = [&](std::size_t b) {
+      return status[b] == block_status::kMiss && layout.blocks[b].sealed;
+    };
+    const auto content = [&](std::size_t b) {
+      return relocatable(layout.segments[static_cast<std::size_t>(layout.blocks[b].segment)]);
+    };
+    // What the strategy would recompute if every candidate were found.
+    const bool speculate = !narrows_mask(strategy);
+    if (speculate) {
+      spec_status.assign(status.begin(), status.end());
+      spec_mask.assign(compute.begin(), compute.end());
+      for (std::size_t b = 0; b < nb; ++b)
+        if (candidate(b)) {
+          spec_status[b] = content(b) ? block_status::kRelocatedHit : block_status::kExactHit;
+          const block_extent& e = layout.blocks[b];
+          std::fill_n(spec_mask.begin() + e.pos0, e.len, std::uint8_t{0});
+        }
+      strategy.select(layout, std::span<const block_status>(spec_status), std::span(spec_mask));
+    }
+    for (std::size_t b = 0; b < nb; ++b) {
+      if (!candidate(b)) continue;
+      const block_extent& e = layout.blocks[b];
+      if (speculate && count_ones(spec_mask.data() + e.pos0, e.len) == e.len) {
+        if (kept_out) (*kept_out)[b] = 1;  // the store may hold it; this request's recompute is not for it
+        continue;
+      }
+      out.push_back(b);
+    }
+  }
+
   /// Looks the pool's misses up in the store, in one batched get; a verified entry becomes a
-  /// hit of tier kStore (its block is taken in step 4). A block a static strategy would
-  /// recompute whole even as a hit (EPIC's first k of a span, when k covers the block) is not
-  /// fetched at all.
+  /// hit of tier kStore (its block is taken in step 4). What is looked up: fetch_candidates.
   template <class Key, class Strategy>
   void fetch(const request_layout& layout, const Strategy& strategy, request_state<Key>& rs,
              reuse_plan& p, std::vector<block_status>& status_, cache_stats& stats_,
              std::int32_t block_size, placement_kind placement, provenance_policy provenance) {
     const auto nb = static_cast<std::size_t>(layout.num_blocks());
-    fetch_keys_.clear();
-    fetch_blocks_.clear();
     fetched.assign(nb, block_fetch{});
-    const auto candidate = [&](std::size_t b) {
-      return status_[b] == block_status::kMiss && layout.blocks[b].sealed;
-    };
-    // What the strategy would recompute if every candidate were found.
-    bool speculate = !narrows_mask(strategy);
-    if (speculate) {
-      spec_status_ = status_;
-      spec_mask_ = p.compute;
-      for (std::size_t b = 0; b < nb; ++b)
-        if (candidate(b)) {
-          spec_status_[b] = store_kind(rs, b) == store_entry_kind::kContext
-                                ? block_status::kExactHit
-                                : block_status::kRelocatedHit;
-          const block_extent& e = layout.blocks[b];
-          std::fill_n(spec_mask_.begin() + e.pos0, e.len, std::uint8_t{0});
-        }
-      strategy.select(layout, std::span<const block_status>(spec_status_), std::span(spec_mask_));
-    }
-    for (std::size_t b = 0; b < nb; ++b) {
-      if (!candidate(b)) continue;
-      const block_extent& e = layout.blocks[b];
-      if (speculate && count_ones(spec_mask_.data() + e.pos0, e.len) == e.len) {
-        rs.keep_out[b] = 1;  // the store may hold it; this request's recompute is not for it
-        continue;
-      }
+    fetch_candidates(layout, strategy, std::span<const block_status>(status_),
+                     std::span<const std::uint8_t>(p.compute), spec_status_, spec_mask_,
+                     fetch_blocks_, &rs.keep_out);
+    fetch_keys_.clear();
+    for (const std::size_t b : fetch_blocks_)
       fetch_keys_.push_back(store_key_of(rs, b, store_kind(rs, b), block_size));
-      fetch_blocks_.push_back(b);
-    }
     if (fetch_keys_.empty()) return;
     stats_.store_lookups += static_cast<std::int64_t>(fetch_keys_.size());
     if (store.get(std::span<const store_key>(fetch_keys_), blobs_) != store_status::kOk ||

@@ -33,10 +33,16 @@ if(RELOKV_TSAN)
 endif()
 target_link_libraries(relokv_dev_flags INTERFACE relokv::relokv)
 
-# Benchmarks and the report are built for the machine they run on.
+# Benchmarks and the report are built for the machine they run on, or for the instruction set
+# RELOKV_MARCH names (-march=haswell: an AVX2 host's build on any x86-64 host, for the AVX2
+# figures of bench/serve_rag --isa avx2).
+set(RELOKV_MARCH "native" CACHE STRING "-march of the engine, the benchmarks and the report")
 add_library(relokv_native_flags INTERFACE)
 include(CheckCXXCompilerFlag)
-check_cxx_compiler_flag(-march=native RELOKV_HAS_MARCH_NATIVE)
-if(RELOKV_HAS_MARCH_NATIVE)
-  target_compile_options(relokv_native_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+check_cxx_compiler_flag(-march=${RELOKV_MARCH} RELOKV_HAS_MARCH_${RELOKV_MARCH})
+if(RELOKV_HAS_MARCH_${RELOKV_MARCH})
+  target_compile_options(relokv_native_flags
+                         INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=${RELOKV_MARCH}>)
+elseif(NOT RELOKV_MARCH STREQUAL "native")
+  message(FATAL_ERROR "RELOKV_MARCH=${RELOKV_MARCH}: the compiler does not take -march=${RELOKV_MARCH}")
 endif()

@@ -20,8 +20,8 @@
 
 #include <relokv/store/any_store.hpp>
 #include <relokv/store/prefetching_store.hpp>
-#include <relokv/store/write_behind.hpp>
 #include <relokv/store/store_url.hpp>
+#include <relokv/store/write_behind.hpp>
 
 #include "auth.hpp"
 #include "load_model.hpp"
@@ -152,8 +152,8 @@ int main(int argc, char** argv) {
         o.engine == "llama.cpp"
             ? relokv_server::make_llama_cpp_engine(o.model_path, o.kv_blocks, o.ctx,
                                                    std::move(store), served->links)
-            : relokv_server::make_relokv_engine(served, o.kv_blocks, std::move(store),
-                                                o.block_size, std::move(prefetcher));
+            : relokv_server::make_relokv_engine(served, o.kv_blocks, std::move(store), o.block_size,
+                                                std::move(prefetcher));
     relokv_server::metrics metrics;
     relokv_server::scheduler sched(
         *engine, *loaded.tokenizer, metrics,

@@ -65,8 +65,7 @@ class metrics {
   std::map<std::string, std::int64_t> rejected_;
   histogram ttft_, itl_;
   std::int64_t computed_ = 0, reused_ = 0, completion_ = 0, preemptions_ = 0, escalations_ = 0,
-               spans_compiled_ = 0, span_waits_ = 0,
-               prefetch_waits_ = 0;
+               spans_compiled_ = 0, span_waits_ = 0, prefetch_waits_ = 0;
   cache_snapshot snap_;
 };
 

@@ -139,9 +139,8 @@ void scheduler::loop() {
       // Idle: nothing to compute, and whoever waits, waits for a store fetch (whose end
       // wakes this thread) or for nothing.
       const bool idle = prefilling_.empty() && running_.empty() &&
-                        std::all_of(waiting_.begin(), waiting_.end(), [](const auto& s) {
-                          return s->fetch && !s->fetch->ready();
-                        });
+                        std::all_of(waiting_.begin(), waiting_.end(),
+                                    [](const auto& s) { return s->fetch && !s->fetch->ready(); });
       if (idle)
         cv_.wait(lock, [&] {
           return woken_ || !intake_.empty() ||

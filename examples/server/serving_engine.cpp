@@ -29,10 +29,11 @@ class relokv_serving final : public serving_engine {
   relokv_serving(std::shared_ptr<const relokv_engine::llama_model> m, std::int32_t blocks,
                  relokv::any_store store, std::int32_t bs, relokv::store_prefetcher pre)
       : eng_(std::move(m), blocks, bs, std::move(store)), block_size_(bs), pre_(std::move(pre)) {}
-  std::unique_ptr<relokv::prefetch_ticket> prefetch(
-      const relokv::request_layout& layout, const relokv::recompute::any_strategy& strategy,
-      const relokv::extra_keys& extras, std::uint64_t principal,
-      std::function<void()> on_ready) override {
+  std::unique_ptr<relokv::prefetch_ticket> prefetch(const relokv::request_layout& layout,
+                                                    const relokv::recompute::any_strategy& strategy,
+                                                    const relokv::extra_keys& extras,
+                                                    std::uint64_t principal,
+                                                    std::function<void()> on_ready) override {
     if (!pre_) return nullptr;
     eng_.cache().store_keys(layout, strategy, extras, keys_, principal);
     if (keys_.empty()) return nullptr;
@@ -152,8 +153,8 @@ class llama_cpp_serving final : public serving_engine {
 std::unique_ptr<serving_engine> make_relokv_engine(
     std::shared_ptr<const relokv_engine::llama_model> model, std::int32_t kv_blocks,
     relokv::any_store store, std::int32_t block_size, relokv::store_prefetcher prefetcher) {
-  return std::make_unique<relokv_serving>(std::move(model), kv_blocks, std::move(store),
-                                          block_size, std::move(prefetcher));
+  return std::make_unique<relokv_serving>(std::move(model), kv_blocks, std::move(store), block_size,
+                                          std::move(prefetcher));
 }
 
 std::unique_ptr<serving_engine> make_llama_cpp_engine(

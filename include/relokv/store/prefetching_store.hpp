@@ -39,12 +39,12 @@ struct prefetch_options {
 
 /// What a prefetching_store counted (prefetcher().counters()).
 struct prefetch_counters {
-  std::int64_t requests = 0;  ///< prefetch() calls with keys to fetch
-  std::int64_t keys = 0;      ///< keys those asked for
-  std::int64_t found = 0;     ///< entries the store had, staged
-  std::int64_t dropped = 0;   ///< entries found that did not fit max_staged_bytes
-  std::int64_t served = 0;    ///< keys a get answered from what was staged
-  std::int64_t unstaged = 0;  ///< keys a get asked for that were not staged: misses
+  std::int64_t requests = 0;      ///< prefetch() calls with keys to fetch
+  std::int64_t keys = 0;          ///< keys those asked for
+  std::int64_t found = 0;         ///< entries the store had, staged
+  std::int64_t dropped = 0;       ///< entries found that did not fit max_staged_bytes
+  std::int64_t served = 0;        ///< keys a get answered from what was staged
+  std::int64_t unstaged = 0;      ///< keys a get asked for that were not staged: misses
   std::int64_t cancelled = 0;     ///< tickets dropped before their fetch ran (not fetched)
   std::int64_t staged_bytes = 0;  ///< bytes staged now
   std::int64_t staged_entries = 0;
@@ -293,9 +293,7 @@ class prefetch_ticket {
   prefetch_ticket(const prefetch_ticket&) = delete;
   prefetch_ticket& operator=(const prefetch_ticket&) = delete;
   /// The fetch ran (or was given up: store down, adapter stopped); the plan may be made.
-  [[nodiscard]] bool ready() const noexcept {
-    return s_->ready.load(std::memory_order_acquire);
-  }
+  [[nodiscard]] bool ready() const noexcept { return s_->ready.load(std::memory_order_acquire); }
   /// Entries it staged (found in the store and within the staging budget).
   [[nodiscard]] std::size_t staged() const noexcept { return ready() ? s_->staged.size() : 0; }
 

@@ -243,7 +243,8 @@ void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrat
           status[b] = block_status::kRelocatedHit;
       }
       if (status[b] != block_status::kExactHit) chain_exact = false;
-      if (status[b] == block_status::kMiss) std::fill_n(compute.begin() + e.pos0, e.len, std::uint8_t{1});
+      if (status[b] == block_status::kMiss)
+        std::fill_n(compute.begin() + e.pos0, e.len, std::uint8_t{1});
     }
     std::vector<block_status> spec_status;
     std::vector<std::uint8_t> spec_mask;
@@ -252,8 +253,8 @@ void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrat
         layout, strategy, std::span<const block_status>(status),
         std::span<const std::uint8_t>(compute), spec_status, spec_mask, blocks, nullptr);
     for (const std::size_t b : blocks) {
-      const bool content = detail::relocatable(
-          layout.segments[static_cast<std::size_t>(layout.blocks[b].segment)]);
+      const bool content =
+          detail::relocatable(layout.segments[static_cast<std::size_t>(layout.blocks[b].segment)]);
       out.push_back(content ? make_store_key(tier_.opts.fingerprint, store_entry_kind::kContent,
                                              block_size_, x, keys.content[b])
                             : make_store_key(tier_.opts.fingerprint, store_entry_kind::kContext,

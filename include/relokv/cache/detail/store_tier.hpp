@@ -108,7 +108,8 @@ class store_tier {
       if (!candidate(b)) continue;
       const block_extent& e = layout.blocks[b];
       if (speculate && count_ones(spec_mask.data() + e.pos0, e.len) == e.len) {
-        if (kept_out) (*kept_out)[b] = 1;  // the store may hold it; this request's recompute is not for it
+        if (kept_out)
+          (*kept_out)[b] = 1;  // the store may hold it; this request's recompute is not for it
         continue;
       }
       out.push_back(b);

@@ -401,7 +401,7 @@ def test_store_fetches_never_stall_the_batch(tmp_path):
         time.sleep(1)  # the writes are behind the request
         b = Server("--store", proxy.url)
         body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
-                           "max_tokens": 160, "stream": True, "temperature": 0}).encode()
+                           "max_tokens": 400, "stream": True, "temperature": 0}).encode()
         req = urllib.request.Request(b.url + "/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         stream = urllib.request.urlopen(req, timeout=120)

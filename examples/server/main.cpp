@@ -132,10 +132,12 @@ int main(int argc, char** argv) {
         // The scheduler's thread never waits for the store: puts are written behind it, and
         // the entries a request's plan reads are fetched while it waits (three connections).
         const std::string shown = store.description();
+        relokv::prefetch_options po;
+        po.max_staged_bytes = static_cast<std::size_t>(o.prefetch_mib) << 20;
         relokv::prefetching_store<relokv::any_store> pf(
             relokv::any_store(relokv::write_behind<relokv::any_store>(std::move(store), open()),
                               shown),
-            open());
+            open(), po);
         prefetcher = pf.prefetcher();
         store = relokv::any_store(std::move(pf), shown);
       }

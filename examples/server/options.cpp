@@ -101,6 +101,10 @@ int parse_options(int argc, char** argv, server_options& o) {
                  "where spans outlive the process and travel between servers: redis://HOST:PORT, "
                  "redis-cluster://..., file:DIR, memory:");
   app.add_option("--store-key-file", o.store_key_file, "seal the store's blocks with this key");
+  app.add_option("--store-prefetch-mib", o.prefetch_mib,
+                 "MiB of store entries fetched ahead for waiting requests, off the scheduler's "
+                 "thread; an entry past it is computed instead (default 1024)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--api-key-file", o.api_key_file,
                  "API keys, one KEY:TENANT a line, in a file only its owner can read (chmod "
                  "600); RELOKV_API_KEYS (KEY:TENANT,...) is read too. Without keys, none is asked");

@@ -23,6 +23,7 @@ struct server_options {
   std::int32_t block_size = 16;
   double drain_timeout = 30;
   std::string store_url, store_key_file;
+  std::int32_t prefetch_mib = 1024;   ///< --store-prefetch-mib: bytes fetched ahead, staged
   std::vector<std::string> api_keys;  ///< --api-key KEY:TENANT (visible in ps: for tests)
   std::string api_key_file, admin_key_file;
   std::string metrics_host = "127.0.0.1";

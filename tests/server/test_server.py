@@ -437,6 +437,36 @@ def test_store_fetches_never_stall_the_batch(tmp_path):
         r.stop()
 
 
+def test_store_prefetch_budget_bounds_what_is_staged():
+    # --store-prefetch-mib 1: a few of SmolLM2's blocks fit (at most 360 KiB each, less for a
+    # span's short last block); the request's other stored blocks are computed, not fetched,
+    # where a server with the default budget fetches them all.
+    try:
+        r = Redis()
+    except RuntimeError as e:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(e))
+    a = b = c = None
+    try:
+        a = Server("--store", r.url)
+        q = "Where does the Nile flow?"
+        ask(a, q, DOCS, strategy="naive")
+        time.sleep(1)  # the writes are behind the request
+        b = Server("--store", r.url, "--store-prefetch-mib", 1)
+        c = Server("--store", r.url)
+        small = ask(b, q, list(reversed(DOCS)), strategy="naive")
+        whole = ask(c, q, list(reversed(DOCS)), strategy="naive")
+        assert 0 < b.metric("relokv_store_hits_total") < c.metric("relokv_store_hits_total")
+        assert small.usage.prompt_tokens_details.cached_tokens < \
+            whole.usage.prompt_tokens_details.cached_tokens
+    finally:
+        for s in (a, b, c):
+            if s:
+                s.stop()
+        r.stop()
+
+
 def test_sigterm_drains_requests_in_flight():
     s = Server()
     body = json.dumps({"messages": [{"role": "user", "content": "Tell me a story."}],

@@ -257,7 +257,7 @@ void scheduler::admit() {
       if (opt_.compile_alone && !s.prompt_counted && !s.full)
         compiled_layers = compile_alone(j.prompt, j);
       s.id = eng_.open(layout, strategy, &st, j.keys, j.principal);
-      s.fetch.reset();  // its entries were read (or it is let go, below)
+      s.fetch.reset();  // its entries were read
     } catch (const relokv_engine::out_of_blocks& e) {
       // Blocks come back as sequences end: wait. What its fetch staged stays for that plan.
       if (eng_.live() > 0) return;

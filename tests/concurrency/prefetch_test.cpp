@@ -100,6 +100,24 @@ void fill(const std::filesystem::path& dir) {
   REQUIRE(w.cache.stats().store_writes == 6);
 }
 
+/// A cache over a prefetching_store on `dir` whose worker reads through `fetcher`, its
+/// prefetcher, and the keys a plan of `layout` would look up now.
+struct staged_cache {
+  relokv::store_prefetcher pre;
+  instance<prefetching> r;
+  std::vector<store_key> keys;
+  staged_cache(const std::filesystem::path& dir, probe fetcher,
+               const relokv::request_layout& layout, relokv::prefetch_options opt = {})
+      : staged_cache(prefetching(probe{relokv::file_store(dir)}, std::move(fetcher), opt), layout) {
+  }
+
+ private:
+  staged_cache(prefetching st, const relokv::request_layout& layout)
+      : pre(st.prefetcher()), r{std::move(st)} {
+    r.cache.store_keys(layout, relokv::recompute::none{}, {}, keys);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("store_keys: exactly the entries the plan would look up, touching nothing",
@@ -177,10 +195,9 @@ TEST_CASE("prefetching_store: a plan finds prefetched entries staged, the rest a
   fill(dir.path);
   probe fetcher{relokv::file_store(dir.path)};
   const auto fetched = fetcher.seen;
-  prefetching st(probe{relokv::file_store(dir.path)}, fetcher);
-  relokv::store_prefetcher pre = st.prefetcher();
-  instance<prefetching> r{std::move(st)};
   const auto layout = rag({&kB, &kA});
+  staged_cache sc(dir.path, fetcher, layout);
+  auto& [pre, r, keys] = sc;
 
   // Nobody prefetched: the plan reads no store and computes everything.
   auto p0 = r.serve(layout, /*commit=*/false);
@@ -188,8 +205,6 @@ TEST_CASE("prefetching_store: a plan finds prefetched entries staged, the rest a
   CHECK(fetched->gets == 0);
   CHECK(pre.counters().unstaged == 6);
 
-  std::vector<store_key> keys;
-  r.cache.store_keys(layout, relokv::recompute::none{}, {}, keys);
   REQUIRE(keys.size() == 6);
   std::atomic<int> called{0};
   auto t = pre.prefetch(keys, [&] { ++called; });
@@ -221,12 +236,9 @@ TEST_CASE("prefetching_store: a slow store never holds the owner thread",
   fill(dir.path);
   probe fetcher{relokv::file_store(dir.path)};
   fetcher.delay = std::chrono::milliseconds(400);
-  prefetching st(probe{relokv::file_store(dir.path)}, fetcher);
-  relokv::store_prefetcher pre = st.prefetcher();
-  instance<prefetching> r{std::move(st)};
   const auto layout = rag({&kB, &kA});
-  std::vector<store_key> keys;
-  r.cache.store_keys(layout, relokv::recompute::none{}, {}, keys);
+  staged_cache sc(dir.path, fetcher, layout);
+  auto& [pre, r, keys] = sc;
 
   const auto t0 = std::chrono::steady_clock::now();
   auto first = pre.prefetch(keys);
@@ -255,11 +267,8 @@ TEST_CASE("prefetching_store: a store down, a full staging budget, the adapter g
   SECTION("down: ready with nothing staged; the request computes") {
     probe fetcher{relokv::file_store(dir.path)};
     fetcher.down = true;
-    prefetching st(probe{relokv::file_store(dir.path)}, fetcher);
-    auto pre = st.prefetcher();
-    instance<prefetching> r{std::move(st)};
-    std::vector<store_key> keys;
-    r.cache.store_keys(layout, relokv::recompute::none{}, {}, keys);
+    staged_cache sc(dir.path, fetcher, layout);
+    auto& [pre, r, keys] = sc;
     auto t = pre.prefetch(keys);
     REQUIRE(wait_ready(*t));
     CHECK(t->staged() == 0);
@@ -268,11 +277,8 @@ TEST_CASE("prefetching_store: a store down, a full staging budget, the adapter g
   SECTION("budget: what does not fit is dropped, counted, and computed") {
     relokv::prefetch_options opt;
     opt.max_staged_bytes = 1;  // not one entry fits
-    prefetching st(probe{relokv::file_store(dir.path)}, probe{relokv::file_store(dir.path)}, opt);
-    auto pre = st.prefetcher();
-    instance<prefetching> r{std::move(st)};
-    std::vector<store_key> keys;
-    r.cache.store_keys(layout, relokv::recompute::none{}, {}, keys);
+    staged_cache sc(dir.path, probe{relokv::file_store(dir.path)}, layout, opt);
+    auto& [pre, r, keys] = sc;
     auto t = pre.prefetch(keys);
     REQUIRE(wait_ready(*t));
     CHECK(pre.counters().dropped == 6);
@@ -304,11 +310,8 @@ TEST_CASE("prefetching_store: a store down, a full staging budget, the adapter g
   SECTION("dropped during its fetch: its callback never runs, its entries are not kept") {
     probe slow{relokv::file_store(dir.path)};
     slow.delay = std::chrono::milliseconds(150);
-    prefetching st(probe{relokv::file_store(dir.path)}, slow);
-    auto pre = st.prefetcher();
-    instance<prefetching> r{std::move(st)};
-    std::vector<store_key> keys;
-    r.cache.store_keys(layout, relokv::recompute::none{}, {}, keys);
+    staged_cache sc(dir.path, slow, layout);
+    auto& [pre, r, keys] = sc;
     std::atomic<int> called{0};
     auto t = pre.prefetch(keys, [&] { ++called; });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the fetch is under way

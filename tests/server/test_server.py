@@ -353,20 +353,37 @@ def test_api_keys_are_tenants():
         assert s.stop() == 0
 
 
-def test_two_servers_share_spans_through_redis(tmp_path):
+@pytest.fixture
+def redis():
+    """redis-server on loopback, stopped after the test (a skip without it, a failure in CI)."""
     try:
         r = Redis()
     except RuntimeError as e:
         if os.environ.get("CI") == "true":
             raise
         pytest.skip(str(e))
+    yield r
+    r.stop()
+
+
+def store_documents(url, question):
+    """Has a server on the store at `url` answer `question` over DOCS, then stops it: the
+    store holds their spans (its writes, behind the request, are drained at its stop)."""
+    s = Server("--store", url)
+    try:
+        ask(s, question, DOCS, strategy="naive")
+    finally:
+        s.stop()
+
+
+def test_two_servers_share_spans_through_redis(tmp_path, redis):
     key = tmp_path / "seal.key"
     key.write_bytes(os.urandom(32))
     key.chmod(0o600)
     a = b = None
     try:
-        a = Server("--store", r.url, "--store-key-file", key)
-        b = Server("--store", r.url, "--store-key-file", key)
+        a = Server("--store", redis.url, "--store-key-file", key)
+        b = Server("--store", redis.url, "--store-key-file", key)
         q = "Where does the Nile flow?"
         ask(a, q, DOCS, strategy="naive")
         time.sleep(1)  # the writes are behind the request
@@ -377,28 +394,19 @@ def test_two_servers_share_spans_through_redis(tmp_path):
         for s in (a, b):
             if s:
                 s.stop()
-        r.stop()
 
 
-def test_store_fetches_never_stall_the_batch(tmp_path):
+def test_store_fetches_never_stall_the_batch(redis):
     # A request whose documents are in a slow store waits for them off the scheduler's thread
     # (relokv_store_prefetch_waits_total) while another request goes on decoding; then it
     # reads them from what was fetched. A fetch made on the scheduler's thread would stop every
     # stream for the store's round trip.
-    try:
-        r = Redis()
-    except RuntimeError as e:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(str(e))
-    proxy = SlowProxy(r.port)
-    a = b = None
+    q = "Where does the Nile flow?"
+    store_documents(redis.url, q)
+    proxy = SlowProxy(redis.port)
+    b = None
     delay = 0.9  # within the store's deadline (1 s a call)
     try:
-        a = Server("--store", r.url)
-        q = "Where does the Nile flow?"
-        ask(a, q, DOCS, strategy="naive")
-        time.sleep(1)  # the writes are behind the request
         b = Server("--store", proxy.url)
         body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
                            "max_tokens": 400, "stream": True, "temperature": 0}).encode()
@@ -430,41 +438,30 @@ def test_store_fetches_never_stall_the_batch(tmp_path):
         assert max(gaps) < 0.6 * delay, gaps
         assert b.metric("relokv_store_prefetch_waits_total") >= 1
     finally:
-        for s in (a, b):
-            if s:
-                s.stop()
+        if b:
+            b.stop()
         proxy.stop()
-        r.stop()
 
 
-def test_store_prefetch_budget_bounds_what_is_staged():
+def test_store_prefetch_budget_bounds_what_is_staged(redis):
     # --store-prefetch-mib 1: a few of SmolLM2's blocks fit (at most 360 KiB each, less for a
     # span's short last block); the request's other stored blocks are computed, not fetched,
     # where a server with the default budget fetches them all.
+    q = "Where does the Nile flow?"
+    store_documents(redis.url, q)
+    b = c = None
     try:
-        r = Redis()
-    except RuntimeError as e:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(str(e))
-    a = b = c = None
-    try:
-        a = Server("--store", r.url)
-        q = "Where does the Nile flow?"
-        ask(a, q, DOCS, strategy="naive")
-        time.sleep(1)  # the writes are behind the request
-        b = Server("--store", r.url, "--store-prefetch-mib", 1)
-        c = Server("--store", r.url)
+        b = Server("--store", redis.url, "--store-prefetch-mib", 1)
+        c = Server("--store", redis.url)
         small = ask(b, q, list(reversed(DOCS)), strategy="naive")
         whole = ask(c, q, list(reversed(DOCS)), strategy="naive")
         assert 0 < b.metric("relokv_store_hits_total") < c.metric("relokv_store_hits_total")
         assert small.usage.prompt_tokens_details.cached_tokens < \
             whole.usage.prompt_tokens_details.cached_tokens
     finally:
-        for s in (a, b, c):
+        for s in (b, c):
             if s:
                 s.stop()
-        r.stop()
 
 
 def test_sigterm_drains_requests_in_flight():

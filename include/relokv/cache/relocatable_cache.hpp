@@ -322,6 +322,13 @@ class relocatable_cache {
     }
     return {rs.canonical[bi] != 0, rs.principal};
   }
+  /// What plan() and store_keys() refuse: another block size, a malformed layout.
+  void check_request(const request_layout& layout, const char* what) const {
+    if (layout.block_size != block_size_)
+      throw error(std::string(what) + ": layout block_size " + std::to_string(layout.block_size) +
+                  " differs from the cache's " + std::to_string(block_size_));
+    check_layout(layout);
+  }
   /// A block for the request: allocated (the plan counted it free), its old keys forgotten.
   block_id take_block(request_state& rs) {
     const alloc_result r = alloc_.allocate();

@@ -31,10 +31,7 @@ void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrat
   p.id = kNoRequest;
   p.exact_hits = p.relocated_hits = p.misses = p.tokens_to_compute = p.store_hits = 0;
   p.fetches.clear();
-  if (layout.block_size != block_size_)
-    throw error("plan: layout block_size " + std::to_string(layout.block_size) +
-                " differs from the cache's " + std::to_string(block_size_));
-  check_layout(layout);
+  check_request(layout, "plan");
   const extra_keys x = detail::keys_under_adapter(layout, extras);
   const std::int32_t nb = layout.num_blocks();
   derive_block_keys(hash_, layout, x, keys_);
@@ -218,10 +215,7 @@ void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrat
                                             const extra_keys& extras, std::vector<store_key>& out,
                                             std::uint64_t principal) const {
   out.clear();
-  if (layout.block_size != block_size_)
-    throw error("store_keys: layout block_size " + std::to_string(layout.block_size) +
-                " differs from the cache's " + std::to_string(block_size_));
-  check_layout(layout);
+  check_request(layout, "store_keys");
   if constexpr (kHasStore) {
     if (!tier_.opts.read) return;
     const extra_keys x = detail::keys_under_adapter(layout, extras);
@@ -252,14 +246,10 @@ void relocatable_cache<HashScheme, BlockAllocator, RopePlacement, RecomputeStrat
     detail::store_tier<KvStore>::fetch_candidates(
         layout, strategy, std::span<const block_status>(status),
         std::span<const std::uint8_t>(compute), spec_status, spec_mask, blocks, nullptr);
-    for (const std::size_t b : blocks) {
-      const bool content =
-          detail::relocatable(layout.segments[static_cast<std::size_t>(layout.blocks[b].segment)]);
-      out.push_back(content ? make_store_key(tier_.opts.fingerprint, store_entry_kind::kContent,
-                                             block_size_, x, keys.content[b])
-                            : make_store_key(tier_.opts.fingerprint, store_entry_kind::kContext,
-                                             block_size_, x, keys.context[b]));
-    }
+    for (const std::size_t b : blocks)
+      out.push_back(
+          tier_.key_of(detail::store_tier<KvStore>::kind_of(layout.segments, layout.blocks[b]), x,
+                       keys.content[b], keys.context[b], block_size_));
   } else {
     (void)strategy;
     (void)extras;

@@ -47,17 +47,26 @@ class store_tier {
   /// Which key a block is stored under: content for a span's (or windowed dependent
   /// segment's) blocks, context for the others. One copy per block: a span's context entry
   /// would duplicate its bytes for the rare request that shows it in the same place.
+  static store_entry_kind kind_of(std::span<const segment> segments,
+                                  const block_extent& e) noexcept {
+    return relocatable(segments[static_cast<std::size_t>(e.segment)]) ? store_entry_kind::kContent
+                                                                      : store_entry_kind::kContext;
+  }
   template <class Key>
   static store_entry_kind store_kind(const request_state<Key>& rs, std::size_t bi) noexcept {
-    const segment& seg = rs.segments[static_cast<std::size_t>(rs.blocks[bi].segment)];
-    return relocatable(seg) ? store_entry_kind::kContent : store_entry_kind::kContext;
+    return kind_of(rs.segments, rs.blocks[bi]);
+  }
+  /// The name of a block's entry of `kind`, from its content and context keys.
+  template <class Key>
+  store_key key_of(store_entry_kind kind, const extra_keys& x, const Key& content,
+                   const Key& context, std::int32_t block_size) const {
+    return make_store_key(opts.fingerprint, kind, block_size, x,
+                          kind == store_entry_kind::kContent ? content : context);
   }
   template <class Key>
   store_key store_key_of(const request_state<Key>& rs, std::size_t bi, store_entry_kind kind,
                          std::int32_t block_size) const {
-    return make_store_key(
-        opts.fingerprint, kind, block_size, rs.extras,
-        kind == store_entry_kind::kContent ? rs.content_key[bi] : rs.context_key[bi]);
+    return key_of(kind, rs.extras, rs.content_key[bi], rs.context_key[bi], block_size);
   }
   /// What a stored block is verified by (block_format.hpp): its tag and tokens, and the
   /// SHA-256 of what precedes it (every block from the request's start for a context entry;
@@ -88,9 +97,6 @@ class store_tier {
     const auto candidate = [&](std::size_t b) {
       return status[b] == block_status::kMiss && layout.blocks[b].sealed;
     };
-    const auto content = [&](std::size_t b) {
-      return relocatable(layout.segments[static_cast<std::size_t>(layout.blocks[b].segment)]);
-    };
     // What the strategy would recompute if every candidate were found.
     const bool speculate = !narrows_mask(strategy);
     if (speculate) {
@@ -98,7 +104,9 @@ class store_tier {
       spec_mask.assign(compute.begin(), compute.end());
       for (std::size_t b = 0; b < nb; ++b)
         if (candidate(b)) {
-          spec_status[b] = content(b) ? block_status::kRelocatedHit : block_status::kExactHit;
+          spec_status[b] = kind_of(layout.segments, layout.blocks[b]) == store_entry_kind::kContent
+                               ? block_status::kRelocatedHit
+                               : block_status::kExactHit;
           const block_extent& e = layout.blocks[b];
           std::fill_n(spec_mask.begin() + e.pos0, e.len, std::uint8_t{0});
         }

@@ -139,6 +139,12 @@ struct aligned_buffer {
   const T& operator[](std::size_t i) const noexcept { return data_[i]; }
 };
 
+// Whether the panels of Q4_0, Q4_1 and Q8_0 are unpacked in registers (tests compare both).
+std::atomic<bool>& pack_vectorized() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
 constexpr int kGroup = 16;               // weight rows per group: one zmm of outputs
 [[maybe_unused]] constexpr int kMr = 4;  // activation rows per register tile
 constexpr int kGn = 3;                   // groups per register tile
@@ -171,8 +177,15 @@ struct tile_panel {
     d.assign(slots * kGroup, 0.0f);
     m.assign(slots * kGroup, 0.0f);
     has_min = false;
+    std::int32_t r = r0;
+#if RELOKV_ENGINE_TILES_VNNI
+    // Whole groups of the formats the shipped models use, in registers (the same panel).
+    if (pack_vectorized().load(std::memory_order_relaxed))
+      for (; r + kGroup <= r1 && pack_group(w, r, (r - r0) / kGroup); r += kGroup) {
+      }
+#endif
     std::int16_t v[32];
-    for (std::int32_t r = r0; r < r1; ++r) {
+    for (; r < r1; ++r) {
       const std::int32_t g = (r - r0) / kGroup, n = (r - r0) % kGroup;
       for (std::int32_t b = 0; b < nb; ++b) {
         float db = 0.0f, mb = 0.0f;
@@ -192,6 +205,72 @@ struct tile_panel {
       }
     }
   }
+
+#if RELOKV_ENGINE_TILES_VNNI
+  // Rows [r, r + 16) of a Q4_0, Q4_1 or Q8_0 matrix as group g: per block, each row's 32
+  // integers as one register of 16 pairs, the 16 registers transposed (pair k of every row
+  // is then one register, as the tiles read it). False for another type (nothing written).
+  bool pack_group(const qmatrix& w, std::int32_t r, std::int32_t g) {
+    const bool q41 = w.type == ggml_type::kQ4_1;
+    if (w.type != ggml_type::kQ4_0 && !q41 && w.type != ggml_type::kQ8_0) return false;
+    const bool q8 = w.type == ggml_type::kQ8_0;
+    const std::size_t bytes = q8 ? 34 : q41 ? 20 : 18, lead = q41 ? 4 : 2;
+    const __m256i low = _mm256_set1_epi16(0xF), off = _mm256_set1_epi16(q41 ? 0 : 8);
+    for (std::int32_t b = 0; b < nb; ++b) {
+      __m512i t[kGroup];
+      const std::size_t at_b = at(g, b);
+      for (int n = 0; n < kGroup; ++n) {
+        const std::uint8_t* p = w.row(r + n) + static_cast<std::size_t>(b) * bytes;
+        if (q8) {
+          t[n] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2)));
+        } else {
+          const __m256i x =
+              _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + lead)));
+          const __m256i lo = _mm256_sub_epi16(_mm256_and_si256(x, low), off);
+          const __m256i hi = _mm256_sub_epi16(_mm256_srli_epi16(x, 4), off);
+          t[n] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+        d[at_b + static_cast<std::size_t>(n)] = fp16_at(p);
+        if (q41) {
+          const float mb = fp16_at(p + 2);
+          m[at_b + static_cast<std::size_t>(n)] = mb;
+          has_min = has_min || mb != 0.0f;
+        }
+      }
+      transpose16(t);
+      std::int16_t* dst = q.data() + at_b * 32;  // block (g, b): 512 int16 from 32 * at
+      for (int k = 0; k < kGroup; ++k) _mm512_store_si512(dst + k * 32, t[k]);
+    }
+    return true;
+  }
+
+  // A 16 x 16 matrix of 32-bit elements, one row a register, transposed in place.
+  static void transpose16(__m512i* t) {
+    __m512i a[16], c[16];
+    for (int i = 0; i < 16; i += 2) {  // 2 x 2 blocks of elements
+      a[i] = _mm512_unpacklo_epi32(t[i], t[i + 1]);
+      a[i + 1] = _mm512_unpackhi_epi32(t[i], t[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // 4 x 4 blocks within each 128-bit lane
+      c[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+      c[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+      c[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+      c[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+    }
+    // c[4q + j] holds, in 128-bit lane l, elements (4q .. 4q+3) of column 4l + j: lanes are
+    // then exchanged across the four registers groups q.
+    for (int j = 0; j < 4; ++j) {
+      const __m512i x0 = _mm512_shuffle_i32x4(c[j], c[4 + j], 0x88);       // lanes 0, 2
+      const __m512i x1 = _mm512_shuffle_i32x4(c[j], c[4 + j], 0xDD);       // lanes 1, 3
+      const __m512i x2 = _mm512_shuffle_i32x4(c[8 + j], c[12 + j], 0x88);  // lanes 0, 2
+      const __m512i x3 = _mm512_shuffle_i32x4(c[8 + j], c[12 + j], 0xDD);  // lanes 1, 3
+      t[j] = _mm512_shuffle_i32x4(x0, x2, 0x88);                           // column j
+      t[8 + j] = _mm512_shuffle_i32x4(x0, x2, 0xDD);                       // column 8 + j
+      t[4 + j] = _mm512_shuffle_i32x4(x1, x3, 0x88);                       // column 4 + j
+      t[12 + j] = _mm512_shuffle_i32x4(x1, x3, 0xDD);                      // column 12 + j
+    }
+  }
+#endif
 };
 
 // Without VNNI: output (i, r) from the panel by plain loops, as the tiles compute it.
@@ -410,6 +489,10 @@ std::vector<std::string> tile_kernel_isas() {
   for (const tile_isa isa : kTileIsas)
     if (available(isa)) out.emplace_back(name_of(isa));
   return out;
+}
+
+void use_vectorized_panels(bool on) noexcept {
+  pack_vectorized().store(on, std::memory_order_relaxed);
 }
 
 bool select_tile_kernel_isa(const std::string& isa) noexcept {

@@ -340,6 +340,38 @@ TEST_CASE("qgemm: the tiles' int32 sums do not overflow at the largest weights",
   for (const float v : y) CHECK(v == Approx(3.0 * cols).epsilon(1e-5));
 }
 
+TEST_CASE("qgemm: panels unpacked in registers are the bits of those unpacked row by row",
+          "[qgemm]") {
+  // Every tile ISA and type; 600 rows (37 whole groups, then 8 rows unpacked row by row) over
+  // two calls that split a group, so both unpackings meet in one panel.
+  std::mt19937 rng(27);
+  std::normal_distribution<float> nd;
+  for (const auto& isa : relokv_engine::tile_kernel_isas()) {
+    REQUIRE(relokv_engine::select_tile_kernel_isa(isa));
+    for (const ggml_type t : {ggml_type::kQ4_0, ggml_type::kQ4_1, ggml_type::kQ5_0,
+                              ggml_type::kQ8_0, ggml_type::kQ4_K, ggml_type::kQ6_K}) {
+      INFO("tiles: " << isa << ", " << relokv_engine::traits_of(t).name);
+      const int cols = 512, rows = 600, n = 7;
+      const auto bytes = random_blocks(t, rows, cols, rng);
+      const qmatrix w = matrix_of(t, rows, cols, bytes);
+      std::vector<float> x(static_cast<std::size_t>(n * cols));
+      for (auto& v : x) v = nd(rng);
+      relokv_engine::q16_activations xq;
+      xq.quantize(x.data(), n, cols, relokv_engine::tile_weight_bound(t));
+      std::vector<float> y[2];
+      for (int fast = 0; fast < 2; ++fast) {
+        relokv_engine::use_vectorized_panels(fast == 1);
+        y[fast].assign(static_cast<std::size_t>(n * rows), -1.0f);
+        relokv_engine::tile_matmul_rows(w, xq, y[fast].data(), rows, 0, 40);
+        relokv_engine::tile_matmul_rows(w, xq, y[fast].data(), rows, 40, rows);
+      }
+      relokv_engine::use_vectorized_panels(true);
+      CHECK(std::memcmp(y[0].data(), y[1].data(), y[0].size() * sizeof(float)) == 0);
+    }
+  }
+  REQUIRE(relokv_engine::select_tile_kernel_isa(relokv_engine::tile_kernel_isas().front()));
+}
+
 TEST_CASE("qgemm: the AMX tiles agree with dequantize-then-fp32 for every type they serve",
           "[qgemm]") {
   // Where the build or host has no AMX, amx_matmul_rows runs the same arithmetic in plain

@@ -131,9 +131,9 @@ struct q16_activations {
 /// Makes the tiles use `isa` (one of tile_kernel_isas()) for the whole process; tests and
 /// benchmarks compare them. False, and nothing changes, when the build lacks it.
 bool select_tile_kernel_isa(const std::string& isa) noexcept;
-/// Whether the tiles' panels of Q4_0, Q4_1 and Q8_0 are unpacked in AVX-512 registers (on by
-/// default where the tiles are VNNI) or row by row as the other types are: the panels, and so
-/// every product, are the same bits either way (tests compare them).
+/// Whether the tiles' panels of Q4_0, Q4_1 and Q8_0 are unpacked sixteen rows at a time in
+/// vector registers (AVX-512 or AVX2; on by default) or row by row as the other types are: the
+/// panels, and so every product, are the same bits either way (tests compare them).
 void use_vectorized_panels(bool on) noexcept;
 /// y[i][r] = dot(x[i], w[r]) for i < x.n and r in [r0, r1) on the int16 tiles: the rows'
 /// blocks unpacked to int16 panels of at most 512 KiB (per thread), multiplied with VPDPWSSD

@@ -178,7 +178,7 @@ struct tile_panel {
     m.assign(slots * kGroup, 0.0f);
     has_min = false;
     std::int32_t r = r0;
-#if RELOKV_ENGINE_TILES_VNNI
+#if RELOKV_ENGINE_TILES_VNNI || RELOKV_ENGINE_TILES_AVX2
     // Whole groups of the formats the shipped models use, in registers (the same panel).
     if (pack_vectorized().load(std::memory_order_relaxed))
       for (; r + kGroup <= r1 && pack_group(w, r, (r - r0) / kGroup); r += kGroup) {
@@ -206,10 +206,10 @@ struct tile_panel {
     }
   }
 
-#if RELOKV_ENGINE_TILES_VNNI
+#if RELOKV_ENGINE_TILES_VNNI || RELOKV_ENGINE_TILES_AVX2
   // Rows [r, r + 16) of a Q4_0, Q4_1 or Q8_0 matrix as group g: per block, each row's 32
-  // integers as one register of 16 pairs, the 16 registers transposed (pair k of every row
-  // is then one register, as the tiles read it). False for another type (nothing written).
+  // integers as registers of 16 pairs, transposed (pair k of every row is then contiguous, as
+  // the tiles read it). False for another type (nothing written).
   bool pack_group(const qmatrix& w, std::int32_t r, std::int32_t g) {
     const bool q41 = w.type == ggml_type::kQ4_1;
     if (w.type != ggml_type::kQ4_0 && !q41 && w.type != ggml_type::kQ8_0) return false;
@@ -217,18 +217,18 @@ struct tile_panel {
     const std::size_t bytes = q8 ? 34 : q41 ? 20 : 18, lead = q41 ? 4 : 2;
     const __m256i low = _mm256_set1_epi16(0xF), off = _mm256_set1_epi16(q41 ? 0 : 8);
     for (std::int32_t b = 0; b < nb; ++b) {
-      __m512i t[kGroup];
+      __m256i t[kGroup][2];  // row n: pairs 0-7 (its first 16 integers), pairs 8-15
       const std::size_t at_b = at(g, b);
       for (int n = 0; n < kGroup; ++n) {
         const std::uint8_t* p = w.row(r + n) + static_cast<std::size_t>(b) * bytes;
         if (q8) {
-          t[n] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2)));
+          t[n][0] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2)));
+          t[n][1] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18)));
         } else {
           const __m256i x =
               _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + lead)));
-          const __m256i lo = _mm256_sub_epi16(_mm256_and_si256(x, low), off);
-          const __m256i hi = _mm256_sub_epi16(_mm256_srli_epi16(x, 4), off);
-          t[n] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+          t[n][0] = _mm256_sub_epi16(_mm256_and_si256(x, low), off);
+          t[n][1] = _mm256_sub_epi16(_mm256_srli_epi16(x, 4), off);
         }
         d[at_b + static_cast<std::size_t>(n)] = fp16_at(p);
         if (q41) {
@@ -237,13 +237,30 @@ struct tile_panel {
           has_min = has_min || mb != 0.0f;
         }
       }
-      transpose16(t);
       std::int16_t* dst = q.data() + at_b * 32;  // block (g, b): 512 int16 from 32 * at
-      for (int k = 0; k < kGroup; ++k) _mm512_store_si512(dst + k * 32, t[k]);
+#if RELOKV_ENGINE_TILES_VNNI
+      __m512i z[kGroup];
+      for (int n = 0; n < kGroup; ++n)
+        z[n] = _mm512_inserti64x4(_mm512_castsi256_si512(t[n][0]), t[n][1], 1);
+      transpose16(z);
+      for (int k = 0; k < kGroup; ++k) _mm512_store_si512(dst + k * 32, z[k]);
+#else
+      // Four 8 x 8 blocks: rows 8h.., pairs 8c.. to pairs 8c.., rows 8h.. (16 int16 a row).
+      for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < 2; ++c) {
+          __m256i e[8];
+          for (int i = 0; i < 8; ++i) e[i] = t[8 * h + i][c];
+          transpose8(e);
+          for (int k = 0; k < 8; ++k)
+            _mm256_store_si256(reinterpret_cast<__m256i*>(dst + (8 * c + k) * 32 + 16 * h), e[k]);
+        }
+#endif
     }
     return true;
   }
+#endif
 
+#if RELOKV_ENGINE_TILES_VNNI
   // A 16 x 16 matrix of 32-bit elements, one row a register, transposed in place.
   static void transpose16(__m512i* t) {
     __m512i a[16], c[16];
@@ -268,6 +285,25 @@ struct tile_panel {
       t[8 + j] = _mm512_shuffle_i32x4(x0, x2, 0xDD);                       // column 8 + j
       t[4 + j] = _mm512_shuffle_i32x4(x1, x3, 0x88);                       // column 4 + j
       t[12 + j] = _mm512_shuffle_i32x4(x1, x3, 0xDD);                      // column 12 + j
+    }
+  }
+#elif RELOKV_ENGINE_TILES_AVX2
+  // An 8 x 8 matrix of 32-bit elements, one row a register, transposed in place.
+  static void transpose8(__m256i* t) {
+    __m256i a[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+      a[i] = _mm256_unpacklo_epi32(t[i], t[i + 1]);
+      a[i + 1] = _mm256_unpackhi_epi32(t[i], t[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {  // u[4q + j]: rows 4q.. of column 4l + j in lane l
+      u[i] = _mm256_unpacklo_epi64(a[i], a[i + 2]);
+      u[i + 1] = _mm256_unpackhi_epi64(a[i], a[i + 2]);
+      u[i + 2] = _mm256_unpacklo_epi64(a[i + 1], a[i + 3]);
+      u[i + 3] = _mm256_unpackhi_epi64(a[i + 1], a[i + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {
+      t[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+      t[4 + j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
     }
   }
 #endif

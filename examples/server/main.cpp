@@ -157,9 +157,9 @@ int main(int argc, char** argv) {
             : relokv_server::make_relokv_engine(served, o.kv_blocks, std::move(store), o.block_size,
                                                 std::move(prefetcher));
     relokv_server::metrics metrics;
-    relokv_server::scheduler sched(
-        *engine, *loaded.tokenizer, metrics,
-        {o.parallel, o.queue, o.prefill_chunk, o.step_tokens, o.compile_spans == "alone"});
+    relokv_server::scheduler sched(*engine, *loaded.tokenizer, metrics,
+                                   {o.parallel, o.queue, o.prefill_chunk, o.step_tokens,
+                                    o.compile_spans == "alone", o.schedule == "least-work"});
 
     relokv_server::http::server http(o.http);
     c.sched = &sched;

@@ -64,6 +64,11 @@ int parse_options(int argc, char** argv, server_options& o) {
   app.add_option("--prefill-chunk", o.prefill_chunk,
                  "prompt rows per step, so that long prompts do not stall decode (default 256)")
       ->check(CLI::Range(1, 8192));
+  app.add_option("--schedule", o.schedule,
+                 "which prefilling prompts a step's rows go to first: fcfs (admission order; "
+                 "default) or least-work (the fewest rows left to compute, as a follow-up turn "
+                 "or a mostly reused prompt; one passed over eight steps goes first)")
+      ->check(CLI::IsMember({"fcfs", "least-work"}));
   app.add_option("--step-tokens", o.step_tokens,
                  "rows a step computes: a decode row per running sequence, the rest prompt "
                  "chunks of as many prefilling sequences as fit (default 512)")

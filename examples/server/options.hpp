@@ -14,6 +14,7 @@ struct server_options {
   std::string links;                         ///< --links: a span-link adapter (tools/links)
   std::string spans = "auto";                ///< --spans: auto, documents or off
   std::string compile_spans = "in-context";  ///< --compile-spans: in-context or alone
+  std::string schedule = "fcfs";             ///< --schedule: fcfs or least-work
   std::string engine = "relokv";
   std::string escalate;       ///< --escalate POLICY for the default strategy
   std::string system_prompt;  ///< empty: the model's own default (its chat template's)

@@ -38,6 +38,11 @@ struct scheduler::seq_state {
   /// dropped once it opens.
   std::unique_ptr<relokv::prefetch_ticket> fetch;
   bool fetch_waited = false;  ///< waited for a fetch at least once (counted once)
+  /// Prompt rows its open() left to compute, less the rows of its steps since (the order of
+  /// least_work_first).
+  std::int64_t rows_left = 0;
+  std::int32_t passed = 0;  ///< steps in a row it was prefilling and got no rows
+  bool starved = false;     ///< passed kStarveSteps times: goes first until it is prefilled
 };
 
 namespace {
@@ -273,6 +278,9 @@ void scheduler::admit() {
       waiting_.erase(at);
       continue;
     }
+    s.rows_left = st.computed;
+    s.passed = 0;
+    s.starved = false;
     if (!s.prompt_counted) {
       // The first attempt's plan is what the request cost; a recompute after preemption is
       // counted as preemption, not as the request's prompt.
@@ -320,16 +328,32 @@ std::int64_t scheduler::compile_alone(const built_prompt& p, const job& j) {
 
 void scheduler::prefill_some() {
   // One budget of rows a step: a row for each running sequence's next token, the rest for
-  // prompt chunks of the prefilling sequences in order of admission (the first always moves).
+  // prompt chunks of the prefilling sequences, the first of the order always moving. The
+  // order: admission (fcfs), or the fewest rows left first with the starved ahead of all.
   std::int32_t budget =
       std::max<std::int32_t>(0, opt_.step_tokens - static_cast<std::int32_t>(running_.size()));
+  std::vector<seq_state*> order;
+  order.reserve(prefilling_.size());
+  for (auto& p : prefilling_) order.push_back(p.get());
+  if (opt_.least_work_first)
+    std::stable_sort(order.begin(), order.end(), [](const seq_state* a, const seq_state* b) {
+      if (a->starved != b->starved) return a->starved;
+      return !a->starved && a->rows_left < b->rows_left;
+    });
   bool first = true;
-  for (std::size_t i = 0; i < prefilling_.size();) {
+  for (seq_state* s : order) {
     const std::int32_t rows = std::min(opt_.prefill_chunk, budget);
-    if (rows <= 0 && !first) break;
+    if (rows <= 0 && !first) {
+      s->starved = s->starved || ++s->passed >= kStarveSteps;
+      continue;
+    }
     first = false;
     budget -= std::max(rows, 1);
-    if (!prefill_one(i, std::max(rows, 1))) ++i;
+    s->passed = 0;
+    s->rows_left = std::max<std::int64_t>(0, s->rows_left - std::max(rows, 1));
+    const auto at = std::find_if(prefilling_.begin(), prefilling_.end(),
+                                 [&](const std::unique_ptr<seq_state>& p) { return p.get() == s; });
+    prefill_one(static_cast<std::size_t>(at - prefilling_.begin()), std::max(rows, 1));
   }
 }
 

@@ -90,7 +90,15 @@ class scheduler {
     /// opens (as span-link adapters were trained); false: a span first seen is computed in
     /// the request that shows it, in its context.
     bool compile_alone = false;
+    /// --schedule least-work (true): each step's prompt rows go first to the prefilling
+    /// sequences with the fewest rows left to compute (a follow-up turn, a prompt mostly
+    /// reused), as SGLang's longest-prefix-match order; one passed over kStarveSteps steps in
+    /// a row goes first from then on, in admission order, so none waits forever. false
+    /// (fcfs, the default): in admission order.
+    bool least_work_first = false;
   };
+  /// Steps a prefilling sequence may be passed over before it goes first (least_work_first).
+  static constexpr std::int32_t kStarveSteps = 8;
   scheduler(serving_engine& eng, const relokv_engine::tokenizer& tok, metrics& m, options o);
   ~scheduler();
   scheduler(const scheduler&) = delete;

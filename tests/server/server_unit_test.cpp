@@ -427,6 +427,7 @@ struct chunked_engine final : relokv_server::serving_engine {
   std::int32_t next_ = 0;
   struct step_rows {
     std::vector<std::int32_t> prefill;
+    std::vector<std::int32_t> seqs;  // whose chunk each of prefill's is
     std::int32_t decode = 0;
   };
   mutable std::vector<step_rows> steps{1};
@@ -443,6 +444,7 @@ struct chunked_engine final : relokv_server::serving_engine {
                                   relokv_engine::prefill_stats*) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     steps.back().prefill.push_back(rows);
+    steps.back().seqs.push_back(s);
     auto& left = left_.at(s);
     left -= std::min(left, rows);
     return left == 0 ? std::vector<float>{1, 0, 0} : std::vector<float>{};
@@ -502,6 +504,87 @@ TEST_CASE("scheduler: one budget of rows a step, prompt chunks of several sequen
     if (budget >= 512) CHECK(most >= 2);  // two sequences' chunks in one step
     if (budget == 1) CHECK(most == 1);
   }
+}
+
+namespace {
+/// The prefill chunks of a chunked_engine's run, in order: (sequence, rows).
+std::vector<std::pair<std::int32_t, std::int32_t>> chunks_of(const chunked_engine& eng) {
+  std::vector<std::pair<std::int32_t, std::int32_t>> out;
+  for (const auto& st : eng.steps)
+    for (std::size_t i = 0; i < st.prefill.size(); ++i) out.emplace_back(st.seqs[i], st.prefill[i]);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("scheduler: least-work first prefills a short prompt before a long one admitted first",
+          "[server]") {
+  for (const bool least : {true, false}) {
+    INFO((least ? "least-work" : "fcfs"));
+    chunked_engine eng;
+    const auto tok = tiny_tokenizer();
+    relokv_server::metrics m;
+    auto a = make_job(2000, 2), b = make_job(50, 2);
+    {
+      scheduler::options o;
+      o.prefill_chunk = o.step_tokens = 64;  // one sequence's chunk a step
+      o.least_work_first = least;
+      scheduler sched(eng, tok, m, o);
+      REQUIRE(sched.submit(a));
+      REQUIRE(sched.submit(b));
+      REQUIRE(wait_done(*a));
+      REQUIRE(wait_done(*b));
+    }
+    const auto chunks = chunks_of(eng);
+    // a opened first (sequence 0), b second (sequence 1): where each prompt's last chunk is.
+    std::ptrdiff_t a_done = -1, b_first = -1, b_done = -1;
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      if (chunks[i].first == 0) a_done = static_cast<std::ptrdiff_t>(i);
+      if (chunks[i].first == 1) {
+        if (b_first < 0) b_first = static_cast<std::ptrdiff_t>(i);
+        b_done = static_cast<std::ptrdiff_t>(i);
+      }
+    }
+    REQUIRE(a_done >= 0);
+    REQUIRE(b_done >= 0);
+    if (least) {
+      CHECK(b_done < a_done);  // b's 50 rows went first once both were prefilling
+    } else {
+      CHECK(b_first > a_done);  // a's 2000 rows, then b's
+    }
+  }
+}
+
+TEST_CASE("scheduler: least-work first never starves a long prompt behind short ones", "[server]") {
+  // A 2000-row prompt and forty one-chunk prompts, one chunk a step: the long one is passed
+  // over kStarveSteps steps, then goes first until it is prefilled, whatever arrives.
+  chunked_engine eng;
+  const auto tok = tiny_tokenizer();
+  relokv_server::metrics m;
+  std::vector<std::shared_ptr<job>> jobs{make_job(2000, 2)};
+  {
+    scheduler::options o;
+    o.prefill_chunk = o.step_tokens = 64;
+    o.least_work_first = true;
+    scheduler sched(eng, tok, m, o);
+    REQUIRE(sched.submit(jobs.front()));
+    for (int i = 0; i < 40; ++i) {
+      jobs.push_back(make_job(60, 2));
+      REQUIRE(sched.submit(jobs.back()));
+    }
+    for (auto& j : jobs) REQUIRE(wait_done(*j));
+  }
+  const auto chunks = chunks_of(eng);
+  std::size_t others_before = 0;
+  std::int32_t long_rows = 0;  // fewer than 64 a step while short ones decode (their rows)
+  for (const auto& [seq, rows] : chunks) {
+    if (seq == 0 && (long_rows += rows) >= 2000) break;
+    if (seq != 0) ++others_before;
+  }
+  CHECK(long_rows >= 2000);
+  // Short prompts admitted with it went first at most kStarveSteps (+1: the step that admitted
+  // them) times before it was starved; after that it moved every step.
+  CHECK(others_before <= static_cast<std::size_t>(scheduler::kStarveSteps) + 2);
+  for (auto& j : jobs) CHECK(completion_tokens(*j) == 2);
 }
 
 TEST_CASE("output: the answer's text one token at a time equals the whole decoded",

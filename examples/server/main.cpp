@@ -4,8 +4,9 @@
 //   relokv_server --model MODEL.gguf --host 127.0.0.1 --port 8080
 // (scripts/serve fetches the default model and starts it). See README "Serve" and
 // docs/server.md. The rooms: options.cpp (the command line), http.cpp (the HTTP layer and its
-// limits), auth.cpp (keys and tenants), routes.cpp (the API), scheduler.cpp (batching), and
-// here the wiring: model, engine, strategies, listeners, signals and the drain.
+// limits), auth.cpp (keys and tenants), routes.cpp (the API), scheduler.cpp (batching) and
+// scheduler_output.cpp (sampling, the answer's text), and here the wiring: model, engine,
+// strategies, listeners, signals and the drain.
 #include <pthread.h>
 
 #include <chrono>

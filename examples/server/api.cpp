@@ -260,22 +260,22 @@ relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& ge
     std::vector<relokv::token_t> all = prefix;
     all.insert(all.end(), q.begin(), q.end());
     if (links) b.links(*links);
-    for (const chunk& k : chunks) {
+    for (const relokv::found_segment& k : chunks) {
       const auto end =
-          k.kind == chunk_kind::kQuestion ? static_cast<std::int32_t>(all.size()) : k.end;
+          k.kind == relokv::found_kind::kQuestion ? static_cast<std::int32_t>(all.size()) : k.end;
       const std::span<const relokv::token_t> t(all.data() + k.begin,
                                                static_cast<std::size_t>(end - k.begin));
       switch (k.kind) {
-        case chunk_kind::kPrefix:
+        case relokv::found_kind::kPrefix:
           b.prefix(t);
           break;
-        case chunk_kind::kSpan:
+        case relokv::found_kind::kSpan:
           b.span(t);
           break;
-        case chunk_kind::kDependent:
+        case relokv::found_kind::kDependent:
           b.dependent(t);
           break;
-        case chunk_kind::kQuestion:
+        case relokv::found_kind::kQuestion:
           b.question(t);
           break;
       }
@@ -307,9 +307,9 @@ std::vector<relokv::request_layout> built_prompt::compile_layouts() const {
     std::vector<relokv::token_t> all = prefix;
     all.insert(all.end(), question.begin(), question.end());
     const std::span<const relokv::token_t> t(all);
-    const chunk& first = chunks.front();
-    for (const chunk& k : chunks)
-      if (k.kind == chunk_kind::kSpan)
+    const relokv::found_segment& first = chunks.front();
+    for (const relokv::found_segment& k : chunks)
+      if (k.kind == relokv::found_kind::kSpan)
         alone(t.subspan(0, static_cast<std::size_t>(first.end)),
               t.subspan(static_cast<std::size_t>(k.begin),
                         static_cast<std::size_t>(k.end - k.begin)));
@@ -320,7 +320,8 @@ std::vector<relokv::request_layout> built_prompt::compile_layouts() const {
 }
 
 built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer& tok,
-                          const std::string& default_system, bool spans, const api_limits& limits) {
+                          const std::string& default_system, bool spans, const api_limits& limits,
+                          std::uint64_t tenant) {
   std::string system = default_system;
   std::vector<relokv_engine::tokenizer::turn> history;
   std::size_t first = 0;
@@ -381,7 +382,7 @@ built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer&
         if (j < all.size()) starts.push_back(static_cast<std::int32_t>(j + 1));
       }
     }
-    p.chunks = find_chunks(all, pieces, limits.chunks, starts);
+    p.chunks = relokv::find_spans(all, pieces, limits.chunks, starts, limits.known_spans.get(), tenant);
     if (p.chunks.size() < 2) p.chunks.clear();  // one prefix: nothing to relocate
   }
   p.layout = p.with({});

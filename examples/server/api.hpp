@@ -3,6 +3,7 @@
 // (every field of the wrong type or out of range is a 4xx naming it), the prompt built from
 // the messages and the RAG documents, and the replies in OpenAI's JSON and chunk formats.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -12,9 +13,9 @@
 
 #include <relokv/layout/builder.hpp>
 #include <relokv/layout/request_layout.hpp>
+#include <relokv/layout/span_finder.hpp>
 #include <relokv/types.hpp>
 
-#include "chunker.hpp"
 #include "tokenizer.hpp"
 
 namespace relokv_server {
@@ -51,10 +52,13 @@ struct api_limits {
   /// --links: the span-link adapter's rows every request with spans reads.
   std::optional<relokv::link_rows> links;
   /// --spans: where spans come from. kAuto: the `documents` field, or else chunks found in the
-  /// message text (chunker.hpp); kDocuments: the `documents` field only; kOff: none (exact
+  /// message text (relokv/layout/span_finder.hpp); kDocuments: the `documents` field only; kOff: none (exact
   /// prefixes only).
   enum class span_source : std::uint8_t { kOff, kDocuments, kAuto } spans = span_source::kAuto;
-  chunk_options chunks;  ///< how --spans auto cuts
+  relokv::span_finder_options chunks;  ///< how --spans auto cuts
+  /// The spans --spans auto has cut before, matched anywhere in later prompts (per tenant).
+  /// Shared by every copy of the limits; null: rules only.
+  std::shared_ptr<relokv::span_index> known_spans = std::make_shared<relokv::span_index>();
 };
 
 struct document {
@@ -86,7 +90,7 @@ chat_request parse_chat_request(const std::string& body, const api_limits& limit
 /// default) and any earlier turns as the prefix, each document a relocatable span in the
 /// order given, the last user message (with the assistant's opening) as the question. Without
 /// documents the whole prompt is a prefix (exact hits only), or under --spans auto the chunks
-/// found in it (chunker.hpp: the same tokens, cut where passages end). `spans` false: one prefix
+/// found in it (relokv::find_spans: the same tokens, cut where passages end). `spans` false: one prefix
 /// even with documents (the "prefix" variant). @throws api_error (400) for a prompt longer than the
 /// context left by max_tokens
 struct built_prompt {
@@ -94,7 +98,7 @@ struct built_prompt {
   std::vector<relokv::token_t> prefix, question;
   std::vector<std::vector<relokv::token_t>> documents;
   /// --spans auto without documents: the prompt (prefix then question) cut into chunks.
-  std::vector<chunk> chunks;
+  std::vector<relokv::found_segment> chunks;
   bool spans = true;
   std::int32_t block_size = 16;
   std::optional<relokv::link_rows> links;  ///< read when the prompt has spans
@@ -106,8 +110,11 @@ struct built_prompt {
   /// plan's one token. Empty without spans.
   [[nodiscard]] std::vector<relokv::request_layout> compile_layouts() const;
 };
+/// `tenant`: the namespace of the spans --spans auto remembers (a tenant's salt: one tenant's
+/// passages never decide where another's prompt is cut).
 built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer& tok,
-                          const std::string& default_system, bool spans, const api_limits& limits);
+                          const std::string& default_system, bool spans, const api_limits& limits,
+                          std::uint64_t tenant = 0);
 
 /// JSON text of `v` with any invalid UTF-8 in its strings replaced by U+FFFD: generated text
 /// may end inside a character (max_tokens cuts a token sequence anywhere), and error messages

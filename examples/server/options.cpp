@@ -26,8 +26,9 @@ int parse_options(int argc, char** argv, server_options& o) {
       ->check(CLI::ExistingFile);
   app.add_option("--spans", o.spans,
                  "where a request's relocatable spans come from: auto (the documents field, or "
-                 "else the passages found in the message text: blank lines, delimiter lines, "
-                 "list items; docs/server.md), documents (the documents field only), off (exact "
+                 "else the passages found in the message text, whatever its format: lines, "
+                 "labels, tags, and spans seen before wherever they recur; docs/span-finding.md), "
+                 "documents (the documents field only), off (exact "
                  "prefixes only) (default auto)")
       ->check(CLI::IsMember({"auto", "documents", "off"}));
   app.add_option("--compile-spans", o.compile_spans,
@@ -40,6 +41,10 @@ int parse_options(int argc, char** argv, server_options& o) {
                  "--spans auto: a passage shorter than this is computed in every request "
                  "(default 32)")
       ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--known-spans", o.known_spans,
+                 "--spans auto: spans remembered (by hash, per tenant) to be found again "
+                 "wherever they recur in later prompts; 0: the rules alone (default 65536)")
+      ->check(CLI::Range(0, 1 << 24));
   app.add_option("--profile", o.profile,
                  "calibration profile (relokv_rag --calibrate); refused for another model");
   app.add_option("--escalate", o.escalate,

@@ -32,6 +32,7 @@ struct server_options {
   http::tls_files tls;
   bool share_spans = false;
   api_limits limits;
+  std::int32_t known_spans = 1 << 16;  ///< --known-spans
   http::limits http;
 };
 

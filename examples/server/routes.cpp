@@ -93,7 +93,8 @@ void chat_completion(route_context& c, const http::request& req,
     }
     j->strategy = s->strategy;
     j->strategy_name = s->name;
-    j->prompt = build_prompt(j->req, *c.tok, c.system_prompt, s->spans, c.limits);
+    j->prompt = build_prompt(j->req, *c.tok, c.system_prompt, s->spans, c.limits,
+                             who ? who->keys.tenant_salt : 0);
     j->escalation = s->escalation;
     if (s->escalation.enabled)  // what an escalation recomputes: the plain prompt
       j->full_prompt = build_prompt(j->req, *c.tok, c.system_prompt, false, c.limits);

@@ -56,21 +56,59 @@ def make_requests(sample, n, zipf, seed, keep=0):
     return reqs
 
 
-# The prompts RAG clients send with the passages in the message text (--format): LangChain's
-# "stuff" prompt, LlamaIndex's QA template, blank lines between passages, a markdown list.
-# A passage is its title and text on two lines, as a document loader gives it.
-FORMATS = {
-    "langchain": lambda ctx, q: (
-        "Use the following pieces of context to answer the question at the end. If you don't "
-        "know the answer, just say that you don't know, don't try to make up an answer.\n\n"
-        + "\n\n".join(ctx) + "\n\nQuestion: " + q + "\nHelpful Answer:"),
-    "llamaindex": lambda ctx, q: (
-        "Context information is below.\n---------------------\n" + "\n\n".join(ctx)
-        + "\n---------------------\nGiven the context information and not prior knowledge, "
-        "answer the query.\nQuery: " + q + "\nAnswer: "),
-    "blank-lines": lambda ctx, q: "\n\n".join(ctx) + "\n\n" + q,
-    "markdown": lambda ctx, q: "Sources:\n" + "".join("- " + c + "\n" for c in ctx) + "\n" + q,
+# The prompts RAG clients send with the passages in the message text (--format): the format
+# suite of tests/support/prompt_formats.hpp (the same specs): what the frameworks send
+# (LangChain's "stuff" prompt, LlamaIndex's QA template, Haystack's indented context), labels
+# that follow the order (numbered sources, XML with an index, "Document n:"), JSON arrays,
+# titles, CRLF, an opening sentence that changes per request, and passages in an earlier turn.
+def _fmt(intro="", label="", indent="", close="", sep="\n\n", outro="\n\nQuestion: ",
+         titles=False, json_array=False, crlf=False):
+    return dict(intro=intro, label=label, indent=indent, close=close, sep=sep, outro=outro,
+                titles=titles, json_array=json_array, crlf=crlf)
+
+
+SUITE = {
+    "langchain": _fmt(intro="Use the following pieces of context to answer the question at the "
+                      "end. If you don't know the answer, just say that you don't know, don't "
+                      "try to make up an answer.\n\n", outro="\n\nQuestion: ", titles=True),
+    "llamaindex": _fmt(intro="Context information is below.\n---------------------\n",
+                       outro="\n---------------------\nGiven the context information and not "
+                       "prior knowledge, answer the query.\nQuery: ", titles=True),
+    "blank-lines": _fmt(titles=True, outro="\n\n"),
+    "markdown": _fmt(intro="## Sources\n", label="- ", sep="\n"),
+    "one-a-line": _fmt(intro="Answer using these passages.\n", sep="\n", outro="\n"),
+    "haystack": _fmt(intro="Given the context please answer the question.\nContext:\n",
+                     indent="    ", sep="\n", outro="\nQuestion: "),
+    "xml": _fmt(intro="<documents>\n", label='<document index="%d">\n', close="\n</document>",
+                sep="\n", outro="\n</documents>\n\n"),
+    "xml-inline": _fmt(intro="Documents: ", label='<doc id="%d">', close="</doc>", sep=" ",
+                       outro="\nQuestion: "),
+    "numbered": _fmt(intro="Cite the sources you use as [n].\n\n", label="[%d] ", sep="\n"),
+    "document-n": _fmt(label="Document %d: "),
+    "json": _fmt(intro="Context (JSON): ", outro="\nQuestion: ", json_array=True),
+    "titled": _fmt(intro="Read the articles below.\n\n", titles=True),
+    "crlf": _fmt(intro="Sources:\n", label="%d. ", sep="\n", crlf=True),
+    "changing-intro": _fmt(intro="Request %d: answer from the passages below only.\n"),
 }
+
+
+def render(f, docs, question, request):
+    """The user message of format f: docs [{title, text}] in order, then the question."""
+    out = f["intro"].replace("%d", str(request))
+    # Each passage as a document loader gives it, its title on a line above its text: the
+    # same words `documents` sends (the share compares like with like).
+    texts = [d["title"] + "\n" + d["text"] for d in docs]
+    if f["json_array"]:
+        out += json.dumps(texts)
+    else:
+        out += f["sep"].join(f["indent"] + f["label"].replace("%d", str(i + 1))
+                             + t.replace("\n", "\n" + f["indent"])
+                             + f["close"].replace("%d", str(i + 1)) for i, t in enumerate(texts))
+    out += f["outro"] + question
+    return out.replace("\n", "\r\n") if f["crlf"] else out
+
+
+FORMATS = sorted(list(SUITE) + ["multi-turn"])
 
 
 def body(req, kind, max_tokens, strategy, cache=True, fmt="documents"):
@@ -84,9 +122,16 @@ def body(req, kind, max_tokens, strategy, cache=True, fmt="documents"):
         max_tokens = req.get("max_tokens", max_tokens)
     elif kind == "relokv" and fmt in FORMATS:
         # Plain prompt: no field of relokv's (relokv_server --spans auto finds the passages).
-        ctx = [f"{d['title']}\n{d['text']}" for d in req["docs"]]
-        b = {"messages": [{"role": "system", "content": SYSTEM},
-                          {"role": "user", "content": FORMATS[fmt](ctx, req["question"])}]}
+        n = int(req["key"].split(":")[1]) + 1
+        if fmt == "multi-turn":
+            # The passages came in an earlier turn; this request asks its question after it.
+            first = render(SUITE["blank-lines"], req["docs"], "What are these about?", n)
+            msgs = [{"role": "user", "content": first},
+                    {"role": "assistant", "content": "They are the sources you gave."},
+                    {"role": "user", "content": req["question"]}]
+        else:
+            msgs = [{"role": "user", "content": render(SUITE[fmt], req["docs"], req["question"], n)}]
+        b = {"messages": [{"role": "system", "content": SYSTEM}] + msgs}
         if strategy:
             b["relokv"] = {"strategy": strategy}
     elif kind == "relokv":

@@ -15,6 +15,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <relokv/layout/builder.hpp>
+#include <relokv/layout/span_finder.hpp>
 #include <relokv/store/any_store.hpp>
 
 #include "bindings.hpp"
@@ -109,6 +110,9 @@ struct py_engine {
   relokv_engine::prefill_stats last;
   bool have_last = false;
   std::mutex m;
+  /// The spans plain_layout has cut, found again wherever they recur (as relokv_server's
+  /// --spans auto: one span finder, relokv::find_spans).
+  relokv::span_index known;
 };
 
 std::vector<relokv::token_t> encode(const py_engine& e, const std::string& text, bool special) {
@@ -265,6 +269,46 @@ void bind_engine(nb::module_& m) {
           "A chat prompt as a Layout: the system turn as the prefix, each document a relocatable\n"
           "span (its text never makes control tokens), the question and the assistant's opening\n"
           "as the question segment.")
+      .def(
+          "plain_layout",
+          [](py_engine& e, const std::string& text, std::optional<std::string> system,
+             std::int32_t min_span) {
+            if (!e.tok) throw relokv::error("plain_layout: the model has no tokenizer");
+            if (text.empty()) throw relokv::error("plain_layout: an empty message");
+            if (min_span < 1) throw relokv::error("plain_layout: min_span must be at least 1");
+            const std::string sys = system.value_or(e.tok->default_system());
+            std::vector<relokv::token_t> all = e.tok->encode(e.tok->open_marked(sys));
+            const auto start = static_cast<std::int32_t>(all.size());
+            relokv_engine::marked_text q;
+            const auto rest = e.tok->encode(q.plain(text).append(e.tok->close_marked()));
+            all.insert(all.end(), rest.begin(), rest.end());
+            std::vector<std::string> pieces;
+            pieces.reserve(all.size());
+            for (const relokv::token_t t : all) pieces.push_back(e.tok->decode({t}));
+            relokv::span_finder_options o;
+            o.min_span = min_span;
+            const std::vector<std::int32_t> forced{start};
+            const auto segs = relokv::find_spans(all, pieces, o, forced, &e.known);
+            relokv::layout_builder b(e.block_size, e.model->input_ids());
+            if (segs.size() < 2) return b.prefix(all).build();
+            const std::span<const relokv::token_t> t(all);
+            for (const auto& g : segs) {
+              const auto part = t.subspan(static_cast<std::size_t>(g.begin),
+                                          static_cast<std::size_t>(g.end - g.begin));
+              switch (g.kind) {
+                case relokv::found_kind::kPrefix: b.prefix(part); break;
+                case relokv::found_kind::kSpan: b.span(part); break;
+                case relokv::found_kind::kDependent: b.dependent(part); break;
+                case relokv::found_kind::kQuestion: b.question(part); break;
+              }
+            }
+            return b.build();
+          },
+          "text"_a, "system"_a = nb::none(), "min_span"_a = 32,
+          "A chat prompt whose user message holds its passages in any format (no documents\n"
+          "field): its spans found by relokv::find_spans, as relokv_server --spans auto finds\n"
+          "them (every line after its label, and spans this engine cut before, wherever they\n"
+          "recur). The tokens are the message's own: full recompute stays exact.")
       .def(
           "prefill",
           [](py_engine& e, const relokv::request_layout& layout, nb::handle strategy_h,

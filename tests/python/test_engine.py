@@ -85,6 +85,25 @@ def test_tokenizer_and_generation(smollm2):
     eng.end()
 
 
+def test_plain_layout_finds_passages_in_any_format(smollm2):
+    """Engine.plain_layout cuts a plain message with the server's span finder: a numbered
+    source's label stays outside its span, so the passages recur as the same spans reordered,
+    and a passage seen before is found again inline; the tokens are the message's own."""
+    eng = relokv.Engine("smollm2", num_blocks=256)
+    a, b = " ".join(DOCS), " ".join(reversed(DOCS))
+
+    def spans(lay):
+        return [tuple(lay.tokens[s[1]:s[1] + s[2]]) for s in lay.segments if s[0] == "span"]
+
+    one = eng.plain_layout(f"Cite sources.\n[1] {a}\n[2] {b}\nQuestion: who?")
+    two = eng.plain_layout(f"Cite sources.\n[1] {b}\n[2] {a}\nQuestion: who?")
+    assert len(spans(one)) == 2 and sorted(spans(one)) == sorted(spans(two))
+    inline = eng.plain_layout(f"Sources, all on one line: {b} and so on. Question: who?")
+    assert spans(one)[1] in spans(inline)
+    with pytest.raises(relokv.Error, match="empty message"):
+        eng.plain_layout("")
+
+
 def test_kv_arrays_share_the_engines_memory():
     eng = relokv.Engine(None, num_blocks=64, kv_dtype="fp32")
     pool = np.asarray(eng.kv)

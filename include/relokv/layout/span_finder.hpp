@@ -392,10 +392,11 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
       const std::int32_t t = token_at(te - 1);
       if (off[at(t) + 1] > te && off[at(t)] > ts) cuts.push_back(t);
     }
-    // A title: a short line with no label and no final punctuation, directly above content.
+    // A title: a short line without final punctuation, directly above content (after its
+    // label, if any: "[3] Title" then the text).
     const std::string_view content = all.substr(ts, te - ts);
-    join_next = !labelled && !content.empty() && !d::delimiter_line(content) &&
-                std::string_view(".:;!?,)]}>\"").find(content.back()) == std::string_view::npos &&
+    join_next = !content.empty() && !d::delimiter_line(content) &&
+                std::string_view(".:;!?,}>\"").find(content.back()) == std::string_view::npos &&
                 end_cut(te) - start_cut(ts) < min_span;
     ls = le + 1;
   }

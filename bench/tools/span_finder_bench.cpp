@@ -21,8 +21,10 @@ int main(int argc, char** argv) {
   int rounds = 15;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--model") model = argv[i + 1];
-    else if (a == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--model")
+      model = argv[i + 1];
+    else if (a == "--rounds")
+      rounds = std::max(1, std::atoi(argv[i + 1]));
   }
   if (model.empty()) {
     std::fprintf(stderr, "usage: relokv_span_finder_bench --model GGUF [--rounds N]\n");

@@ -382,7 +382,8 @@ built_prompt build_prompt(const chat_request& r, const relokv_engine::tokenizer&
         if (j < all.size()) starts.push_back(static_cast<std::int32_t>(j + 1));
       }
     }
-    p.chunks = relokv::find_spans(all, pieces, limits.chunks, starts, limits.known_spans.get(), tenant);
+    p.chunks =
+        relokv::find_spans(all, pieces, limits.chunks, starts, limits.known_spans.get(), tenant);
     if (p.chunks.size() < 2) p.chunks.clear();  // one prefix: nothing to relocate
   }
   p.layout = p.with({});

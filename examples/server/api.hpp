@@ -52,8 +52,8 @@ struct api_limits {
   /// --links: the span-link adapter's rows every request with spans reads.
   std::optional<relokv::link_rows> links;
   /// --spans: where spans come from. kAuto: the `documents` field, or else chunks found in the
-  /// message text (relokv/layout/span_finder.hpp); kDocuments: the `documents` field only; kOff: none (exact
-  /// prefixes only).
+  /// message text (relokv/layout/span_finder.hpp); kDocuments: the `documents` field only; kOff:
+  /// none (exact prefixes only).
   enum class span_source : std::uint8_t { kOff, kDocuments, kAuto } spans = span_source::kAuto;
   relokv::span_finder_options chunks;  ///< how --spans auto cuts
   /// The spans --spans auto has cut before, matched anywhere in later prompts (per tenant).
@@ -90,9 +90,9 @@ chat_request parse_chat_request(const std::string& body, const api_limits& limit
 /// default) and any earlier turns as the prefix, each document a relocatable span in the
 /// order given, the last user message (with the assistant's opening) as the question. Without
 /// documents the whole prompt is a prefix (exact hits only), or under --spans auto the chunks
-/// found in it (relokv::find_spans: the same tokens, cut where passages end). `spans` false: one prefix
-/// even with documents (the "prefix" variant). @throws api_error (400) for a prompt longer than the
-/// context left by max_tokens
+/// found in it (relokv::find_spans: the same tokens, cut where passages end). `spans` false: one
+/// prefix even with documents (the "prefix" variant). @throws api_error (400) for a prompt longer
+/// than the context left by max_tokens
 struct built_prompt {
   relokv::request_layout layout;
   std::vector<relokv::token_t> prefix, question;

@@ -173,9 +173,10 @@ int main(int argc, char** argv) {
         o.system_prompt.empty() ? loaded.tokenizer->default_system() : o.system_prompt;
     c.limits = o.limits;
     c.limits.block_size = engine->block_size();
-    c.limits.known_spans = o.known_spans > 0 ? std::make_shared<relokv::span_index>(
-                                                   static_cast<std::size_t>(o.known_spans))
-                                             : nullptr;
+    c.limits.known_spans =
+        o.known_spans > 0
+            ? std::make_shared<relokv::span_index>(static_cast<std::size_t>(o.known_spans))
+            : nullptr;
     using source = relokv_server::api_limits::span_source;
     c.limits.spans = o.spans == "off"         ? source::kOff
                      : o.spans == "documents" ? source::kDocuments

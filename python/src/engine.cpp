@@ -296,10 +296,18 @@ void bind_engine(nb::module_& m) {
               const auto part = t.subspan(static_cast<std::size_t>(g.begin),
                                           static_cast<std::size_t>(g.end - g.begin));
               switch (g.kind) {
-                case relokv::found_kind::kPrefix: b.prefix(part); break;
-                case relokv::found_kind::kSpan: b.span(part); break;
-                case relokv::found_kind::kDependent: b.dependent(part); break;
-                case relokv::found_kind::kQuestion: b.question(part); break;
+                case relokv::found_kind::kPrefix:
+                  b.prefix(part);
+                  break;
+                case relokv::found_kind::kSpan:
+                  b.span(part);
+                  break;
+                case relokv::found_kind::kDependent:
+                  b.dependent(part);
+                  break;
+                case relokv::found_kind::kQuestion:
+                  b.question(part);
+                  break;
               }
             }
             return b.build();

@@ -26,15 +26,15 @@ relokv_test::token_prompt bytes(const std::string& s) {
 const std::string kOpening = "<|user|>\n";
 
 std::vector<relokv::found_segment> find(const relokv_test::token_prompt& p,
-                                        relokv::span_index* known = nullptr,
-                                        std::uint64_t ns = 0) {
+                                        relokv::span_index* known = nullptr, std::uint64_t ns = 0) {
   const std::vector<std::int32_t> forced{
       p.text.starts_with(kOpening) ? static_cast<std::int32_t>(kOpening.size()) : 0};
   return relokv::find_spans(p.ids, p.pieces, {}, forced, known, ns);
 }
 
 std::string text(const relokv_test::token_prompt& p, const relokv::found_segment& s) {
-  return p.text.substr(static_cast<std::size_t>(s.begin), static_cast<std::size_t>(s.end - s.begin));
+  return p.text.substr(static_cast<std::size_t>(s.begin),
+                       static_cast<std::size_t>(s.end - s.begin));
 }
 
 std::vector<std::string> spans(const relokv_test::token_prompt& p,
@@ -98,11 +98,11 @@ TEST_CASE("span finder: every format of the suite reuses each passage in another
 }
 
 TEST_CASE("span finder: labels that name a passage's place stay outside its span", "[layout]") {
-  for (const std::string label : {"[3] ", "3. ", "(3) ", "Document 3: ", "Source #3 - ",
-                                  "<document index=\"3\">", "- ", "\xE2\x80\xA2 ", "3) ",
-                                  "{\"id\": 3, \"text\": \""}) {
+  for (const std::string label :
+       {"[3] ", "3. ", "(3) ", "Document 3: ", "Source #3 - ", "<document index=\"3\">", "- ",
+        "\xE2\x80\xA2 ", "3) ", "{\"id\": 3, \"text\": \""}) {
     INFO(label);
-    const std::string close = label.starts_with("<") ? "</document>"
+    const std::string close = label.starts_with("<")   ? "</document>"
                               : label.starts_with("{") ? "\"}"
                                                        : "";
     const auto p = bytes("Sources:\n" + label + kPassages[0].second + close + "\n" + label +

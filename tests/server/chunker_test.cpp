@@ -146,10 +146,11 @@ TEST_CASE("chunks: a prompt with nothing to cut is one prefix", "[server]") {
   }
 }
 
-TEST_CASE("chunks: every line is cut; delimiter lines and titles are computed or kept with "
-          "what follows", "[server]") {
-  const bytes_prompt p("Context:\n===\n" + kA + "\n## " + kB + "\nA title\n" + kC +
-                       "\n***\nQ?");
+TEST_CASE(
+    "chunks: every line is cut; delimiter lines and titles are computed or kept with "
+    "what follows",
+    "[server]") {
+  const bytes_prompt p("Context:\n===\n" + kA + "\n## " + kB + "\nA title\n" + kC + "\n***\nQ?");
   const auto spans = spans_of(p, find_chunks(p.ids, p.pieces));
   // A short line without final punctuation (a title) stays with the line after it.
   CHECK(spans == std::vector<std::string>{kA, "## " + kB, "A title\n" + kC});
@@ -288,16 +289,17 @@ TEST_CASE("chunks: a conversation's earlier turns are cut the same way in its la
   }
 }
 
-TEST_CASE("chunks: every format of the suite and random formats reuse each passage seen before "
-          "on the real tokenizers",
-          "[server][model]") {
+TEST_CASE(
+    "chunks: every format of the suite and random formats reuse each passage seen before "
+    "on the real tokenizers",
+    "[server][model]") {
   const auto passages = relokv_test::test_passages();
   std::vector<std::string> texts;
   for (const auto& [t, x] : passages) texts.push_back(x);
   auto formats = relokv_test::named_formats();
   std::mt19937 rng(99);
-  for (int i = 0; i < 24; ++i) formats.emplace_back("random " + std::to_string(i),
-                                                    relokv_test::random_format(rng));
+  for (int i = 0; i < 24; ++i)
+    formats.emplace_back("random " + std::to_string(i), relokv_test::random_format(rng));
   for (const char* file : {"SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct.gguf",
                            "gemma-3-270m-q4_k_m.gguf"}) {
     const std::string path = relokv_test::fetched_model(file);
@@ -326,7 +328,8 @@ TEST_CASE("chunks: every format of the suite and random formats reuse each passa
       const auto [p2, t2] = request({5, 3, 6, 1, 4, 0, 2}, 2);
       std::vector<std::vector<std::int32_t>> seen;
       for (const chunk& k : p1.chunks)
-        if (k.kind == chunk_kind::kSpan) seen.emplace_back(t1.ids.begin() + k.begin, t1.ids.begin() + k.end);
+        if (k.kind == chunk_kind::kSpan)
+          seen.emplace_back(t1.ids.begin() + k.begin, t1.ids.begin() + k.end);
       const auto found = relokv_test::reuse_of(
           t2, p2.chunks, [](const chunk& k) { return k.kind == chunk_kind::kSpan; }, seen, texts);
       CHECK(found.size() == 7);

@@ -14,15 +14,15 @@ namespace relokv_test {
 /// How a prompt joins its passages. `label` and `close` may hold "%d": the passage's place
 /// (1-based) in this prompt.
 struct prompt_format {
-  std::string intro;              ///< before the passages ("%d": the request's number)
-  std::string label;              ///< before each passage
-  std::string indent;             ///< before the label
-  std::string close;              ///< after each passage
-  std::string sep = "\n\n";       ///< between passages
+  std::string intro;                     ///< before the passages ("%d": the request's number)
+  std::string label;                     ///< before each passage
+  std::string indent;                    ///< before the label
+  std::string close;                     ///< after each passage
+  std::string sep = "\n\n";              ///< between passages
   std::string outro = "\n\nQuestion: ";  ///< between the last passage and the question
-  bool titles = false;            ///< each passage's title on a line of its own first
-  bool json = false;              ///< a JSON array of strings (label, close, sep ignored)
-  bool crlf = false;              ///< every "\n" written "\r\n"
+  bool titles = false;                   ///< each passage's title on a line of its own first
+  bool json = false;                     ///< a JSON array of strings (label, close, sep ignored)
+  bool crlf = false;                     ///< every "\n" written "\r\n"
 };
 
 inline std::string place(std::string s, int i) {
@@ -52,9 +52,8 @@ inline std::string render(const prompt_format& f,
   if (f.json) {
     out += "[";
     for (std::size_t i = 0; i < passages.size(); ++i)
-      out += (i ? ", " : "") +
-             json_string(f.titles ? passages[i].first + "\n" + passages[i].second
-                                  : passages[i].second);
+      out += (i ? ", " : "") + json_string(f.titles ? passages[i].first + "\n" + passages[i].second
+                                                    : passages[i].second);
     out += "]";
   } else {
     for (std::size_t i = 0; i < passages.size(); ++i) {
@@ -83,14 +82,16 @@ inline std::vector<std::pair<std::string, prompt_format>> named_formats() {
     v.emplace_back(name, f);
   };
   add("langchain", [](prompt_format& f) {
-    f.intro = "Use the following pieces of context to answer the question at the end. If you "
-              "don't know the answer, just say that you don't know.\n\n";
+    f.intro =
+        "Use the following pieces of context to answer the question at the end. If you "
+        "don't know the answer, just say that you don't know.\n\n";
     f.titles = true;
   });
   add("llamaindex", [](prompt_format& f) {
     f.intro = "Context information is below.\n---------------------\n";
-    f.outro = "\n---------------------\nGiven the context information and not prior knowledge, "
-              "answer the query.\nQuery: ";
+    f.outro =
+        "\n---------------------\nGiven the context information and not prior knowledge, "
+        "answer the query.\nQuery: ";
     f.titles = true;
   });
   add("markdown", [](prompt_format& f) {
@@ -144,9 +145,8 @@ inline std::vector<std::pair<std::string, prompt_format>> named_formats() {
     f.sep = "\n";
     f.crlf = true;
   });
-  add("changing_intro", [](prompt_format& f) {
-    f.intro = "Request %d: answer from the passages below only.\n";
-  });
+  add("changing_intro",
+      [](prompt_format& f) { f.intro = "Request %d: answer from the passages below only.\n"; });
   return v;
 }
 
@@ -158,8 +158,8 @@ inline prompt_format random_format(std::mt19937& rng) {
   prompt_format f;
   f.intro = pick({"", "Context:\n", "Request %d. Use these sources.\n", "Sources\n=====\n",
                   "Answer from the passages below.\n\n", "<context>\n"});
-  f.label = pick({"", "[%d] ", "%d. ", "(%d) ", "Document %d: ", "Source #%d - ",
-                  "<doc id=\"%d\">", "- ", "* ", "%d) ", "<passage index=\"%d\">\n"});
+  f.label = pick({"", "[%d] ", "%d. ", "(%d) ", "Document %d: ", "Source #%d - ", "<doc id=\"%d\">",
+                  "- ", "* ", "%d) ", "<passage index=\"%d\">\n"});
   f.close = f.label.starts_with("<") ? pick({"</doc>", "\n</passage>", ""}) : std::string();
   f.indent = pick({"", "", "  ", "    ", "\t"});
   f.sep = pick({"\n", "\n\n", "\n\n\n", "\n---\n", "\n\n***\n\n"});
@@ -177,27 +177,34 @@ inline std::vector<std::pair<std::string, std::string>> test_passages() {
        "The lighthouse on Skerry Point was built in 1852 by the engineer Alan Brodie. It stands "
        "forty metres tall, and its light is seen for twenty miles on a clear night; it was "
        "automated in 1989 and is now a museum of the coast guard."},
-      {"Carrick", "Carrick is a fishing town on the west coast; its school dates from 1870. The "
-                  "harbour holds sixty boats, most of them crab and lobster boats that sail "
-                  "before dawn and land their catch by noon."},
-      {"Alan Brodie", "Alan Brodie was born in Leith in 1811 and died in Carrick in 1879. His "
-                      "notebooks, with drawings of every harbour wall he built, are kept in the "
-                      "town library and were printed in 1960."},
-      {"Mara Velde", "Mara Velde is a Dutch composer who wrote three operas about the sea. Her "
-                     "second opera, The Tide Clock, opened in Rotterdam in 2004 and toured "
-                     "eleven cities before it was recorded in Vienna."},
-      {"The Tide Clock", "The Tide Clock is an opera in two acts set in a harbour town where the "
-                         "clocks follow the tides instead of the sun. Its libretto is by the poet "
-                         "Jan Oort, who also wrote the words of its famous storm chorus."},
-      {"Jan Oort (poet)", "Jan Oort is a poet from Groningen whose collections sing of dikes, "
-                          "canals and winter light. He taught literature at the university "
-                          "there for thirty years and translated Homer into Dutch verse."},
-      {"Leith", "Leith is a port district to the north of Edinburgh at the mouth of the Water "
-                "of Leith. It was a burgh of its own until 1920 and its docks once built the "
-                "ships that sailed to the Baltic and to Greenland."},
-      {"Groningen", "Groningen is the largest city in the north of the Netherlands and home to "
-                    "a university founded in 1614. Its tower, the Martinitoren, is ninety-seven "
-                    "metres tall and has a carillon of sixty-two bells."},
+      {"Carrick",
+       "Carrick is a fishing town on the west coast; its school dates from 1870. The "
+       "harbour holds sixty boats, most of them crab and lobster boats that sail "
+       "before dawn and land their catch by noon."},
+      {"Alan Brodie",
+       "Alan Brodie was born in Leith in 1811 and died in Carrick in 1879. His "
+       "notebooks, with drawings of every harbour wall he built, are kept in the "
+       "town library and were printed in 1960."},
+      {"Mara Velde",
+       "Mara Velde is a Dutch composer who wrote three operas about the sea. Her "
+       "second opera, The Tide Clock, opened in Rotterdam in 2004 and toured "
+       "eleven cities before it was recorded in Vienna."},
+      {"The Tide Clock",
+       "The Tide Clock is an opera in two acts set in a harbour town where the "
+       "clocks follow the tides instead of the sun. Its libretto is by the poet "
+       "Jan Oort, who also wrote the words of its famous storm chorus."},
+      {"Jan Oort (poet)",
+       "Jan Oort is a poet from Groningen whose collections sing of dikes, "
+       "canals and winter light. He taught literature at the university "
+       "there for thirty years and translated Homer into Dutch verse."},
+      {"Leith",
+       "Leith is a port district to the north of Edinburgh at the mouth of the Water "
+       "of Leith. It was a burgh of its own until 1920 and its docks once built the "
+       "ships that sailed to the Baltic and to Greenland."},
+      {"Groningen",
+       "Groningen is the largest city in the north of the Netherlands and home to "
+       "a university founded in 1614. Its tower, the Martinitoren, is ninety-seven "
+       "metres tall and has a carillon of sixty-two bells."},
   };
 }
 

@@ -85,8 +85,9 @@ class run_hashes {
       : prefix_(ids.size() + 1), pow_(ids.size() + 1) {
     pow_[0] = 1;
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      const std::uint64_t x = mix(ns ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(ids[i])) +
-                                        0x9e3779b97f4a7c15ULL));
+      const std::uint64_t x =
+          mix(ns ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(ids[i])) +
+                    0x9e3779b97f4a7c15ULL));
       prefix_[i + 1] = prefix_[i] * kBase + x;
       pow_[i + 1] = pow_[i] * kBase;
     }
@@ -142,9 +143,7 @@ class span_index {
     }
   }
   /// A shared lock for a scan of lookups.
-  [[nodiscard]] std::shared_lock<std::shared_mutex> lookup() const {
-    return std::shared_lock(mu_);
-  }
+  [[nodiscard]] std::shared_lock<std::shared_mutex> lookup() const { return std::shared_lock(mu_); }
   /// Spans held (both generations; a span in both counts twice).
   [[nodiscard]] std::size_t size() const {
     std::shared_lock lock(mu_);
@@ -200,7 +199,8 @@ inline std::size_t label_length(std::string_view s) {
   if (c == '[' || c == '(') {
     const char close = c == '[' ? ']' : ')';
     const std::size_t e = s.find(close);
-    if (e != std::string_view::npos && e <= 24 && s.substr(0, e).find('\n') == std::string_view::npos) {
+    if (e != std::string_view::npos && e <= 24 &&
+        s.substr(0, e).find('\n') == std::string_view::npos) {
       n = e + 1;
       if (n < s.size() && (s[n] == ':' || s[n] == '.')) ++n;
       return spaces(n);
@@ -356,7 +356,8 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
     const bool json = labelled && ts > cs && all[ts - 1] == '"';  // the line opened a string
     std::size_t te0 = le;
     while (te0 > ts && d::is_space(all[te0 - 1])) --te0;
-    const std::size_t te = te0 - std::min(te0 - ts, d::closing_length(all.substr(ts, te0 - ts), json));
+    const std::size_t te =
+        te0 - std::min(te0 - ts, d::closing_length(all.substr(ts, te0 - ts), json));
     if (!join_next || labelled) cuts.push_back(start_cut(cs));
     if (ts > cs && ts < te) cuts.push_back(start_cut(ts));
     // Inside the line: inline tags and, in a JSON line, the boundaries between its strings.
@@ -401,15 +402,16 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
     ls = le + 1;
   }
   for (const std::int32_t f : forced) cuts.push_back(f);
-  cuts.erase(std::remove_if(cuts.begin(), cuts.end(),
-                            [&](std::int32_t c) { return c <= 0 || c >= n; }),
-             cuts.end());
+  cuts.erase(
+      std::remove_if(cuts.begin(), cuts.end(), [&](std::int32_t c) { return c <= 0 || c >= n; }),
+      cuts.end());
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   std::vector<std::int32_t> hard(forced.begin(), forced.end());
   std::sort(hard.begin(), hard.end());
-  hard.erase(std::remove_if(hard.begin(), hard.end(), [&](std::int32_t c) { return c <= 0 || c >= n; }),
-             hard.end());
+  hard.erase(
+      std::remove_if(hard.begin(), hard.end(), [&](std::int32_t c) { return c <= 0 || c >= n; }),
+      hard.end());
 
   // 2. Spans remembered, matched anywhere after the prefix, never across a forced cut, and
   //    leaving the question at least one token.

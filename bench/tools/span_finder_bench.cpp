@@ -37,17 +37,13 @@ int main(int argc, char** argv) {
     auto passages = relokv_test::test_passages();
     passages.push_back(passages[0]);
     passages.push_back(passages[3]);
-    struct prompt {
-      std::vector<std::int32_t> ids;
-      std::vector<std::string> pieces;
-    };
-    std::vector<prompt> prompts;
+    std::vector<relokv_test::token_prompt> prompts;
     std::size_t tokens = 0;
     for (const auto& [name, f] : relokv_test::named_formats()) {
       for (int order = 0; order < 2; ++order) {
         auto ps = passages;
         if (order) std::reverse(ps.begin(), ps.end());
-        prompt p;
+        relokv_test::token_prompt p;
         p.ids = tok.encode(relokv_test::render(f, ps, "Where was the engineer born?", order + 1));
         for (const auto id : p.ids) p.pieces.push_back(tok.decode({id}));
         tokens += p.ids.size();

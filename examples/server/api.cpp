@@ -260,27 +260,7 @@ relokv::request_layout built_prompt::with(const std::vector<relokv::token_t>& ge
     std::vector<relokv::token_t> all = prefix;
     all.insert(all.end(), q.begin(), q.end());
     if (links) b.links(*links);
-    for (const relokv::found_segment& k : chunks) {
-      const auto end =
-          k.kind == relokv::found_kind::kQuestion ? static_cast<std::int32_t>(all.size()) : k.end;
-      const std::span<const relokv::token_t> t(all.data() + k.begin,
-                                               static_cast<std::size_t>(end - k.begin));
-      switch (k.kind) {
-        case relokv::found_kind::kPrefix:
-          b.prefix(t);
-          break;
-        case relokv::found_kind::kSpan:
-          b.span(t);
-          break;
-        case relokv::found_kind::kDependent:
-          b.dependent(t);
-          break;
-        case relokv::found_kind::kQuestion:
-          b.question(t);
-          break;
-      }
-    }
-    return b.build();
+    return relokv::add_found(b, all, chunks).build();
   }
   if (!spans || documents.empty()) {
     std::vector<relokv::token_t> all = prefix;

@@ -291,26 +291,7 @@ void bind_engine(nb::module_& m) {
             const auto segs = relokv::find_spans(all, pieces, o, forced, &e.known);
             relokv::layout_builder b(e.block_size, e.model->input_ids());
             if (segs.size() < 2) return b.prefix(all).build();
-            const std::span<const relokv::token_t> t(all);
-            for (const auto& g : segs) {
-              const auto part = t.subspan(static_cast<std::size_t>(g.begin),
-                                          static_cast<std::size_t>(g.end - g.begin));
-              switch (g.kind) {
-                case relokv::found_kind::kPrefix:
-                  b.prefix(part);
-                  break;
-                case relokv::found_kind::kSpan:
-                  b.span(part);
-                  break;
-                case relokv::found_kind::kDependent:
-                  b.dependent(part);
-                  break;
-                case relokv::found_kind::kQuestion:
-                  b.question(part);
-                  break;
-              }
-            }
-            return b.build();
+            return relokv::add_found(b, all, segs).build();
           },
           "text"_a, "system"_a = nb::none(), "min_span"_a = 32,
           "A chat prompt whose user message holds its passages in any format (no documents\n"

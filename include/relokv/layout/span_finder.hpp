@@ -34,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "relokv/layout/builder.hpp"
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN
@@ -132,14 +133,13 @@ class span_index {
   }
 
   /// Calls f(length, whole_hash) for each remembered span whose first `window` tokens hash to
-  /// `start`, longest first within a generation. Caller holds lookup().
+  /// `start`. Caller holds lookup().
   template <class F>
   void each(std::uint64_t start, F&& f) const {
     for (const auto* m : {&young_, &old_}) {
       const auto it = m->find(start);
       if (it == m->end()) continue;
-      for (auto e = it->second.rbegin(); e != it->second.rend(); ++e)
-        if (f(e->length, e->whole)) return;
+      for (const entry& e : it->second) f(e.length, e.whole);
     }
   }
   /// A shared lock for a scan of lookups.
@@ -425,14 +425,14 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
     for (std::int32_t i = lo; i + window < n;) {
       std::int32_t len = 0;
       const std::uint64_t start = (*hashes)(at(i), at(i + window));
+      // The longest remembered span that starts here, fits, and agrees whole.
       known->each(start, [&](std::uint32_t length, std::uint64_t whole) {
         const auto e = static_cast<std::int64_t>(i) + length;
-        if (e >= n || static_cast<std::int32_t>(length) <= len) return false;
+        if (e >= n || static_cast<std::int32_t>(length) <= len) return;
         const auto h = std::upper_bound(hard.begin(), hard.end(), i);
-        if (h != hard.end() && *h < e) return false;
-        if ((*hashes)(at(i), at(e)) != whole) return false;
+        if (h != hard.end() && *h < e) return;
+        if ((*hashes)(at(i), at(e)) != whole) return;
         len = static_cast<std::int32_t>(length);
-        return false;
       });
       if (len > 0) {
         matched.emplace_back(i, i + len);
@@ -531,6 +531,33 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
     for (const found_segment& k : out)
       if (k.kind == found_kind::kSpan) known->remember(*hashes, at(k.begin), at(k.end), at(window));
   return out;
+}
+
+/// Adds a prompt's found segments to `b` in order: `tokens` are the prompt's (the question
+/// segment runs to their end, so a question that grew by generated tokens keeps them).
+inline layout_builder& add_found(layout_builder& b, std::span<const token_t> tokens,
+                                 std::span<const found_segment> segments) {
+  for (const found_segment& g : segments) {
+    const auto end =
+        g.kind == found_kind::kQuestion ? tokens.size() : static_cast<std::size_t>(g.end);
+    const auto part =
+        tokens.subspan(static_cast<std::size_t>(g.begin), end - static_cast<std::size_t>(g.begin));
+    switch (g.kind) {
+      case found_kind::kPrefix:
+        b.prefix(part);
+        break;
+      case found_kind::kSpan:
+        b.span(part);
+        break;
+      case found_kind::kDependent:
+        b.dependent(part);
+        break;
+      case found_kind::kQuestion:
+        b.question(part);
+        break;
+    }
+  }
+  return b;
 }
 
 RELOKV_NAMESPACE_END

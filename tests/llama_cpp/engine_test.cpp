@@ -103,6 +103,25 @@ std::size_t argmax(const std::vector<float>& v) {
   return static_cast<std::size_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
+/// The engines pick the same next token, unless `b`'s best two are closer than twice the
+/// engines' difference `d` (as max_rel measures it): then either pick is a tie within their
+/// rounding, and `a`'s pick must still be one of `b`'s near-best.
+void check_same_pick(const std::vector<float>& a, const std::vector<float>& b, double d) {
+  double scale = 1e-30;
+  for (float x : b) scale = std::max(scale, double(std::fabs(x)));
+  const std::size_t best = argmax(b);
+  double second = -1e30;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    if (i != best) second = std::max(second, double(b[i]));
+  const double margin = double(b[best]) - second, tol = 2 * d * scale;
+  INFO("next token " << argmax(a) << " / " << best << ", margin " << margin << ", tolerance "
+                     << tol);
+  if (margin > tol)
+    CHECK(argmax(a) == best);
+  else
+    CHECK(double(b[argmax(a)]) >= double(b[best]) - tol);
+}
+
 /// How many entries of `v` exceed v[i].
 std::size_t rank_of(const std::vector<float>& v, std::size_t i) {
   return static_cast<std::size_t>(
@@ -230,7 +249,7 @@ TEST_CASE("llama.cpp: naive, EPIC and the seam window agree with relokv's engine
     // own difference, plus a little for reuse compounding it.
     CHECK(d <= 1.5 * floor + 2e-3);
     CHECK(moved > d);  // the reuse effect is what both engines share
-    CHECK(argmax(le) == argmax(lr));
+    check_same_pick(le, lr, d);
   }
 }
 
@@ -274,7 +293,7 @@ TEST_CASE("llama.cpp: span-link rows are read as embeddings, as relokv's engine 
   const double floor = max_rel(e_full, r_full);
   INFO("full prefill with rows, llama.cpp against relokv: " << floor);
   CHECK(floor < (g_name == "gemma3-270m" ? 8e-2 : 5e-2));
-  CHECK(argmax(e_full) == argmax(r_full));
+  check_same_pick(e_full, r_full, floor);
   const auto plain = spans_layout({2, 0, 1});
   const auto e_plain = e.plain_prefill(plain.tokens);
   INFO("the rows moved llama.cpp's logits by " << max_rel(e_full, e_plain));
@@ -351,7 +370,7 @@ TEST_CASE("llama.cpp: exact hits are loaded from the pool, and load what was com
   const double d = max_rel(got, ref);
   INFO("loaded exact hits vs plain prefill: " << d << "; llama.cpp's batching floor: " << floor);
   CHECK(d <= 2 * floor + 1e-4);
-  CHECK(argmax(got) == argmax(ref));
+  check_same_pick(got, ref, d);
 }
 
 TEST_CASE("llama.cpp: more than 64 alternating cached and computed runs (load waves)",
@@ -411,7 +430,7 @@ TEST_CASE("llama.cpp: more than 64 alternating cached and computed runs (load wa
   // a loader that misplaced a run would move them by the reuse effect's order.
   CHECK(d <= 3 * floor + 2e-3);
   CHECK(moved > 5 * d);
-  CHECK(argmax(le) == argmax(lr));
+  check_same_pick(le, lr, d);
 }
 
 /// A span written to a store by one adapter and fetched by a second (an empty pool: another

@@ -39,7 +39,7 @@ int parse_options(int argc, char** argv, server_options& o) {
       ->check(CLI::IsMember({"in-context", "alone"}));
   app.add_option("--span-min-tokens", o.limits.chunks.min_span,
                  "--spans auto: a passage shorter than this is computed in every request "
-                 "(default 32)")
+                 "(default 16)")
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--known-spans", o.known_spans,
                  "--spans auto: spans remembered (by hash, per tenant) to be found again "

@@ -293,7 +293,7 @@ void bind_engine(nb::module_& m) {
             if (segs.size() < 2) return b.prefix(all).build();
             return relokv::add_found(b, all, segs).build();
           },
-          "text"_a, "system"_a = nb::none(), "min_span"_a = 32,
+          "text"_a, "system"_a = nb::none(), "min_span"_a = 16,
           "A chat prompt whose user message holds its passages in any format (no documents\n"
           "field): its spans found by relokv::find_spans, as relokv_server --spans auto finds\n"
           "them (every line after its label, and spans this engine cut before, wherever they\n"

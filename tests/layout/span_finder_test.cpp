@@ -25,11 +25,19 @@ relokv_test::token_prompt bytes(const std::string& s) {
 /// What a chat template puts before the first message: the prefix (a forced cut ends it).
 const std::string kOpening = "<|user|>\n";
 
+/// A byte a token: four times a real tokenizer's count, so four times its minimum span (a
+/// label such as `<document index="3">` is 20 bytes, 7 tokens on SmolLM2's tokenizer).
+relokv::span_finder_options bytes_options() {
+  relokv::span_finder_options o;
+  o.min_span *= 4;
+  return o;
+}
+
 std::vector<relokv::found_segment> find(const relokv_test::token_prompt& p,
                                         relokv::span_index* known = nullptr, std::uint64_t ns = 0) {
   const std::vector<std::int32_t> forced{
       p.text.starts_with(kOpening) ? static_cast<std::int32_t>(kOpening.size()) : 0};
-  return relokv::find_spans(p.ids, p.pieces, {}, forced, known, ns);
+  return relokv::find_spans(p.ids, p.pieces, bytes_options(), forced, known, ns);
 }
 
 std::string text(const relokv_test::token_prompt& p, const relokv::found_segment& s) {
@@ -64,11 +72,12 @@ std::vector<std::string> texts() {
   return out;
 }
 
-/// Two requests in format f: passages {0..5} in one order, then {5..0, 6} in another. Every
-/// passage of the first is reused in the second, but for a token at each end at most.
+/// Two requests in format f: passages {0..5, 8, 9} in one order (8 and 9 of one sentence), then
+/// {5..0, 6, 8, 9} in another. Every passage of the first is reused in the second, but for a
+/// token at each end at most.
 void check_reordered(const relokv_test::prompt_format& f, bool remember) {
   relokv::span_index known;
-  const std::vector<std::size_t> o1 = {0, 1, 2, 3, 4, 5}, o2 = {5, 3, 6, 1, 4, 0, 2};
+  const std::vector<std::size_t> o1 = {0, 1, 8, 2, 3, 4, 5, 9}, o2 = {5, 3, 9, 6, 1, 4, 0, 8, 2};
   const auto render = [&](const std::vector<std::size_t>& order, int request) {
     std::vector<std::pair<std::string, std::string>> ps;
     for (const std::size_t i : order) ps.push_back(kPassages[i]);

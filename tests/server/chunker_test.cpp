@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "api.hpp"
@@ -20,9 +22,17 @@ using chunk = relokv::found_segment;
 using chunk_kind = relokv::found_kind;
 
 namespace {
+/// The tests on bytes_prompt (a byte a token: four times a real tokenizer's count) cut with
+/// four times the minimum span.
+relokv::span_finder_options bytes_options() {
+  relokv::span_finder_options o;
+  o.min_span *= 4;
+  return o;
+}
+
 std::vector<chunk> find_chunks(const std::vector<std::int32_t>& ids,
                                const std::vector<std::string>& pieces,
-                               const relokv::span_finder_options& opt = {},
+                               const relokv::span_finder_options& opt = bytes_options(),
                                const std::vector<std::int32_t>& forced = {},
                                relokv::span_index* known = nullptr) {
   return relokv::find_spans(ids, pieces, opt, forced, known);
@@ -181,9 +191,9 @@ TEST_CASE("chunks: a long run without separators is cut at anchors its content d
   const auto b = cuts_in_run("A longer opening, then the same text after a blank line.\n\n");
   REQUIRE(a.size() >= 10);  // about one per anchor_every tokens
   CHECK(a == b);
-  for (std::size_t i = 1; i < a.size(); ++i) CHECK(a[i] - a[i - 1] >= 32);
+  for (std::size_t i = 1; i < a.size(); ++i) CHECK(a[i] - a[i - 1] >= bytes_options().min_span);
   // Without anchors the run is one piece.
-  relokv::span_finder_options no;
+  relokv::span_finder_options no = bytes_options();
   no.anchor_after = 0;
   bytes_prompt p("Read this:\n\n");
   for (const std::int32_t id : run) {
@@ -244,12 +254,47 @@ TEST_CASE("chunks: on real tokenizers the prompt's tokens are kept and passages 
   }
 }
 
+TEST_CASE("chunks: request threads share one span index (remember and match at once)",
+          "[server][threads]") {
+  // The server's HTTP threads call find_spans on one index (--known-spans): lookups share its
+  // lock while other threads remember spans. Run under ThreadSanitizer (scripts/test --tsan).
+  relokv::span_index known(256);  // small: generations turn over during the run
+  const auto passages = relokv_test::test_passages();
+  std::vector<std::thread> threads;
+  std::vector<int> bad(4, 0), matched(4, 0);
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937 rng(static_cast<std::uint32_t>(w + 1));
+      for (int r = 0; r < 40; ++r) {
+        auto ps = passages;
+        std::shuffle(ps.begin(), ps.end(), rng);
+        ps.resize(4);
+        const auto f = relokv_test::random_format(rng);
+        const bytes_prompt p(relokv_test::render(f, ps, "Who?", r));
+        const auto segs = find_chunks(p.ids, p.pieces, bytes_options(), {1}, &known);
+        std::int32_t at = 0;
+        for (const chunk& k : segs) {
+          bad[static_cast<std::size_t>(w)] += k.begin != at;
+          at = k.end;
+          matched[static_cast<std::size_t>(w)] += k.remembered;
+        }
+        bad[static_cast<std::size_t>(w)] += at != static_cast<std::int32_t>(p.ids.size());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(bad == std::vector<int>(4, 0));                           // every prompt tiled
+  CHECK(std::accumulate(matched.begin(), matched.end(), 0) > 0);  // spans met across threads
+  CHECK(known.size() <= 256);
+}
+
 TEST_CASE("chunks: a forced cut keeps the first passage out of the prefix", "[server]") {
   const std::string opening = "<|im_start|>user\n";
   const bytes_prompt p(opening + kA + "\n\n" + kB + "\n\nwho?");
   const auto plain = find_chunks(p.ids, p.pieces);
   CHECK(spans_of(p, plain) == std::vector<std::string>{kB});  // kA is in the prefix
-  const auto cut = find_chunks(p.ids, p.pieces, {}, {static_cast<std::int32_t>(opening.size())});
+  const auto cut =
+      find_chunks(p.ids, p.pieces, bytes_options(), {static_cast<std::int32_t>(opening.size())});
   CHECK(p.text(cut.front()) == opening);
   CHECK(spans_of(p, cut) == std::vector<std::string>{kA, kB});
 }

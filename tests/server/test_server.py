@@ -523,6 +523,13 @@ def test_llama_cpp_engine_serves_the_same_api():
         again = ask(s, q, [DOCS[0], DOCS[2]], strategy="epic")
         assert first.choices[0].message.content
         assert again.usage.prompt_tokens_details.cached_tokens > 0.4 * again.usage.prompt_tokens
+        # Plain prompts (no documents field): the server's span finder (relokv::find_spans)
+        # cuts them for this engine as for relokv's own, so passages recur in another order.
+        for fmt in ("langchain", "markdown"):
+            ask_plain(s, fmt, [DOCS[0], DOCS[2], DOCS[1]], q)
+            again = ask_plain(s, fmt, [DOCS[2], DOCS[1], DOCS[0]], q)
+            reused = again.usage.prompt_tokens_details.cached_tokens
+            assert reused > 0.35 * again.usage.prompt_tokens, (fmt, again.usage)
         code, _, err = post(s, {"messages": [{"role": "user", "content": "x"}],
                                 "relokv": {"strategy": "cacheblend"}})
         assert code == 400, err  # a strategy with a per-layer hook: refused, not a crash

@@ -170,7 +170,8 @@ inline prompt_format random_format(std::mt19937& rng) {
   return f;
 }
 
-/// Passages of 50-90 words: long enough to be spans on any tokenizer (min_span 32).
+/// Eight passages of 40-50 words, then two of one sentence (8 and 9: 17-25 tokens with their
+/// titles on the three tokenizers): all long enough to be spans on any tokenizer (min_span 16).
 inline std::vector<std::pair<std::string, std::string>> test_passages() {
   return {
       {"Skerry Point Lighthouse",
@@ -205,6 +206,9 @@ inline std::vector<std::pair<std::string, std::string>> test_passages() {
        "Groningen is the largest city in the north of the Netherlands and home to "
        "a university founded in 1614. Its tower, the Martinitoren, is ninety-seven "
        "metres tall and has a carillon of sixty-two bells."},
+      {"Brodie Pier",
+       "Brodie Pier is a stone pier in Carrick, finished in 1848 and rebuilt after 1953."},
+      {"Oort Prize", "The Oort Prize is a Dutch award for poems about water, given since 1990."},
   };
 }
 

@@ -43,7 +43,9 @@ RELOKV_NAMESPACE_BEGIN
 struct span_finder_options {
   /// A chunk this long or longer is a relocatable span; shorter ones (labels, titles alone,
   /// the newlines between passages) are computed in every request (dependent segments).
-  std::int32_t min_span = 32;
+  /// One block of the default size: a one-sentence passage (2WikiMultihopQA's are often
+  /// 17-31 tokens) is a span; a label (at most 8 tokens or so) never is.
+  std::int32_t min_span = 16;
   /// A run this long without a cut is cut at content-defined anchors: a hash of the last
   /// `anchor_window` token ids whose residue mod `anchor_every` is zero, at least `min_span`
   /// tokens after the previous cut. 0: no anchors.
@@ -361,6 +363,9 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
     if (!join_next || labelled) cuts.push_back(start_cut(cs));
     if (ts > cs && ts < te) cuts.push_back(start_cut(ts));
     // Inside the line: inline tags and, in a JSON line, the boundaries between its strings.
+    // `tail` is where the line's last chunk starts (a title after an inline tag joins the
+    // next line as a title on a line of its own does).
+    std::size_t tail = ts;
     for (std::size_t i = json ? ts - 1 : ts; i < te; ++i) {
       if (all[i] == '<' && i + 1 < te && (d::is_alpha(all[i + 1]) || all[i + 1] == '/')) {
         const std::size_t l = d::label_length(all.substr(i, te - i));
@@ -368,6 +373,7 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
           cuts.push_back(end_cut(i));
           cuts.push_back(start_cut(i + l));
           i += l - 1;
+          tail = i + 1;
         }
       } else if (all[i] == '"') {
         // A quoted string after [ , : or { (JSON's values; a quotation after "he said,") of
@@ -382,6 +388,7 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
         if (j - i > 48) {
           cuts.push_back(start_cut(i + 1));
           cuts.push_back(end_cut(j));
+          tail = te;  // a closed string is no title
         }
         i = j;
       }
@@ -393,12 +400,12 @@ inline std::vector<found_segment> find_spans(std::span<const token_t> ids,
       const std::int32_t t = token_at(te - 1);
       if (off[at(t) + 1] > te && off[at(t)] > ts) cuts.push_back(t);
     }
-    // A title: a short line without final punctuation, directly above content (after its
-    // label, if any: "[3] Title" then the text).
-    const std::string_view content = all.substr(ts, te - ts);
+    // A title: a short line (or a line's last chunk, after an inline tag) without final
+    // punctuation, directly above content (after its label, if any: "[3] Title" then the text).
+    const std::string_view content = all.substr(tail, te - std::min(te, tail));
     join_next = !content.empty() && !d::delimiter_line(content) &&
                 std::string_view(".:;!?,}>\"").find(content.back()) == std::string_view::npos &&
-                end_cut(te) - start_cut(ts) < min_span;
+                end_cut(te) - start_cut(tail) < min_span;
     ls = le + 1;
   }
   for (const std::int32_t f : forced) cuts.push_back(f);

@@ -352,8 +352,10 @@ TEST_CASE(
     INFO(file);
     const auto gguf = relokv_engine::gguf_file::open(path);
     const relokv_engine::tokenizer tok(gguf);
-    for (const auto& [name, f] : formats) {
-      INFO(name);
+    for (const auto& named : formats) {
+      INFO(named.first);
+      // Captured by the lambda below: a reference, not a structured binding (clang 14).
+      const relokv_test::prompt_format& f = named.second;
       relokv_server::api_limits limits;  // a fresh server: nothing remembered
       const auto request = [&](const std::vector<std::size_t>& order, int n) {
         std::vector<std::pair<std::string, std::string>> ps;

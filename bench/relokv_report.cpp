@@ -39,7 +39,8 @@ void usage() {
       "               questions; rag_links: span links on held-out questions; rag_escalation: the\n"
       "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions;\n"
       "               python_: a plan from Python against the same plan in C++,\n"
-      "               bench/python_plan_overhead.py)\n");
+      "               bench/python_plan_overhead.py; vllm_: relokv inside vLLM beside its\n"
+      "               prefix caching, bench/vllm_compare, installs vLLM's CPU build)\n");
 }
 }  // namespace
 
@@ -79,6 +80,19 @@ int main(int argc, char** argv) {
     FILE* p = popen(RELOKV_SERVER_SOAK, "r");
     if (p == nullptr) {
       std::fprintf(stderr, "relokv_report: cannot run %s\n", RELOKV_SERVER_SOAK);
+      return 1;
+    }
+    char line[512];
+    while (std::fgets(line, sizeof line, p) != nullptr)
+      if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
+    return pclose(p) == 0 ? 0 : 1;
+  }
+  if (filter.rfind("vllm_", 0) == 0) {
+    // relokv inside vLLM beside vLLM's prefix caching (bench/vllm_compare: installs vLLM's
+    // CPU build, minutes; docs/vllm.md).
+    FILE* p = popen(RELOKV_VLLM_COMPARE, "r");
+    if (p == nullptr) {
+      std::fprintf(stderr, "relokv_report: cannot run %s\n", RELOKV_VLLM_COMPARE);
       return 1;
     }
     char line[512];

@@ -157,14 +157,16 @@ class _Rope:
         if partial != 1.0:
             raise ValueError("relokv.vllm: partial rotary embeddings are not supported")
         self.dim, self.neox = head_dim, neox
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64)
+        # In float32 as vLLM's RotaryEmbedding builds its cos/sin cache, so that a key loaded
+        # here is rotated as vLLM rotates the keys it computes.
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float)
                                          / head_dim))
 
     def rotate(self, k: torch.Tensor, positions: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
         """k [tokens, heads, dim] (float32) rotated at `positions` (sign -1: unrotated)."""
-        ang = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
-        cos = torch.cos(ang).to(torch.float32)[:, None, :]
-        sin = (sign * torch.sin(ang)).to(torch.float32)[:, None, :]
+        ang = positions.to(torch.float)[:, None] * self.inv_freq[None, :]
+        cos = torch.cos(ang)[:, None, :]
+        sin = (sign * torch.sin(ang))[:, None, :]
         if self.neox:
             h = self.dim // 2
             x1, x2 = k[..., :h], k[..., h:]

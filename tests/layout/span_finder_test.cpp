@@ -121,6 +121,16 @@ TEST_CASE("span finder: labels that name a passage's place stay outside its span
   }
 }
 
+TEST_CASE("span finder: a title after an inline tag stays with its passage", "[layout]") {
+  // <doc id="n">Title, then the text on the next line: the title joins the text (as a title on
+  // a line of its own does), so the passage's span is the same in every order.
+  const auto& [ta, a] = kPassages[0];
+  const auto& [tb, b] = kPassages[1];
+  const auto p = bytes(kOpening + "Documents: <doc id=\"1\">" + ta + "\n" + a +
+                       "</doc> <doc id=\"2\">" + tb + "\n" + b + "</doc>\nQ?");
+  CHECK(spans(p, find(p)) == std::vector<std::string>{ta + "\n" + a, tb + "\n" + b});
+}
+
 TEST_CASE("span finder: a passage seen once is found again inline, after text that changes",
           "[layout]") {
   relokv::span_index known;

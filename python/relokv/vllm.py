@@ -68,6 +68,8 @@ def transfer_config(store: str, num_blocks: int = 4096, block_size: int = 16,
         "kv_connector": "RelokvConnector",
         "kv_connector_module_path": "relokv.vllm",
         "kv_role": "kv_both",
+        # A claimed block the store lost since the scheduler saw it is recomputed by vLLM.
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"store": store, "num_blocks": num_blocks,
                                       "block_size": block_size, "seed": seed},
     }
@@ -300,6 +302,7 @@ class RelokvConnector(KVConnectorBase_V1):
         # Worker side.
         self._layers: dict[str, torch.Tensor] = {}
         self._codec: _CpuCacheCodec | None = None
+        self._load_errors: set[int] = set()
         self.stats = {"claimed_requests": 0, "claimed_tokens": 0, "saved_blocks": 0,
                       "loaded_blocks": 0}
 
@@ -372,12 +375,17 @@ class RelokvConnector(KVConnectorBase_V1):
             if live is None:
                 continue
             new_ids = cached.new_block_ids[i]
+            resumed = bool(cached.resumed_req_ids) and req_id in cached.resumed_req_ids
             if new_ids is not None:
-                if cached.resumed_req_ids and req_id in cached.resumed_req_ids:
+                if resumed:  # a preempted request back: its whole block list
                     live["blocks"] = list(new_ids[0])
                 else:
                     live["blocks"].extend(new_ids[0])
             live["computed"] = cached.num_computed_tokens[i]
+            claimed = self._claims.pop(req_id, 0)
+            if claimed and resumed:  # claimed again when it was rescheduled: load again
+                meta.loads.append(_Transfer(req_id, live["layout"], list(live["blocks"]),
+                                            live["computed"] - claimed, live["computed"]))
             self._step(meta, req_id, scheduler_output.num_scheduled_tokens.get(req_id, 0))
         return meta
 
@@ -432,21 +440,26 @@ class RelokvConnector(KVConnectorBase_V1):
         codec = self._codec_for(forward_context)
         for t in meta.loads:
             plan = self.cache.plan(t.layout.build(self.block_size), tenant=t.layout.tenant)
-            if not plan.ok:
-                raise RuntimeError(f"relokv.vllm: request {t.req_id}: relokv's pool is too small "
-                                   "for the blocks it claimed (raise num_blocks)")
             try:
-                rows, pos = [], []
-                for b in plan.blocks:
+                rows, pos, lost = [], [], None
+                if not plan.ok:
+                    lost = "relokv's pool is too small for the blocks it claimed (num_blocks)"
+                for b in plan.blocks if plan.ok else []:
                     lo, hi = max(b["pos0"], t.start), min(b["pos0"] + b["len"], t.end)
                     if lo >= hi:
                         continue
-                    if b["status"] == "miss":
-                        raise RuntimeError(f"relokv.vllm: request {t.req_id}: a claimed block "
-                                           "is no longer cached")
+                    if b["status"] == "miss":  # evicted from the store since it was claimed
+                        lost = "a claimed block is no longer in relokv's store"
+                        break
                     rows.append((b["physical"], lo - b["pos0"], hi - lo))
                     pos.extend(range(lo, hi))
                     self.stats["loaded_blocks"] += 1
+                if lost is not None:
+                    # vLLM recomputes the claimed blocks (kv_load_failure_policy "recompute").
+                    log.warning("request %s: %s; vLLM recomputes it", t.req_id, lost)
+                    bs = self.vllm_block_size
+                    self._load_errors.update(t.block_ids[t.start // bs:(t.end - 1) // bs + 1])
+                    continue
                 positions = torch.tensor(pos, dtype=torch.int64)
                 slots = self._slots(t, positions)
                 kv = torch.from_numpy(self.cache.kv)  # [layer, block, k|v, head, slot, dim]
@@ -457,7 +470,12 @@ class RelokvConnector(KVConnectorBase_V1):
                     k = self.rope.rotate(k.transpose(0, 1), positions)
                     codec.write(layer, k, v.transpose(0, 1), slots)
             finally:
-                self.cache.release(plan)
+                if plan.ok:
+                    self.cache.release(plan)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are synchronous, done in start_load_kv

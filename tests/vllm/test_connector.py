@@ -147,6 +147,73 @@ def test_reads_back_what_vllm_writes_in_its_cpu_layout(dtype):
     assert torch.equal(v2, v.to(torch.float32)), isa
 
 
+def worker(store, vbs=32, heads=2, dim=32, layers=2, nb=16):
+    """A worker-side connector over a fake vLLM cache of `nb` blocks per layer (float32)."""
+    w = rv.RelokvConnector(fake_config(store, layers=layers, heads=heads, dim=dim, vbs=vbs),
+                           KVConnectorRole.WORKER, None)
+    w.register_kv_caches({f"model.layers.{i}.self_attn.attn":
+                          torch.zeros(nb, heads, vbs, 2 * dim) for i in range(layers)})
+    return w
+
+
+def test_worker_saves_what_vllm_computed_and_loads_it_relocated(store):
+    prefix, a, b, q = toks(1, 40), toks(2, 50), toks(3, 45), toks(4, 9)
+    ids, extra = rv.layout_prompt(prefix, [a, b], q)
+    layout = rv._Layout.parse(extra["kv_transfer_params"], ids)
+    w1 = worker(store)
+    codec = w1._codec_for()
+    rope = w1.rope
+    # What vLLM's forward wrote: keys rotated at their positions, in blocks 3, 7, 1, 9.
+    blocks1 = [3, 7, 1, 9, 11, 12]
+    n = len(ids)
+    pos = torch.arange(n)
+    raw_k = {name: torch.randn(n, 2, 32) for name in w1._layers}
+    raw_v = {name: torch.randn(n, 2, 32) for name in w1._layers}
+    for name, layer in w1._layers.items():
+        codec.write(layer, rope.rotate(raw_k[name], pos), raw_v[name],
+                    w1._slots(rv._Transfer("a", layout, blocks1, 0, n), pos))
+    w1.bind_connector_metadata(rv.RelokvMetadata(
+        saves=[rv._Transfer("a", layout, blocks1, 0, layout.question_start)]))
+    w1.wait_for_save()
+    w1.clear_connector_metadata()
+    assert w1.stats["saved_blocks"] > 0
+    # Another process (a fresh cache on the same store), the spans in the other order.
+    ids2, extra2 = rv.layout_prompt(prefix, [b, a], q)
+    layout2 = rv._Layout.parse(extra2["kv_transfer_params"], ids2)
+    w2 = worker(store)
+    blocks2 = [5, 2, 8, 0, 4, 6]
+    end = layout2.question_start // 32 * 32
+    w2.bind_connector_metadata(rv.RelokvMetadata(
+        loads=[rv._Transfer("b", layout2, blocks2, 0, end)]))
+    w2.start_load_kv(None)
+    w2.clear_connector_metadata()
+    assert w2.get_block_ids_with_load_errors() == set()
+    # Token i of the second prompt holds the first prompt's K/V of the same token, its key
+    # rotated at i.
+    src = {**{j: j for j in range(40)},  # the prefix, exact
+           **{40 + j: 90 + j for j in range(45) if 40 + j < end},  # b, first at 90
+           **{85 + j: 40 + j for j in range(50) if 85 + j < end}}  # a, first at 40
+    at = torch.tensor(sorted(src))
+    slots = w2._slots(rv._Transfer("b", layout2, blocks2, 0, end), at)
+    for name, layer in w2._layers.items():
+        k, v = codec.read(layer, slots // 32, slots % 32)
+        from_ = torch.tensor([src[int(i)] for i in at])
+        assert torch.allclose(v, raw_v[name][from_], atol=1e-6)
+        assert torch.allclose(k, rope.rotate(raw_k[name][from_], at), atol=1e-4)
+
+
+def test_worker_reports_a_claimed_block_the_store_lost(store):
+    prefix, a, q = toks(1, 40), toks(2, 50), toks(4, 9)
+    ids, extra = rv.layout_prompt(prefix, [a], q)
+    layout = rv._Layout.parse(extra["kv_transfer_params"], ids)
+    w = worker(store)
+    w.bind_connector_metadata(
+        rv.RelokvMetadata(loads=[rv._Transfer("x", layout, [4, 9, 2], 0, 64)]))
+    w.start_load_kv(None)  # nothing was ever saved: vLLM recomputes both claimed blocks
+    assert w.get_block_ids_with_load_errors() == {4, 9}
+    assert w.get_block_ids_with_load_errors() == set()
+
+
 # ---- vLLM itself --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,10 @@
 // relokv_server's scheduler: one thread owns the engine and its relocatable_cache (plan,
 // commit, release, extend), as relokv's threading contract says; HTTP threads hand it jobs
 // and read what it publishes. Continuous batching: every step computes one prefill chunk of
-// at most `prefill_chunk` rows and one decode token of every running sequence in one forward
-// (one product per weight matrix over all rows), so a long prompt delays decode by one chunk
-// at a time. Out of blocks: admission waits; a decode that cannot extend preempts the youngest
+// at most `prefill_chunk` rows and one decode token of every running sequence, in two
+// forwards (the prefill rows on the int16 tiles, the decode rows batched on the int8 kernels:
+// a row takes the kernel it would take alone; docs/server.md), so a long prompt delays decode
+// by one chunk at a time. Out of blocks: admission waits; a decode that cannot extend preempts the youngest
 // sequence (its blocks committed and released; it is recomputed later, its answer so far
 // continuing its question).
 #include <atomic>

@@ -5,8 +5,8 @@
 // at most `prefill_chunk` rows and one decode token of every running sequence, in two
 // forwards (the prefill rows on the int16 tiles, the decode rows batched on the int8 kernels:
 // a row takes the kernel it would take alone; docs/server.md), so a long prompt delays decode
-// by one chunk at a time. Out of blocks: admission waits; a decode that cannot extend preempts the youngest
-// sequence (its blocks committed and released; it is recomputed later, its answer so far
+// by one chunk at a time. Out of blocks: admission waits; a decode that cannot extend preempts the
+// youngest sequence (its blocks committed and released; it is recomputed later, its answer so far
 // continuing its question).
 #include <atomic>
 #include <chrono>

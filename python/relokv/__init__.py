@@ -21,8 +21,10 @@ from ._relokv import (
     ModelError,
     OutOfBlocks,
     Plan,
+    SpanIndex,
     Strategy,
     __version__,
+    find_spans,
     strategies,
 )
 from . import rag
@@ -37,8 +39,10 @@ __all__ = [
     "ModelError",
     "OutOfBlocks",
     "Plan",
+    "SpanIndex",
     "Strategy",
     "__version__",
+    "find_spans",
     "rag",
     "strategies",
 ]

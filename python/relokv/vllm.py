@@ -58,12 +58,14 @@ KINDS = ("prefix", "span", "dependent", "question")
 log = logging.getLogger("relokv.vllm")
 
 
-def transfer_config(store: str, num_blocks: int = 4096, block_size: int = 16,
-                    seed: int = 0) -> dict[str, Any]:
+def transfer_config(store: str, num_blocks: int = 1024, block_size: int = 16,
+                    seed: int = 0, spans: str = "layout") -> dict[str, Any]:
     """vLLM's kv_transfer_config for relokv's connector: `store` is a relokv store URL both
     vLLM processes reach (file:DIR, redis://HOST:PORT, redis-cluster://...); `num_blocks` of
     `block_size` tokens is each process's relokv pool (float32 K/V, host memory); `seed` salts
-    the keys per deployment."""
+    the keys per deployment. `spans`: "layout" (only requests that carry their layout are
+    reused) or "auto" (a request without one is cut by relokv::find_spans, as relokv_server's
+    --spans auto cuts plain prompts; it needs the model's tokenizer)."""
     return {
         "kv_connector": "RelokvConnector",
         "kv_connector_module_path": "relokv.vllm",
@@ -71,7 +73,7 @@ def transfer_config(store: str, num_blocks: int = 4096, block_size: int = 16,
         # A claimed block the store lost since the scheduler saw it is recomputed by vLLM.
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"store": store, "num_blocks": num_blocks,
-                                      "block_size": block_size, "seed": seed},
+                                      "block_size": block_size, "seed": seed, "spans": spans},
     }
 
 
@@ -290,7 +292,7 @@ class RelokvConnector(KVConnectorBase_V1):
         layers, heads, dim, hf = _model_shape(vllm_config)
         self.shape = (layers, heads, dim)
         self.rope = _Rope(hf, dim)  # refuses what it cannot rotate, in both processes
-        self.cache = relokv.Cache(num_blocks=int(extra.get("num_blocks", 4096)),
+        self.cache = relokv.Cache(num_blocks=int(extra.get("num_blocks", 1024)),
                                   block_size=self.block_size, placement="at_attention",
                                   strategy="naive", store=store, kv_shape=self.shape,
                                   seed=int(extra.get("seed", 0)),
@@ -299,6 +301,16 @@ class RelokvConnector(KVConnectorBase_V1):
         self._claims: dict[str, int] = {}  # request -> tokens claimed in update_state_after_alloc
         self._live: dict[str, dict[str, Any]] = {}  # request -> layout, blocks, tokens computed
         self._errors: dict[str, str] = {}
+        self._layouts: dict[str, _Layout | None] = {}
+        # --spans auto: requests without a layout of their own cut by relokv::find_spans.
+        self.spans = extra.get("spans", "layout")
+        if self.spans not in ("layout", "auto"):
+            raise ValueError(f"relokv.vllm: spans must be 'layout' or 'auto'; got {self.spans!r}")
+        self.min_span = int(extra.get("span_min_tokens", 16))
+        self.known = relokv.SpanIndex(int(extra.get("known_spans", 65536)))
+        self._tok: Any = None
+        self._turn_ids: set[int] = set()
+        self._pieces: dict[int, str] = {}
         # Worker side.
         self._layers: dict[str, torch.Tensor] = {}
         self._codec: _CpuCacheCodec | None = None
@@ -309,13 +321,85 @@ class RelokvConnector(KVConnectorBase_V1):
     # ---- scheduler side ---------------------------------------------------------------------
 
     def _layout_of(self, request: Any) -> _Layout | None:
+        return self._resolve(request.request_id, getattr(request, "kv_transfer_params", None),
+                             list(request.prompt_token_ids or []))
+
+    def _resolve(self, req_id: str, params: Any, ids: list[int]) -> _Layout | None:
+        """A request's layout (memoized until it finishes): the one it carries, or with
+        `spans: auto` the one relokv::find_spans finds in its tokens; None: vLLM's own."""
+        if req_id in self._layouts:
+            return self._layouts[req_id]
+        layout = None
         try:
-            return _Layout.parse(getattr(request, "kv_transfer_params", None),
-                                 list(request.prompt_token_ids or []))
+            p = params.get("relokv") if isinstance(params, dict) else None
+            if isinstance(p, dict) and "segments" not in p and p.get("spans") == "auto":
+                layout = self._found(ids, p.get("tenant", 0))
+            elif p is not None:
+                layout = _Layout.parse(params, ids)
+            elif self.spans == "auto":
+                layout = self._found(ids, 0)
         except LayoutError as e:
-            self._errors[request.request_id] = str(e)
-            log.warning("request %s: %s (computed by vLLM, nothing reused)", request.request_id, e)
+            self._errors[req_id] = str(e)
+            log.warning("request %s: %s (computed by vLLM, nothing reused)", req_id, e)
+        self._layouts[req_id] = layout
+        return layout
+
+    def _found(self, ids: list[int], tenant: Any) -> _Layout | None:
+        """The layout of a plain prompt (no layout of its own): relokv::find_spans over its
+        tokens, as relokv_server --spans auto cuts them (every message's text starts a cut;
+        spans seen before are matched wherever they recur, per tenant)."""
+        if not isinstance(tenant, int) or isinstance(tenant, bool) or tenant < 0:
+            raise LayoutError(f"relokv: tenant must be a non-negative integer; got {tenant!r}")
+        tok = self._tokenizer()
+        pieces = [self._piece(tok, t) for t in ids]
+        forced = []
+        for i, t in enumerate(ids):  # after each turn's opening line (<|im_start|>user\n)
+            if t in self._turn_ids:
+                j = i + 1
+                while j < len(ids) and "\n" not in pieces[j]:
+                    j += 1
+                if j + 1 < len(ids):
+                    forced.append(j + 1)
+        segs = relokv.find_spans(ids, pieces, min_span=self.min_span, forced=forced,
+                                 known=self.known, tenant=tenant)
+        spans = [(b, e) for k, b, e, _ in segs if k == "span"]
+        if not spans:
             return None
+        # vLLM computes only a suffix of a prompt (the connector claims a prefix of it), so no
+        # segment may be computed between two spans: a span takes the whitespace tokens before
+        # it (the separator between passages: the same before each), and what else stood
+        # between two spans (a label) ends the span before it; what precedes the first span is
+        # the prefix. A label that changes with the order then changes the span before it.
+        cuts, prev = [], None
+        for b, e in spans:
+            floor = prev if prev is not None else 1
+            while b > floor and not pieces[b - 1].strip():
+                b -= 1
+            cuts.append(b)
+            prev = e
+        bounds = [0] + cuts + [spans[-1][1], len(ids)]
+        if bounds[-2] >= bounds[-1]:
+            return None
+        segments = [("prefix", bounds[1])]
+        segments += [("span", bounds[i + 1] - bounds[i]) for i in range(1, len(bounds) - 2)]
+        segments.append(("question", bounds[-1] - bounds[-2]))
+        return _Layout(list(ids), segments, tenant, bounds[-2])
+
+    def _tokenizer(self) -> Any:
+        if self._tok is None:
+            from transformers import AutoTokenizer
+            m = self._vllm_config.model_config
+            self._tok = AutoTokenizer.from_pretrained(m.tokenizer or m.model)
+            ids = [self._tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<start_of_turn>")]
+            self._turn_ids = {i for i in ids if isinstance(i, int) and i >= 0
+                              and i != self._tok.unk_token_id}
+        return self._tok
+
+    def _piece(self, tok: Any, t: int) -> str:
+        p = self._pieces.get(t)
+        if p is None:
+            p = self._pieces[t] = tok.decode([t])
+        return p
 
     def claimable(self, layout: _Layout, num_computed: int, num_tokens: int) -> int:
         """Tokens to claim after vLLM's own hit of `num_computed`: up to the question (and at
@@ -351,10 +435,7 @@ class RelokvConnector(KVConnectorBase_V1):
         for new in scheduler_output.scheduled_new_reqs:
             params = (new.sampling_params.extra_args or {}).get("kv_transfer_params") \
                 if new.sampling_params is not None else None
-            try:
-                layout = _Layout.parse(params, list(new.prompt_token_ids or []))
-            except LayoutError:
-                layout = None  # reported in get_num_new_matched_tokens
+            layout = self._resolve(new.req_id, params, list(new.prompt_token_ids or []))
             if layout is None:
                 continue
             live = {"layout": layout, "blocks": list(new.block_ids[0]),
@@ -399,6 +480,7 @@ class RelokvConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Any, block_ids: list[int]):
         self._live.pop(request.request_id, None)
+        self._layouts.pop(request.request_id, None)
         self._claims.pop(request.request_id, None)
         err = self._errors.pop(request.request_id, None)
         return False, ({"relokv": {"error": err}} if err else None)

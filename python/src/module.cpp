@@ -11,6 +11,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <relokv/layout/builder.hpp>
+#include <relokv/layout/span_finder.hpp>
 #include <relokv/types.hpp>
 
 #include "bindings.hpp"
@@ -344,6 +345,49 @@ void bind_strategy(nb::module_& m) {
       .def("__repr__",
            [](const strategy& s) { return "Strategy('" + s.key + "': " + s.name + ")"; });
 
+  // Spans found in a plain prompt's tokens (relokv::find_spans; docs/span-finding.md).
+  nb::class_<relokv::span_index>(
+      m, "SpanIndex",
+      "The spans find_spans has cut, remembered by hash (per namespace: a tenant's) so that\n"
+      "they are found again wherever they recur. Thread-safe, bounded (capacity spans).")
+      .def(
+          "__init__",
+          [](relokv::span_index* self, std::int64_t capacity) {
+            if (capacity < 1) throw relokv::error("SpanIndex: capacity must be at least 1");
+            new (self) relokv::span_index(static_cast<std::size_t>(capacity));
+          },
+          "capacity"_a = 65536)
+      .def("__len__", &relokv::span_index::size);
+  m.def(
+      "find_spans",
+      [](nb::handle ids_h, const std::vector<std::string>& pieces, std::int32_t min_span,
+         const std::vector<std::int32_t>& forced, relokv::span_index* known,
+         std::uint64_t tenant) {
+        const auto ids = tokens_of(ids_h, "find_spans: ids");
+        if (ids.size() != pieces.size())
+          throw relokv::error("find_spans: " + std::to_string(ids.size()) + " ids but " +
+                              std::to_string(pieces.size()) + " pieces");
+        if (min_span < 1) throw relokv::error("find_spans: min_span must be at least 1");
+        relokv::span_finder_options o;
+        o.min_span = min_span;
+        std::vector<std::tuple<std::string, std::int32_t, std::int32_t, bool>> out;
+        nb::gil_scoped_release unlocked;
+        for (const auto& g : relokv::find_spans(ids, pieces, o, forced, known, tenant)) {
+          const char* kind = g.kind == relokv::found_kind::kPrefix  ? "prefix"
+                             : g.kind == relokv::found_kind::kSpan  ? "span"
+                             : g.kind == relokv::found_kind::kQuestion ? "question"
+                                                                       : "dependent";
+          out.emplace_back(kind, g.begin, g.end, g.remembered);
+        }
+        return out;
+      },
+      "ids"_a, "pieces"_a, "min_span"_a = 16, "forced"_a = std::vector<std::int32_t>{},
+      "known"_a = nb::none(), "tenant"_a = 0,
+      "Cuts a plain prompt's tokens into segments, whatever format joins its passages:\n"
+      "(kind, begin, end, remembered) tiling the prompt, kind one of prefix, span, dependent,\n"
+      "question. pieces[i]: the text token i stands for. forced: cuts that must be made\n"
+      "(where each message's text starts). known: a SpanIndex, matched and filled (in the\n"
+      "tenant's namespace). The same function relokv_server --spans auto calls.");
   m.def(
       "strategies",
       []() {

@@ -303,3 +303,29 @@ def test_vllm_a_bad_layout_is_an_error_in_the_output_not_a_crash(engines):
                      use_tqdm=False)[0]
     assert len(o.outputs[0].token_ids) == 2
     assert "segments hold 3 tokens" in o.kv_transfer_params["relokv"]["error"]
+
+
+def test_vllm_plain_prompts_are_cut_by_relokvs_span_finder(engines):
+    """{"relokv": {"spans": "auto"}} (or transfer_config(spans="auto") for every request): a
+    chat prompt with the passages pasted in its text, cut by relokv::find_spans as
+    relokv_server --spans auto cuts it; its passages come back in another order."""
+    llm, tok = engines
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    def plain(order):
+        text = ("Use the following pieces of context to answer the question.\n\n"
+                + "\n\n".join(DOCS[i] for i in order) + "\n\nQuestion: How long is the Nile?")
+        msgs = [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": text}]
+        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        ids = tok.encode(prompt, add_special_tokens=False)
+        sp = SamplingParams(max_tokens=2, temperature=0,
+                            extra_args={"kv_transfer_params": {"relokv": {"spans": "auto"}}})
+        o = llm.generate(TokensPrompt(prompt_token_ids=ids), sp, use_tqdm=False)[0]
+        return len(ids), o.num_cached_tokens or 0
+
+    n, cached = plain([0, 1, 2])
+    assert cached == 0
+    n, cached = plain([2, 0, 1])  # the same passages reordered: relocated
+    assert cached > 0.5 * n, (cached, n)

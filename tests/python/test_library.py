@@ -260,3 +260,31 @@ def test_release_twice_raises():
         cache.release(p)
     with pytest.raises(relokv.Error):
         cache.commit(p)
+
+
+def test_find_spans_cuts_a_plain_prompt_whatever_its_format():
+    """relokv.find_spans (the span finder relokv_server --spans auto calls) on a prompt of one
+    byte a token: labels stay outside the passages; a SpanIndex finds them again inline."""
+    a = "The lighthouse on Skerry Point was built in 1852 by the engineer Alan Brodie."
+    b = "Carrick is a fishing town on the west coast; its school dates from 1870."
+
+    def run(text, known=None):
+        ids = list(text.encode())
+        segs = relokv.find_spans(ids, [chr(c) for c in ids], min_span=64, forced=[5],
+                                 known=known)
+        assert segs[0][1] == 0 and segs[-1][2] == len(ids)  # they tile the prompt
+        assert all(s[2] == t[1] for s, t in zip(segs, segs[1:]))
+        return [text[s[1]:s[2]] for s in segs if s[0] == "span"], segs
+
+    known = relokv.SpanIndex(100)
+    spans, _ = run("Hi:\n\n[1] " + a + "\n[2] " + b + "\nWhere?", known)
+    assert spans == [a, b]
+    assert len(known) == 2
+    spans, segs = run("Hi:\n\nUse " + b + " and " + a + " now. Where?", known)
+    assert spans == [b, a] and all(s[3] for s in segs if s[0] == "span")  # remembered
+    with pytest.raises(relokv.Error, match="ids but"):
+        relokv.find_spans([1, 2, 3], ["a"])
+    with pytest.raises(relokv.Error, match="min_span"):
+        relokv.find_spans([1], ["a"], min_span=0)
+    with pytest.raises(relokv.Error, match="capacity"):
+        relokv.SpanIndex(0)

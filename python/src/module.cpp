@@ -361,8 +361,7 @@ void bind_strategy(nb::module_& m) {
   m.def(
       "find_spans",
       [](nb::handle ids_h, const std::vector<std::string>& pieces, std::int32_t min_span,
-         const std::vector<std::int32_t>& forced, relokv::span_index* known,
-         std::uint64_t tenant) {
+         const std::vector<std::int32_t>& forced, relokv::span_index* known, std::uint64_t tenant) {
         const auto ids = tokens_of(ids_h, "find_spans: ids");
         if (ids.size() != pieces.size())
           throw relokv::error("find_spans: " + std::to_string(ids.size()) + " ids but " +
@@ -373,8 +372,8 @@ void bind_strategy(nb::module_& m) {
         std::vector<std::tuple<std::string, std::int32_t, std::int32_t, bool>> out;
         nb::gil_scoped_release unlocked;
         for (const auto& g : relokv::find_spans(ids, pieces, o, forced, known, tenant)) {
-          const char* kind = g.kind == relokv::found_kind::kPrefix  ? "prefix"
-                             : g.kind == relokv::found_kind::kSpan  ? "span"
+          const char* kind = g.kind == relokv::found_kind::kPrefix     ? "prefix"
+                             : g.kind == relokv::found_kind::kSpan     ? "span"
                              : g.kind == relokv::found_kind::kQuestion ? "question"
                                                                        : "dependent";
           out.emplace_back(kind, g.begin, g.end, g.remembered);

@@ -36,7 +36,6 @@ import logging
 import re
 from typing import Any
 
-import numpy as np
 import torch
 
 import relokv
@@ -92,6 +91,12 @@ class LayoutError(ValueError):
     """A request's relokv parameters do not describe its prompt."""
 
 
+def _tenant(t: Any) -> int:
+    if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+        raise LayoutError(f"relokv: tenant must be a non-negative integer; got {t!r}")
+    return t
+
+
 @dataclasses.dataclass
 class _Layout:
     ids: list[int]
@@ -125,10 +130,7 @@ class _Layout:
             raise LayoutError("relokv: the first segment must be the prefix")
         if question_start is None:
             raise LayoutError("relokv: the segments need a question (computed in every request)")
-        tenant = p.get("tenant", 0)
-        if not isinstance(tenant, int) or isinstance(tenant, bool) or tenant < 0:
-            raise LayoutError(f"relokv: tenant must be a non-negative integer; got {tenant!r}")
-        return _Layout(list(ids), segments, tenant, question_start)
+        return _Layout(list(ids), segments, _tenant(p.get("tenant", 0)), question_start)
 
     def build(self, block_size: int, until: int | None = None) -> relokv.Layout:
         """relokv's layout of the prompt, or of its segments that end by `until` (what is saved:
@@ -223,9 +225,10 @@ class _CpuCacheCodec:
         region = layer.view(nb, self.heads, 2 * self.bs * self.dim)
         n = self.bs * self.dim
         e = offsets[:, None] * self.dim + torch.arange(self.dim)[None, :]  # [tokens, dim]
-        r = region[blocks]  # [tokens, heads, 2n]
-        k = torch.gather(r[:, :, :n], 2, self.k_at[e][:, None, :].expand(-1, self.heads, -1))
-        v = torch.gather(r[:, :, n:], 2, self.v_at[e][:, None, :].expand(-1, self.heads, -1))
+        b = blocks[:, None]
+        # Advanced indices around a slice: [tokens, dim, heads], each token's own elements only.
+        k = region[b, :, self.k_at[e]].transpose(1, 2)
+        v = region[b, :, n + self.v_at[e]].transpose(1, 2)
         return k.to(torch.float32), v.to(torch.float32)
 
     def write(self, layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
@@ -348,8 +351,7 @@ class RelokvConnector(KVConnectorBase_V1):
         """The layout of a plain prompt (no layout of its own): relokv::find_spans over its
         tokens, as relokv_server --spans auto cuts them (every message's text starts a cut;
         spans seen before are matched wherever they recur, per tenant)."""
-        if not isinstance(tenant, int) or isinstance(tenant, bool) or tenant < 0:
-            raise LayoutError(f"relokv: tenant must be a non-negative integer; got {tenant!r}")
+        tenant = _tenant(tenant)
         tok = self._tokenizer()
         pieces = [self._piece(tok, t) for t in ids]
         forced = []
@@ -488,14 +490,12 @@ class RelokvConnector(KVConnectorBase_V1):
     # ---- worker side ------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._layers = {}
-        for name, t in kv_caches.items():
+        self._layers, self._index = dict(kv_caches), {}
+        for name in kv_caches:
             m = re.search(r"layers\.(\d+)\.", name)
             if m is None:
                 raise ValueError(f"relokv.vllm: cannot tell the layer of KV cache '{name}'")
-            self._layers[name] = t
-        self._index = {name: int(re.search(r"layers\.(\d+)\.", name).group(1))
-                       for name in self._layers}
+            self._index[name] = int(m.group(1))
 
     def _codec_for(self, forward_context: Any = None) -> _CpuCacheCodec:
         if self._codec is None:
@@ -610,4 +610,3 @@ def check_version() -> None:
 
 __all__ = ["RelokvConnector", "RelokvMetadata", "LayoutError", "layout_prompt",
            "transfer_config", "check_version", "TESTED_VLLM"]
-_ = np  # numpy arrays come from relokv.Cache.kv

@@ -25,13 +25,7 @@ relokv_test::token_prompt bytes(const std::string& s) {
 /// What a chat template puts before the first message: the prefix (a forced cut ends it).
 const std::string kOpening = "<|user|>\n";
 
-/// A byte a token: four times a real tokenizer's count, so four times its minimum span (a
-/// label such as `<document index="3">` is 20 bytes, 7 tokens on SmolLM2's tokenizer).
-relokv::span_finder_options bytes_options() {
-  relokv::span_finder_options o;
-  o.min_span *= 4;
-  return o;
-}
+using relokv_test::bytes_options;
 
 std::vector<relokv::found_segment> find(const relokv_test::token_prompt& p,
                                         relokv::span_index* known = nullptr, std::uint64_t ns = 0) {

@@ -22,13 +22,7 @@ using chunk = relokv::found_segment;
 using chunk_kind = relokv::found_kind;
 
 namespace {
-/// The tests on bytes_prompt (a byte a token: four times a real tokenizer's count) cut with
-/// four times the minimum span.
-relokv::span_finder_options bytes_options() {
-  relokv::span_finder_options o;
-  o.min_span *= 4;
-  return o;
-}
+using relokv_test::bytes_options;  // the tests on bytes_prompt: a byte a token
 
 std::vector<chunk> find_chunks(const std::vector<std::int32_t>& ids,
                                const std::vector<std::string>& pieces,

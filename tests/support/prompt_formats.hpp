@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include <relokv/layout/span_finder.hpp>
+
 namespace relokv_test {
 
 /// How a prompt joins its passages. `label` and `close` may hold "%d": the passage's place
@@ -210,6 +212,15 @@ inline std::vector<std::pair<std::string, std::string>> test_passages() {
        "Brodie Pier is a stone pier in Carrick, finished in 1848 and rebuilt after 1953."},
       {"Oort Prize", "The Oort Prize is a Dutch award for poems about water, given since 1990."},
   };
+}
+
+/// The finder's options for a tokenizer of one byte a token: four times a real tokenizer's
+/// count, so four times its minimum span (a label such as `<document index="3">` is 20 bytes,
+/// 7 tokens on SmolLM2's tokenizer).
+inline relokv::span_finder_options bytes_options() {
+  relokv::span_finder_options o;
+  o.min_span *= 4;
+  return o;
 }
 
 /// A prompt in tokens: ids and the bytes each stands for.

@@ -434,8 +434,11 @@ def test_store_fetches_never_stall_the_batch(redis):
         assert b.metric("relokv_store_hits_total") > 0
         gaps = [y - x for x, y in zip(times, times[1:])]
         assert len(gaps) >= 5, times
-        # The other stream went on while the documents were fetched.
-        assert max(gaps) < 0.6 * delay, gaps
+        # The other stream went on while the documents were fetched: a fetch on the scheduler's
+        # thread would leave a gap of the whole round trip (>= delay); a loaded 2-core machine
+        # leaves gaps of up to ~0.8 s without one (measured beside `yes` on both cores), so the
+        # bound is the round trip itself, not a fraction of it.
+        assert max(gaps) < delay, gaps
         assert b.metric("relokv_store_prefetch_waits_total") >= 1
     finally:
         if b:

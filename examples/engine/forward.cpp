@@ -250,6 +250,21 @@ int compact_rows(std::vector<float>& x, std::vector<float>* q, std::vector<std::
   return w;
 }
 
+/// A deep adapter's rows (links.hpp): their learned key and value at layer l in place of the
+/// computed ones (before the deviation check and the write, so both see what the pool holds).
+void deep_rows(const llama_model& m, int l, const std::vector<std::int32_t>& positions,
+               const std::vector<relokv::token_t>& tokens, float* k, float* v) {
+  const link_adapter& a = *m.links;
+  const auto kvd = static_cast<std::size_t>(a.kv_dim);
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    const relokv::token_t t = tokens[static_cast<std::size_t>(positions[i])];
+    if (t < m.cfg.vocab) continue;
+    const float* src = a.kv_row(t - m.cfg.vocab, l);
+    std::copy_n(src, kvd, k + i * kvd);
+    std::copy_n(src + kvd, kvd, v + i * kvd);
+  }
+}
+
 }  // namespace
 
 template <class P, class T>
@@ -309,6 +324,7 @@ void run_layers(const llama_model& m, const relokv::layer_rope& ropes,
             /*decode=*/false);
     head_norms(L.q_norm, q.data(), N, H, hd, c.rms_eps);
     head_norms(L.k_norm, k.data(), N, Hk, hd, c.rms_eps);
+    if (m.links && m.links->deep) deep_rows(m, l, positions, tokens, k.data(), v.data());
     auto layer_kv = kv.layer(l);
     if (dynamic && step < strategy->steps() && strategy->check_layer(step) == l) {
       // Deviation of the fresh K/V (in storage form) from the cached ones, before they are

@@ -22,12 +22,26 @@ std::shared_ptr<const link_adapter> load_links(const std::string& path, const ll
   a->path = path;
   a->n = static_cast<std::int32_t>(f.get_int("relokv.links.rows"));
   a->header = static_cast<std::int32_t>(f.get_int("relokv.links.header_rows", 0));
+  a->trailer = static_cast<std::int32_t>(f.get_int("relokv.links.trailer_rows", 0));
   a->placement = f.get_string("relokv.links.placement");
-  if (a->placement != "before_question")
-    bad("relokv.links.placement \"" + a->placement + "\" (this engine reads before_question)");
-  if (a->n < 1 || a->n > 4096 || a->header < 0 || a->header > a->n)
-    bad("relokv.links.rows must be in [1, 4096] and header_rows in [0, rows]");
-  a->before_question = a->n - a->header;
+  if (a->n < 1 || a->n > 4096 || a->header < 0 || a->trailer < 0 ||
+      std::int64_t{a->header} + a->trailer > a->n)
+    bad("relokv.links.rows must be in [1, 4096] and header_rows + trailer_rows in [0, rows]");
+  a->before_question = a->n - a->header - a->trailer;
+  // The placement names where the rows go; the counts must say the same.
+  const bool wraps = a->header + a->trailer > 0, before = a->before_question > 0;
+  const std::string want = wraps && before ? "wrappers+before_question"
+                           : wraps         ? "wrappers"
+                                           : "before_question";
+  if (a->placement != want)
+    bad("relokv.links.placement \"" + a->placement + "\" does not match its counts (" +
+        std::to_string(a->header) + " header, " + std::to_string(a->trailer) + " trailer, " +
+        std::to_string(a->before_question) + " before the question: \"" + want + "\")");
+  const std::string depth =
+      f.has("relokv.links.depth") ? f.get_string("relokv.links.depth") : "embedding";
+  if (depth != "embedding" && depth != "kv")
+    bad("relokv.links.depth \"" + depth + "\" (embedding or kv)");
+  a->deep = depth == "kv";
   const auto dim = f.get_int("relokv.links.model_dim");
   const auto vocab = f.get_int("relokv.links.model_vocab");
   const std::string arch = f.get_string("relokv.links.model_arch");
@@ -38,16 +52,36 @@ std::shared_ptr<const link_adapter> load_links(const std::string& path, const ll
         std::to_string(m.cfg.dim) + " and vocabulary " + std::to_string(m.cfg.vocab));
   a->model_sha256 = f.has("relokv.links.model_sha256") ? f.get_string("relokv.links.model_sha256")
                                                        : std::string();
-  if (!f.has_tensor("links.rows")) bad("no tensor links.rows");
-  const gguf_tensor& t = f.tensor("links.rows");
-  if (t.type != ggml_type::kF32 || t.dims.size() != 2 ||
-      t.dims[0] != static_cast<std::uint64_t>(m.cfg.dim) ||
-      t.dims[1] != static_cast<std::uint64_t>(a->n))
-    bad("links.rows must be F32 [" + std::to_string(m.cfg.dim) + ", " + std::to_string(a->n) + "]");
   a->dim = m.cfg.dim;
-  a->rows = f.dequantize(t);
-  for (const float x : a->rows)
-    if (!std::isfinite(x)) bad("links.rows holds a value that is not finite");
+  if (a->deep) {
+    // Every layer's K and V of each row: [rows][layers][2][kv_heads * head_dim].
+    a->layers = m.cfg.n_layers;
+    a->kv_dim = m.cfg.n_kv_heads * m.cfg.head_dim;
+    if (!f.has_tensor("links.kv")) bad("a deep adapter (depth kv) without the tensor links.kv");
+    const gguf_tensor& t = f.tensor("links.kv");
+    const std::vector<std::uint64_t> shape{static_cast<std::uint64_t>(a->kv_dim), 2,
+                                           static_cast<std::uint64_t>(a->layers),
+                                           static_cast<std::uint64_t>(a->n)};
+    if (t.type != ggml_type::kF32 || t.dims != shape)
+      bad("links.kv must be F32 [" + std::to_string(a->kv_dim) + ", 2, " +
+          std::to_string(a->layers) + ", " + std::to_string(a->n) +
+          "] (kv heads x head size, K|V, layers, rows)");
+    a->kv = f.dequantize(t);
+    for (const float x : a->kv)
+      if (!std::isfinite(x)) bad("links.kv holds a value that is not finite");
+    a->rows.assign(static_cast<std::size_t>(a->n) * static_cast<std::size_t>(a->dim), 0.0f);
+  } else {
+    if (!f.has_tensor("links.rows")) bad("no tensor links.rows");
+    const gguf_tensor& t = f.tensor("links.rows");
+    if (t.type != ggml_type::kF32 || t.dims.size() != 2 ||
+        t.dims[0] != static_cast<std::uint64_t>(m.cfg.dim) ||
+        t.dims[1] != static_cast<std::uint64_t>(a->n))
+      bad("links.rows must be F32 [" + std::to_string(m.cfg.dim) + ", " + std::to_string(a->n) +
+          "]");
+    a->rows = f.dequantize(t);
+    for (const float x : a->rows)
+      if (!std::isfinite(x)) bad("links.rows holds a value that is not finite");
+  }
   // The identity: the file's bytes, so that two adapters differ unless their files are equal.
   std::ifstream in(path, std::ios::binary);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),

@@ -12,19 +12,35 @@ namespace relokv_engine {
 
 struct llama_model;
 
-/// A span-link adapter: rows the first layer reads as they are (no embedding scale) for ids
-/// model vocab .. vocab + n - 1; its header rows come first, then its link rows.
+/// A span-link adapter: learned rows for ids model vocab .. vocab + n - 1, in the order header
+/// rows (compiled before each span), trailer rows (compiled after each span), then the rows
+/// before the question. Two depths (docs/strategies.md "Links"):
+/// - embedding (shallow): `rows` are what the first layer reads for the id (no embedding
+///   scale); every layer computes the row's keys and values from it;
+/// - kv (deep): `kv` gives every layer's key (before RoPE, as the pool stores it unrotated) and
+///   value of the row; the engine writes those in place of what it computed (the row's hidden
+///   state is read by nothing else).
 struct link_adapter {
-  std::vector<float> rows;  ///< [n][dim]
+  std::vector<float> rows;  ///< [n][dim] (zeros for a deep adapter)
+  std::vector<float> kv;    ///< deep only: [n][layers][2][kv_heads * head_dim], K then V
   std::int32_t n = 0, dim = 0;
-  std::int32_t header = 0;           ///< rows compiled before each span
-  std::int32_t before_question = 0;  ///< rows computed before the question
-  std::uint64_t id = 0;              ///< the file's identity: XXH3 of its bytes (never 0)
+  std::int32_t header = 0;              ///< rows compiled before each span
+  std::int32_t trailer = 0;             ///< rows compiled after each span
+  std::int32_t before_question = 0;     ///< rows computed before the question
+  std::int32_t layers = 0, kv_dim = 0;  ///< deep only: the shape of kv
+  bool deep = false;                    ///< relokv.links.depth "kv"
+  std::uint64_t id = 0;                 ///< the file's identity: XXH3 of its bytes (never 0)
   std::string path, model_sha256, placement;
 
   /// What layout_builder::links takes for a model of vocabulary `vocab`.
   [[nodiscard]] relokv::link_rows layout_rows(std::int32_t vocab) const {
-    return relokv::link_rows{id, vocab, header, before_question};
+    return relokv::link_rows{id, vocab, header, before_question, trailer};
+  }
+  /// Deep: row r's key (then value, kv_dim further) at layer l.
+  [[nodiscard]] const float* kv_row(std::int32_t r, std::int32_t l) const {
+    return kv.data() + ((static_cast<std::size_t>(r) * static_cast<std::size_t>(layers) +
+                         static_cast<std::size_t>(l)) *
+                        2 * static_cast<std::size_t>(kv_dim));
   }
 };
 

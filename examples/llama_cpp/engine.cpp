@@ -165,6 +165,14 @@ struct engine<T>::impl {
     batch = llama_batch_init(opt.n_batch, 0, 1);
     if (opt.links) {
       const relokv_engine::link_adapter& a = *opt.links;
+      // llama.cpp takes input embeddings (llama_batch.embd) and computes every layer from
+      // them; no call of its API writes one layer's K/V of a position, so a deep adapter
+      // (per-layer K/V) cannot be served here.
+      if (a.deep)
+        throw std::invalid_argument("llama.cpp engine: the span-link adapter '" + a.path +
+                                    "' is deep (per-layer K/V, relokv.links.depth kv); "
+                                    "llama.cpp reads only embedding rows: serve it with "
+                                    "relokv's own engine");
       if (a.dim != llama_model_n_embd(model) || a.n < 1 ||
           a.rows.size() != static_cast<std::size_t>(a.n) * static_cast<std::size_t>(a.dim))
         throw std::invalid_argument("llama.cpp engine: the span-link adapter '" + a.path +

@@ -6,9 +6,11 @@
 
 #include <relokv/layout/builder.hpp>
 #include <relokv/recompute/none.hpp>
+#include <relokv/rope/at_attention.hpp>
 #include <relokv/rope/block_relative.hpp>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -37,9 +39,12 @@ std::shared_ptr<const llama_model> model() {
 struct adapter_file {
   std::string arch = "llama", placement = "before_question";
   std::int64_t dim = 64, vocab = 256;
-  std::uint32_t rows = 4, header = 0;
+  std::uint32_t rows = 4, header = 0, trailer = 0;
   std::vector<float> values;  // [rows][dim]; default: token 10 + i's embedding rows
   bool architecture = true;
+  std::string depth;                   // empty: not written (embedding)
+  std::vector<float> kv;               // deep: [rows][layers][2][kv_dim]
+  std::vector<std::uint64_t> kv_dims;  // default {kv_dim, 2, layers, rows}
 
   std::string write(const std::string& name) const {
     relokv_test::gguf_writer w;
@@ -47,6 +52,8 @@ struct adapter_file {
     w.kv_str("relokv.links.placement", placement);
     w.kv_u32("relokv.links.rows", rows);
     w.kv_u32("relokv.links.header_rows", header);
+    w.kv_u32("relokv.links.trailer_rows", trailer);
+    if (!depth.empty()) w.kv_str("relokv.links.depth", depth);
     w.kv_str("relokv.links.model_arch", arch);
     w.kv_u32("relokv.links.model_dim", static_cast<std::uint32_t>(dim));
     w.kv_u32("relokv.links.model_vocab", static_cast<std::uint32_t>(vocab));
@@ -56,7 +63,16 @@ struct adapter_file {
       for (std::uint32_t r = 0; r < rows; ++r)
         model()->embed(static_cast<token_t>(10 + r), v.data() + r * dim);
     }
-    w.tensor_f32("links.rows", {static_cast<std::uint64_t>(dim), rows}, v);
+    if (!kv.empty()) {
+      const auto& c = model()->cfg;
+      auto d = kv_dims;
+      if (d.empty())
+        d = {static_cast<std::uint64_t>(c.n_kv_heads * c.head_dim), 2,
+             static_cast<std::uint64_t>(c.n_layers), rows};
+      w.tensor_f32("links.kv", d, kv);
+    } else {
+      w.tensor_f32("links.rows", {static_cast<std::uint64_t>(dim), rows}, v);
+    }
     const auto path = (std::filesystem::temp_directory_path() /
                        ("relokv_links_" + std::to_string(::getpid()) + "_" + name + ".gguf"))
                           .string();
@@ -180,4 +196,176 @@ TEST_CASE("links: an adapter for another model, or malformed, is refused by name
   f.values.assign(4 * 64, 0.0f);
   f.values[70] = std::numeric_limits<float>::quiet_NaN();
   refused(f, "not finite");
+  // Wrappers and depth.
+  f = {};
+  f.header = 2;  // counts that say wrappers under a placement that says otherwise
+  refused(f, "does not match its counts");
+  f = {};
+  f.header = 3;
+  f.trailer = 2;
+  f.placement = "wrappers";
+  refused(f, "header_rows + trailer_rows");
+  f = {};
+  f.depth = "deepest";
+  refused(f, "depth");
+  f = {};
+  f.depth = "kv";  // deep without its tensor
+  refused(f, "links.kv");
+  const auto& c = model()->cfg;
+  const auto kv_size = static_cast<std::size_t>(4 * c.n_layers * 2 * c.n_kv_heads * c.head_dim);
+  f = {};
+  f.depth = "kv";
+  f.kv.assign(kv_size, 0.0f);
+  f.kv_dims = {static_cast<std::uint64_t>(c.n_kv_heads * c.head_dim), 2,
+               static_cast<std::uint64_t>(c.n_layers - 1), 4};
+  f.kv.resize(kv_size / static_cast<std::size_t>(c.n_layers) *
+              static_cast<std::size_t>(c.n_layers - 1));
+  refused(f, "links.kv must be F32");
+  f = {};
+  f.depth = "kv";
+  f.kv.assign(kv_size, 0.0f);
+  f.kv[5] = std::numeric_limits<float>::infinity();
+  refused(f, "links.kv holds a value that is not finite");
+}
+
+namespace {
+
+/// Every layer's K (unrotated: at_attention stores keys as computed) and V of the rows of a
+/// layout at ids past the vocabulary, read from the engine's pool after a prefill: what a deep
+/// adapter must hold to give the same request the same bits.
+std::vector<float> rows_kv(llama_engine<relokv::at_attention, float>& eng,
+                           const relokv::request_layout& l) {
+  const auto& c = model()->cfg;
+  const int kvd = c.n_kv_heads * c.head_dim;
+  (void)eng.prefill(l, relokv::recompute::none{});
+  const auto table = eng.block_table(eng.current());
+  std::vector<float> out;
+  for (std::size_t p = 0; p < l.tokens.size(); ++p) {
+    if (l.tokens[p] < 256) continue;
+    const auto pos = static_cast<relokv::pos_t>(p);
+    const auto e = std::find_if(table.begin(), table.end(), [&](const relokv::block_entry& b) {
+      return pos >= b.pos0 && pos < b.pos0 + b.len;
+    });
+    REQUIRE(e != table.end());
+    const auto slot = static_cast<std::size_t>(pos - e->pos0);
+    for (int layer = 0; layer < c.n_layers; ++layer) {
+      const auto v = eng.kv().layer(layer);
+      for (int kind = 0; kind < 2; ++kind)
+        for (int h = 0; h < c.n_kv_heads; ++h) {
+          const float* src = (kind == 0 ? v.k(e->block, h) : v.v(e->block, h)) +
+                             slot * static_cast<std::size_t>(c.head_dim);
+          out.insert(out.end(), src, src + c.head_dim);
+        }
+    }
+  }
+  eng.end(false);
+  REQUIRE(out.size() == static_cast<std::size_t>(4 * c.n_layers * 2 * kvd));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("links: deep rows (per-layer K/V) give what the rows they hold computed",
+          "[engine][links]") {
+  // A shallow adapter's rows before the question, computed in one request; a deep adapter that
+  // holds exactly the K/V they computed there serves the same request with the same bits: the
+  // engine writes the learned K/V where it computed them, and nothing else reads the rows.
+  const auto shallow = relokv_engine::load_links(adapter_file{}.write("shallow"), *model());
+  auto eng_s = std::make_unique<llama_engine<relokv::at_attention, float>>(
+      relokv_engine::with_links(model(), shallow), 64);
+  const auto layout = [&](const relokv_engine::link_adapter& a) {
+    return relokv::layout_builder(16)
+        .links(a.layout_rows(256))
+        .prefix(kSys)
+        .span(kDoc)
+        .question(kQ)
+        .build();
+  };
+  adapter_file d;
+  d.depth = "kv";
+  d.kv = rows_kv(*eng_s, layout(*shallow));
+  const auto want = eng_s->prefill(layout(*shallow), relokv::recompute::none{});
+  eng_s->end(false);
+  const auto dpath = d.write("deep");
+  const auto deep = relokv_engine::load_links(dpath, *model());
+  CHECK(deep->deep);
+  CHECK(deep->before_question == 4);
+  CHECK(deep->id != shallow->id);
+  llama_engine<relokv::at_attention, float> eng_d(relokv_engine::with_links(model(), deep), 64);
+  CHECK(eng_d.prefill(layout(*deep), relokv::recompute::none{}) == want);
+  eng_d.end(false);
+  // Other K/V in the rows change the answer (the rows are read).
+  d.kv[3] += 1.0f;
+  d.kv[static_cast<std::size_t>(model()->cfg.n_kv_heads * model()->cfg.head_dim) + 7] -= 1.0f;
+  const auto dpath2 = d.write("deep2");
+  llama_engine<relokv::at_attention, float> eng_d2(
+      relokv_engine::with_links(model(), relokv_engine::load_links(dpath2, *model())), 64);
+  CHECK(eng_d2.prefill(layout(*deep), relokv::recompute::none{}) != want);
+  std::filesystem::remove(dpath);
+  std::filesystem::remove(dpath2);
+  std::filesystem::remove(shallow->path);
+}
+
+TEST_CASE("links: per-span wrappers are compiled with the span and relocated with it",
+          "[engine][links]") {
+  // Header rows 0-1 open every span, trailer row 2 closes it, row 3 opens the question.
+  adapter_file f;
+  f.header = 2;
+  f.trailer = 1;
+  f.placement = "wrappers+before_question";
+  const auto pw = f.write("wrap");
+  const auto a = relokv_engine::load_links(pw, *model());
+  CHECK(a->header == 2);
+  CHECK(a->trailer == 1);
+  CHECK(a->before_question == 1);
+  const auto l = relokv::layout_builder(16)
+                     .links(a->layout_rows(256))
+                     .prefix(kSys)
+                     .span(kDoc)
+                     .question(kQ)
+                     .build();
+  // The rows in the layout: the span is header, its tokens, trailer; the question opens with
+  // its row. Row r is token 10 + r's embedding, so the same prompt written with those tokens
+  // gives the same bits under full recompute.
+  auto doc = kDoc;
+  doc.insert(doc.begin(), {256, 257});
+  doc.push_back(258);
+  auto q = kQ;
+  q.insert(q.begin(), 259);
+  std::vector<token_t> ids = kSys;
+  ids.insert(ids.end(), doc.begin(), doc.end());
+  ids.insert(ids.end(), q.begin(), q.end());
+  CHECK(l.tokens == ids);
+  const auto linked = relokv_engine::with_links(model(), a);
+  auto tokens = ids;
+  for (auto& t : tokens)
+    if (t >= 256) t = 10 + (t - 256);
+  CHECK(relokv_engine::plain_prefill(*linked, ids) ==
+        relokv_engine::plain_prefill(*linked, tokens));
+  // Compiled once with its wrappers, the span is reused whole at another position (its header
+  // and trailer are not computed again), and only under this adapter.
+  llama_engine<relokv::block_relative> eng(linked, 64);
+  (void)eng.prefill(
+      relokv::layout_builder(16).links(a->layout_rows(256)).prefix(kSys).span(kDoc).build(),
+      relokv::recompute::none{});
+  eng.end(true);
+  const auto read = [&](const relokv_engine::link_adapter* x) {
+    relokv::layout_builder lb(16);
+    if (x) lb.links(x->layout_rows(256));
+    relokv_engine::prefill_stats st;
+    (void)eng.prefill(
+        lb.prefix(kSys).span(relokv_test::iota_tokens(100, 16)).span(kDoc).question(kQ).build(),
+        relokv::recompute::none{}, &st);
+    eng.end(false);
+    return st;
+  };
+  CHECK(read(nullptr).relocated_hits == 0);
+  const auto hit = read(a.get());
+  CHECK(hit.relocated_hits == 3);  // 2 + 37 + 1 rows: kDoc's three blocks, wrappers inside
+  f.values.assign(4 * 64, 0.02f);  // another adapter of the same shape
+  const auto pb = f.write("wrap_b");
+  const auto b = relokv_engine::load_links(pb, *model());
+  CHECK(read(b.get()).relocated_hits == 0);
+  std::filesystem::remove(pw);
+  std::filesystem::remove(pb);
 }

@@ -27,8 +27,11 @@ struct link_rows {
   /// relocated with it (ids first_id .. first_id + header - 1).
   std::int32_t header = 0;
   /// Rows placed before the question and computed in every request, attending to every span
-  /// before them (ids first_id + header .. first_id + header + before_question - 1).
+  /// before them (ids first_id + header + trailer .. + before_question - 1).
   std::int32_t before_question = 0;
+  /// Rows placed after each span's tokens, compiled, cached and relocated with it like the
+  /// header (ids first_id + header .. first_id + header + trailer - 1).
+  std::int32_t trailer = 0;
   friend bool operator==(const link_rows&, const link_rows&) = default;
 };
 
@@ -82,12 +85,14 @@ class layout_builder {
     return *this;
   }
   /// Reads an adapter's learned rows (any time before build()): its header rows open every
-  /// span, its link rows open the question; the layout carries the adapter's identity.
+  /// span and its trailer rows close it, its link rows open the question; the layout carries
+  /// the adapter's identity.
   /// @throws layout_error (kBadConfiguration) for a zero identity, a negative count, or ids
   /// that would not fit a token_t
   layout_builder& links(const link_rows& r) {
     if (r.adapter_id == 0 || r.first_id < 0 || r.header < 0 || r.before_question < 0 ||
-        std::int64_t{r.first_id} + r.header + r.before_question >
+        r.trailer < 0 ||
+        std::int64_t{r.first_id} + r.header + r.trailer + r.before_question >
             std::numeric_limits<token_t>::max())
       throw layout_error(calls(), layout_rule::kBadConfiguration,
                          "link_rows: adapter_id must be nonzero, first_id and the counts "
@@ -101,7 +106,8 @@ class layout_builder {
   [[nodiscard]] request_layout build() const {
     // Learned rows sit past the vocabulary: the assembler admits them, the callers' tokens
     // are held to the vocabulary here.
-    const std::int64_t rows = links_ ? std::int64_t{links_->header} + links_->before_question : 0;
+    const std::int64_t rows =
+        links_ ? std::int64_t{links_->header} + links_->trailer + links_->before_question : 0;
     const std::int64_t limit =
         links_ ? std::max<std::int64_t>(vocab_size_, std::int64_t{links_->first_id} + rows)
                : vocab_size_;
@@ -111,14 +117,12 @@ class layout_builder {
       const auto at = static_cast<std::int64_t>(c);
       if (p.tokens.empty()) throw layout_error(at, layout_rule::kEmptySegment, "builder call");
       a.begin_segment(p.kind, p.window, at);
-      if (links_) {
-        const std::int32_t n = p.kind == segment_kind::kSpan ? links_->header
-                               : p.question                  ? links_->before_question
-                                                             : 0;
-        const token_t first =
-            links_->first_id + (p.kind == segment_kind::kSpan ? 0 : links_->header);
-        for (std::int32_t i = 0; i < n; ++i) a.push(first + i, at);
-      }
+      const bool wrapped = links_ && p.kind == segment_kind::kSpan;
+      if (wrapped)
+        for (std::int32_t i = 0; i < links_->header; ++i) a.push(links_->first_id + i, at);
+      if (links_ && p.question)
+        for (std::int32_t i = 0; i < links_->before_question; ++i)
+          a.push(links_->first_id + links_->header + links_->trailer + i, at);
       for (token_t t : p.tokens) {
         if (t >= vocab_size_)
           throw layout_error(
@@ -126,6 +130,9 @@ class layout_builder {
               "id " + std::to_string(t) + " not in [0, " + std::to_string(vocab_size_) + ")");
         a.push(t, at);
       }
+      if (wrapped)
+        for (std::int32_t i = 0; i < links_->trailer; ++i)
+          a.push(links_->first_id + links_->header + i, at);
     }
     request_layout l = std::move(a).finish(static_cast<std::int64_t>(parts_.size()));
     if (links_) l.adapter_id = links_->adapter_id;

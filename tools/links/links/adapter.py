@@ -3,9 +3,12 @@ link rows and what they were trained for. The engine reads it with its GGUF read
 one made for another model (dim or vocabulary differ, or the model's SHA-256 when given).
 
     general.architecture       "relokv-links"
-    relokv.links.placement     "before_question"
-    relokv.links.rows          k (u32)
-    relokv.links.header_rows   0 (u32): rows compiled before each span (none trained yet)
+    relokv.links.placement     "before_question", "wrappers" or "wrappers+before_question"
+    relokv.links.rows          k (u32): header, then trailer, then before-question rows
+    relokv.links.header_rows   u32: rows compiled before each span
+    relokv.links.trailer_rows  u32: rows compiled after each span
+    relokv.links.depth         "embedding" (rows the first layer reads) or "kv" (every layer's
+                               key before RoPE and value: links.kv instead of links.rows)
     relokv.links.model_arch    the model's architecture
     relokv.links.model_dim     u32, relokv.links.model_vocab u32
     relokv.links.model_sha256  hex SHA-256 of the model file trained against
@@ -21,18 +24,25 @@ import gguf
 import numpy as np
 
 
-def write(path, rows, model, model_sha, placement="before_question", info=None):
-    rows = np.ascontiguousarray(rows, np.float32)
+def write(path, rows, model, model_sha, placement="before_question", info=None, header=0,
+          trailer=0, kv=None):
+    """rows [k, dim] (embedding depth), or kv [k, layers, 2, kv_heads * head_dim] (kv depth)."""
     w = gguf.GGUFWriter(path, "relokv-links")
     w.add_string("relokv.links.placement", placement)
-    w.add_uint32("relokv.links.rows", rows.shape[0])
-    w.add_uint32("relokv.links.header_rows", 0)
+    n = (rows if kv is None else kv).shape[0]
+    w.add_uint32("relokv.links.rows", n)
+    w.add_uint32("relokv.links.header_rows", header)
+    w.add_uint32("relokv.links.trailer_rows", trailer)
+    w.add_string("relokv.links.depth", "embedding" if kv is None else "kv")
     w.add_string("relokv.links.model_arch", model.cfg.arch)
     w.add_uint32("relokv.links.model_dim", model.cfg.dim)
     w.add_uint32("relokv.links.model_vocab", model.cfg.vocab)
     w.add_string("relokv.links.model_sha256", model_sha)
     w.add_string("relokv.links.info", json.dumps(info or {}))
-    w.add_tensor("links.rows", rows)
+    if kv is None:
+        w.add_tensor("links.rows", np.ascontiguousarray(rows, np.float32))
+    else:
+        w.add_tensor("links.kv", np.ascontiguousarray(kv, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -40,19 +50,24 @@ def write(path, rows, model, model_sha, placement="before_question", info=None):
 
 
 def read(path):
-    """(rows [k, dim] float32, metadata dict)."""
+    """(rows [k, dim] float32, or kv [k, layers, 2, kv_dim] for depth kv; metadata dict)."""
     r = gguf.GGUFReader(path)
     meta = {}
     for name, f in r.fields.items():
         if name.startswith("relokv.") or name == "general.architecture":
             meta[name] = f.contents()
+    if meta.get("relokv.links.depth", "embedding") == "kv":
+        t = next(t for t in r.tensors if t.name == "links.kv")
+        dims = [int(d) for d in t.shape]  # gguf's order: kv_dim, 2, layers, rows
+        return np.array(t.data, np.float32).reshape(dims[::-1]), meta
     t = next(t for t in r.tensors if t.name == "links.rows")
     rows = np.array(t.data, np.float32).reshape(meta["relokv.links.rows"], -1)
     return rows, meta
 
 
-def loss_svg(path, curve, title):
-    """The training loss per step (light) and its 25-step running mean, as an SVG."""
+def loss_svg(path, curve, title, val=None):
+    """The training loss per step (light), its 25-step running mean (dark) and, when given, the
+    validation loss at (step, loss) points (orange), as an SVG."""
     W, H, pad = 640, 320, 48
     c = np.asarray(curve, np.float64)
     if c.size == 0:
@@ -79,6 +94,22 @@ def loss_svg(path, curve, title):
            f'{len(c)})</text>\n'
            f'<polyline fill="none" stroke="#9ecae1" stroke-width="1" points="{pts(c, 0)}"/>\n'
            f'<polyline fill="none" stroke="#08519c" stroke-width="2" '
-           f'points="{pts(mean, (len(c) - len(mean)) // 2)}"/>\n</svg>\n')
+           f'points="{pts(mean, (len(c) - len(mean)) // 2)}"/>\n' + _val_svg(val, len(c), hi, W, H, pad)
+           + '</svg>\n')
     with open(path, "w") as f:
         f.write(svg)
+
+
+def _val_svg(val, steps, hi, W, H, pad):
+    if not val:
+        return ""
+    n = max(steps - 1, 1)
+    pts = " ".join(f"{pad + s / n * (W - 2 * pad):.1f},{H - pad - min(y, hi) / hi * (H - 2 * pad):.1f}"
+                   for s, y in val)
+    dots = "".join(
+        f'<circle cx="{pad + s / n * (W - 2 * pad):.1f}" '
+        f'cy="{H - pad - min(y, hi) / hi * (H - 2 * pad):.1f}" r="3" fill="#e6550d"/>'
+        for s, y in val)
+    return (f'<polyline fill="none" stroke="#e6550d" stroke-width="1.5" points="{pts}"/>{dots}\n'
+            f'<text x="{W - pad}" y="{pad - 8}" text-anchor="end" font-size="11" '
+            f'fill="#e6550d">validation</text>\n')

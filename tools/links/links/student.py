@@ -1,0 +1,218 @@
+"""The student of the distillation with every kind of learned row relokv serves.
+
+An adapter has one depth for all its rows:
+- "embedding" (shallow): each row is an input vector the first layer reads; every layer computes
+  its keys and values from it;
+- "kv" (deep): each row is every layer's key (before RoPE, as relokv's pool stores it) and value;
+  nothing computes it, the attention reads it (prefix tuning / P-Tuning v2 / Cartridges).
+
+and up to three groups of rows, as layout_builder::links places them:
+- header rows before each span's tokens, compiled with the span (the span's tokens attend to
+  them) and cached and relocated with it;
+- trailer rows after each span's tokens, the same (a shallow trailer attends to the span; a deep
+  one is the same K/V after every span, relocated with it);
+- rows before the question, computed in every request over all spans.
+
+The student is what relokv serves under naive reuse: the system prompt computed, each span
+compiled alone behind it (with its wrappers), relocated by RoPE to the request's positions, then
+the rows before the question, the question and the answer computed over all of it. Only the rows
+are trained; the model is frozen. Spans without wrappers (or with a deep trailer only) do not
+depend on the parameters and are computed once; a header or a shallow trailer puts each span's
+compile in the gradient's path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import model as M
+from .pic import bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    depth: str  # "embedding" or "kv"
+    header: int = 0
+    trailer: int = 0
+    before_question: int = 0
+
+    @property
+    def rows(self):
+        return self.header + self.trailer + self.before_question
+
+    @property
+    def placement(self):
+        wraps = self.header + self.trailer > 0
+        if wraps and self.before_question:
+            return "wrappers+before_question"
+        return "wrappers" if wraps else "before_question"
+
+    @property
+    def compiles_in_path(self):
+        """Whether a span's compile depends on the parameters (so runs in every step)."""
+        return self.header > 0 or (self.trailer > 0 and self.depth == "embedding")
+
+
+def init(model: M.Model, shape: Shape, passages, prefix_kv, seed: int):
+    """Untrained rows. Shallow: embeddings of seeded random vocabulary tokens. Deep (Cartridges'
+    initialization): the keys and values real tokens have, those of consecutive tokens of
+    seeded training passages compiled behind the system prompt (prefix_kv: (k, v) of it)."""
+    rng = np.random.default_rng(seed)
+    c = model.cfg
+    out = {}
+    for name, n in (("header", shape.header), ("trailer", shape.trailer),
+                    ("question", shape.before_question)):
+        if n == 0:
+            continue
+        if shape.depth == "embedding":
+            out[name] = jnp.asarray(model.embed(rng.integers(0, c.vocab, n)))
+            continue
+        ks, vs = [], []
+        while sum(k.shape[1] for k in ks) < n:
+            p = passages[int(rng.integers(len(passages)))]
+            take = min(len(p), n - sum(k.shape[1] for k in ks))
+            at = int(rng.integers(0, len(p) - take + 1))
+            pk, pv = prefix_kv
+            npre = pk.shape[1]
+            x = jnp.asarray(model.embed(p[: at + take]))
+            pos = jnp.arange(npre, npre + at + take, dtype=jnp.int32)
+            k, v, _ = M.run_rows(c, model.params, x, pos, jnp.ones(at + take, bool), pk, pv,
+                                 jnp.arange(npre, dtype=jnp.int32), jnp.ones(npre, bool))
+            ks.append(np.asarray(k)[:, at:])
+            vs.append(np.asarray(v)[:, at:])
+        out[name] = jnp.stack([jnp.concatenate(ks, 1), jnp.concatenate(vs, 1)], 0)
+        # [2, L, n, Hk, hd]
+    return out
+
+
+def _span_rows(cfg, shape: Shape, P, theta, emb, n_tok, pre_k, pre_v, pre_pos):
+    """One span compiled behind the prefix with its wrappers: (k, v) [L, h + len + t, Hk, hd]
+    (padded span rows included; their positions are masked later). emb [Tb, dim] holds the
+    span's token embeddings, the first n_tok valid."""
+    npre = pre_pos.shape[0]
+    Tb = emb.shape[0]
+    h, t = shape.header, shape.trailer
+    ctx_k, ctx_v, ctx_pos = pre_k, pre_v, pre_pos
+    ctx_valid = jnp.ones(npre, bool)
+    tok_valid = jnp.arange(Tb) < n_tok
+    if shape.depth == "embedding":
+        parts = [theta["header"]] if h else []
+        parts.append(emb)
+        x = jnp.concatenate(parts, 0)
+        valid = jnp.concatenate([jnp.ones(h, bool), tok_valid]) if h else tok_valid
+        pos = npre + jnp.arange(h + Tb, dtype=jnp.int32)
+        if t:  # trailer rows after the valid tokens: at positions npre + h + n_tok + i
+            x = jnp.concatenate([x, theta["trailer"]], 0)
+            pos = jnp.concatenate([pos, npre + h + n_tok + jnp.arange(t, dtype=jnp.int32)])
+            valid = jnp.concatenate([valid, jnp.ones(t, bool)])
+        k, v, _ = M.run_rows(cfg, P, x, pos, valid, ctx_k, ctx_v, ctx_pos, ctx_valid)
+        return k, v
+    # Deep: the header is context of the compile, the trailer is appended as it is.
+    if h:
+        ctx_k = jnp.concatenate([ctx_k, theta["header"][0]], 1)
+        ctx_v = jnp.concatenate([ctx_v, theta["header"][1]], 1)
+        ctx_pos = jnp.concatenate([ctx_pos, npre + jnp.arange(h, dtype=jnp.int32)])
+        ctx_valid = jnp.ones(npre + h, bool)
+    pos = npre + h + jnp.arange(Tb, dtype=jnp.int32)
+    k, v, _ = M.run_rows(cfg, P, emb, pos, tok_valid, ctx_k, ctx_v, ctx_pos, ctx_valid)
+    if h:
+        k = jnp.concatenate([theta["header"][0], k], 1)
+        v = jnp.concatenate([theta["header"][1], v], 1)
+    if t:
+        k = jnp.concatenate([k, theta["trailer"][0]], 1)
+        v = jnp.concatenate([v, theta["trailer"][1]], 1)
+    return k, v
+
+
+def _span_offsets(shape: Shape, Tb, lens):
+    """Offsets of a wrapped span's rows [h, Tb tokens (first len valid), t] from its first row,
+    and their validity: [S, h + Tb + t] each."""
+    h, t = shape.header, shape.trailer
+    i = jnp.arange(h + Tb + t)[None, :]
+    off = jnp.where(i < h + Tb, i, h + lens[:, None] + (i - h - Tb))
+    valid = (i < h) | (i < h + lens[:, None]) | (i >= h + Tb)
+    return off, valid
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def student_logp(cfg, shape: Shape, P, theta, pre, flat, spans, at, x, n_new):
+    """Log-probs of the student's question and answer rows.
+    pre: (k, v, pos) of the system prompt (positions 0..). flat: (k, v, pos, valid) of spans
+    that do not depend on the parameters, precompiled and already at the request's positions
+    (any order: attention reads positions, not array order). spans: (emb [S, Tb, dim], lens [S],
+    start [S], used [S]): each span's token embeddings, length and first row's position in the
+    request (its header's, or its first token's); compiled here when shape.compiles_in_path,
+    else only a deep trailer's positions are taken from them. at: the position after the last
+    span. x [Nb, dim]: question then answer[:-1] rows, n_new valid."""
+    pre_k, pre_v, pre_pos = pre
+    fk, fv, fpos, fvalid = flat
+    emb, lens, start, used = spans
+    npre = pre_pos.shape[0]
+    ks, vs, ps, vals = [pre_k, fk], [pre_v, fv], [pre_pos, fpos], [jnp.ones(npre, bool), fvalid]
+    h, t = shape.header, shape.trailer
+    S, Tb = emb.shape[0], emb.shape[1]
+    off, valid = _span_offsets(shape, Tb, lens)
+    if shape.compiles_in_path:
+        k, v = jax.vmap(lambda e, n: _span_rows(cfg, shape, P, theta, e, n, pre_k, pre_v,
+                                                pre_pos))(emb, lens)
+        L = k.shape[1]
+        R = h + Tb + t
+        ks.append(jnp.moveaxis(k, 0, 1).reshape(L, S * R, *k.shape[3:]))
+        vs.append(jnp.moveaxis(v, 0, 1).reshape(L, S * R, *v.shape[3:]))
+        ps.append((start[:, None] + off).reshape(S * R))
+        vals.append((valid & used[:, None]).reshape(S * R))
+    elif t and shape.depth == "kv":  # the same learned rows after every span
+        tk, tv = theta["trailer"]  # [L, t, Hk, hd]
+        L = tk.shape[0]
+        ks.append(jnp.broadcast_to(tk[:, None], (L, S) + tk.shape[1:]).reshape(L, S * t,
+                                                                              *tk.shape[2:]))
+        vs.append(jnp.broadcast_to(tv[:, None], (L, S) + tv.shape[1:]).reshape(L, S * t,
+                                                                              *tv.shape[2:]))
+        ps.append((start[:, None] + lens[:, None] + jnp.arange(t)[None, :]).reshape(S * t))
+        vals.append(jnp.repeat(used, t))
+    kq = shape.before_question
+    if kq and shape.depth == "kv":
+        ks.append(theta["question"][0])
+        vs.append(theta["question"][1])
+        ps.append(at + jnp.arange(kq, dtype=jnp.int32))
+        vals.append(jnp.ones(kq, bool))
+        rows, skip = x, 0
+        first = at + kq
+    elif kq:
+        rows, skip, first = jnp.concatenate([theta["question"], x], 0), kq, at
+    else:
+        rows, skip, first = x, 0, at
+    ck, cv = jnp.concatenate(ks, 1), jnp.concatenate(vs, 1)
+    cpos = jnp.concatenate(ps).astype(jnp.int32)
+    cvalid = jnp.concatenate(vals)
+    n = rows.shape[0]
+    rpos = first + jnp.arange(n, dtype=jnp.int32)
+    rvalid = jnp.arange(n) < skip + n_new
+    _, _, hid = M.run_rows(cfg, P, rows, rpos, rvalid, ck, cv, cpos, cvalid)
+    return jax.nn.log_softmax(M.logits_of(cfg, P, hid[skip:]), axis=-1)
+
+
+def kl_top(t_ids, t_lp, s_lp):
+    """Per row KL(teacher || student) with the teacher's top-K log-probs and the rest of its
+    mass as one tail outcome (the student's tail is its mass outside those K ids)."""
+    p = jnp.exp(t_lp)
+    s_top = jnp.take_along_axis(s_lp, t_ids, axis=-1)
+    p_tail = jnp.clip(1.0 - jnp.sum(p, -1), 1e-6, 1.0)
+    q_tail = jnp.clip(1.0 - jnp.sum(jnp.exp(s_top), -1), 1e-6, 1.0)
+    return jnp.sum(p * (t_lp - s_top), -1) + p_tail * (jnp.log(p_tail) - jnp.log(q_tail))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def loss_and_grad(cfg, shape: Shape, P, theta, pre, flat, spans, at, x, n_new, q_len, t_ids,
+                  t_lp, w):
+    def f(th):
+        lp = student_logp(cfg, shape, P, th, pre, flat, spans, at, x, n_new)
+        rows = jax.lax.dynamic_slice_in_dim(lp, q_len - 1, t_ids.shape[0], 0)
+        kl = kl_top(t_ids, t_lp, rows)
+        return jnp.sum(kl * w) / jnp.sum(w)
+
+    return jax.value_and_grad(f)(theta)

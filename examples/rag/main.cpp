@@ -211,6 +211,7 @@ std::vector<relokv_rag::variant> variants_of(const options& o, bool sweeping,
       // llama.cpp reads the rows (llama_batch.embd) but has no hook between layers for the
       // question's attention.
       if (llama && (v.strategy.dynamic() || v.strategy.probes())) continue;
+      if (("," + o.link_variants + ",").find("," + v.key + ",") == std::string::npos) continue;
       variants.push_back(std::move(v));
     }
   }

@@ -1,6 +1,9 @@
 // relokv_rag's options (see options.hpp).
 #include "options.hpp"
 
+#include <sstream>
+#include <string>
+
 namespace relokv_rag {
 
 std::string default_data() {
@@ -128,6 +131,16 @@ void add_options(CLI::App& app, options& o) {
                  "a span-link adapter (tools/links/train.py's GGUF): adds the variants links "
                  "(naive reuse plus the learned rows), links+epic and links+question")
       ->check(CLI::ExistingFile);
+  app.add_option("--link-variants", o.link_variants,
+                 "with --links: the comma-separated subset of links, links+epic, links+question "
+                 "to run")
+      ->check([](const std::string& s) {
+        std::stringstream in(s);
+        for (std::string k; std::getline(in, k, ',');)
+          if (k != "links" && k != "links+epic" && k != "links+question")
+            return "unknown link variant '" + k + "' (links, links+epic, links+question)";
+        return std::string();
+      });
   app.add_option("--json", o.json_out, "results as JSON");
   app.add_option("--csv", o.csv_out, "results as CSV");
   app.add_option("--svg", o.svg_out, "plot: TTFT against agreement, tokens computed per request");

@@ -19,6 +19,8 @@ struct options {
   std::string export_out;
   /// --links FILE: a span-link adapter (tools/links): adds the links variants.
   std::string links;
+  /// --link-variants KEYS: which of links, links+epic, links+question run (default all).
+  std::string link_variants = "links,links+epic,links+question";
   /// --layer-deviation PREFIX: reused spans' K/V against full recompute, layer by layer.
   std::string layer_deviation_out;
   double target_agreement = 0.95;

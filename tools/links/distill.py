@@ -135,21 +135,6 @@ def score(ex, shape, P, cfg, theta, items):
             "n": len(items)}
 
 
-def to_file(shape, theta, model):
-    """(rows, kv) as adapter.write takes them: header, trailer, then before-question rows."""
-    names = [n for n, k in (("header", shape.header), ("trailer", shape.trailer),
-                            ("question", shape.before_question)) if k]
-    if shape.depth == "embedding":
-        return np.concatenate([np.asarray(theta[n]) for n in names], 0), None
-    c = model.cfg
-    parts = []
-    for n in names:
-        a = np.asarray(theta[n])  # [2, L, k, Hk, hd]
-        parts.append(np.transpose(a, (2, 1, 0, 3, 4)).reshape(a.shape[2], c.n_layers, 2,
-                                                              c.n_kv_heads * c.head_dim))
-    return None, np.concatenate(parts, 0)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -261,7 +246,7 @@ def main():
     t_train = time.time() - t0
     log(stop or f"{steps} steps")
     theta = best[1]
-    rows, kv = to_file(shape, theta, model)
+    rows, kv = student.to_file(shape, theta, model)
     with open(a.model, "rb") as f:
         model_sha = hashlib.sha256(f.read()).hexdigest()
     command = "python3 tools/links/distill.py " + " ".join(

@@ -216,3 +216,44 @@ def loss_and_grad(cfg, shape: Shape, P, theta, pre, flat, spans, at, x, n_new, q
         return jnp.sum(kl * w) / jnp.sum(w)
 
     return jax.value_and_grad(f)(theta)
+
+
+GROUPS = ("header", "trailer", "question")  # the file's order of the rows
+
+
+def _counts(shape: Shape):
+    return dict(zip(GROUPS, (shape.header, shape.trailer, shape.before_question)))
+
+
+def to_file(shape: Shape, theta, model: M.Model):
+    """(rows, kv) as adapter.write takes them: header, trailer, then before-question rows."""
+    names = [n for n, k in _counts(shape).items() if k]
+    if shape.depth == "embedding":
+        return np.concatenate([np.asarray(theta[n]) for n in names], 0), None
+    c = model.cfg
+    parts = []
+    for n in names:
+        a = np.asarray(theta[n])  # [2, L, k, Hk, hd]
+        parts.append(np.transpose(a, (2, 1, 0, 3, 4)).reshape(a.shape[2], c.n_layers, 2,
+                                                              c.n_kv_heads * c.head_dim))
+    return None, np.concatenate(parts, 0)
+
+
+def from_file(data, meta, model: M.Model):
+    """(shape, theta) of an adapter as adapter.read returns it."""
+    n = int(meta["relokv.links.rows"])
+    h = int(meta.get("relokv.links.header_rows", 0))
+    t = int(meta.get("relokv.links.trailer_rows", 0))
+    shape = Shape(meta.get("relokv.links.depth", "embedding"), h, t, n - h - t)
+    c = model.cfg
+    theta, at = {}, 0
+    for name, k in _counts(shape).items():
+        if not k:
+            continue
+        if shape.depth == "kv":
+            a = np.asarray(data[at:at + k]).reshape(k, c.n_layers, 2, c.n_kv_heads, c.head_dim)
+            theta[name] = jnp.asarray(np.transpose(a, (2, 1, 0, 3, 4)))
+        else:
+            theta[name] = jnp.asarray(data[at:at + k])
+        at += k
+    return shape, theta

@@ -1,0 +1,70 @@
+"""Every adapter kind on SmolLM2-135M: relokv's engine serving an adapter (deep rows before the
+question, deep and shallow per-span wrappers) gives the first answer token the log-probs the
+trainer's student (tools/links/links/student.py) computes for the same rows, within the
+tolerances docs/strategies.md "Links" states (the same as the shallow rows': 0.1 with an fp32
+pool, 0.25 with bf16; KL 1e-4 and 1e-3; the same argmax). The adapters are untrained (the
+trainer's own initialization: real tokens' K/V for deep rows, token embeddings for shallow ones),
+written and read through the adapter file."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links"))
+from links import adapter, pic, student  # noqa: E402
+from links import model as M  # noqa: E402
+import distill  # noqa: E402
+
+MODEL = os.path.join(os.environ.get("RELOKV_MODEL_DIR", os.path.expanduser("~/.cache/relokv")),
+                     "SmolLM2-135M-Instruct.Q4_1.gguf")
+KINDS = [student.Shape("kv", 0, 0, 16), student.Shape("kv", 4, 4, 0),
+         student.Shape("embedding", 4, 4, 8), student.Shape("kv", 0, 4, 8)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    if not os.path.exists(MODEL):
+        pytest.skip("no SmolLM2 model (scripts/get-model smollm2)")
+    d = tmp_path_factory.mktemp("kinds")
+    wl = str(d / "wl.json")
+    subprocess.run([os.environ["RELOKV_RAG_BIN"], "--model", MODEL, "--requests", "4",
+                    "--export-workload", wl], check=True, capture_output=True)
+    m = M.load(MODEL)
+    with open(wl) as f:
+        return m, pic.Runner(m), json.load(f), wl, d
+
+
+@pytest.mark.parametrize("shape", KINDS, ids=str)
+def test_engine_serves_every_adapter_kind_as_the_trainer_computes_it(setup, shape):
+    m, runner, w, wl, d = setup
+    ex = distill.Examples(m, runner, w, shape)
+    theta = student.init(m, shape, [c["tokens"] for c in w["corpus"]], ex.pre[:2], seed=5)
+    rows, kv = student.to_file(shape, theta, m)
+    path = str(d / f"{shape.depth}-{shape.header}-{shape.trailer}-{shape.before_question}.gguf")
+    adapter.write(path, rows, m, "", placement=shape.placement, header=shape.header,
+                  trailer=shape.trailer, kv=kv)
+    back_shape, back = student.from_file(*adapter.read(path), m)
+    assert back_shape == shape
+    req = w["requests"][2]
+    prompt = {"passages": req["passages"], "question_tokens": req["question_tokens"]}
+    dummy = (np.zeros(1, np.int32), np.zeros((1, 4), np.int32), np.zeros((1, 4), np.float32))
+    it = ex.build(prompt, dummy)
+    want = np.asarray(student.student_logp(m.cfg, shape, m.params, back, ex.pre, it["flat"],
+                                           it["spans"], it["at"], it["x"], it["n_new"]))
+    want = want[len(req["question_tokens"]) - 1]
+    for kv_dtype, tol, kl_tol in (("fp32", 0.1, 1e-4), ("bf16", 0.25, 1e-3)):
+        out = subprocess.run([os.environ["RELOKV_LINKS_PROBE"], "--model", MODEL, "--links",
+                              path, "--workload", wl, "--request", "2", "--kv-dtype", kv_dtype],
+                             check=True, capture_output=True, text=True)
+        got = json.loads(out.stdout)
+        assert got["relocated_blocks"] > 0
+        e = np.asarray(got["links"], np.float64)
+        e -= e.max()
+        e -= np.log(np.exp(e).sum())
+        kl = float(np.sum(np.exp(want) * (want - e)))
+        assert np.abs(e - want).max() <= tol, (kv_dtype, np.abs(e - want).max())
+        assert kl <= kl_tol, (kv_dtype, kl)
+        assert int(np.argmax(e)) == int(np.argmax(want))

@@ -36,7 +36,9 @@ void usage() {
       "               bench/server_soak.py;\n"
       "               store_cluster: the Redis Cluster group alone; rag_gemma3: the QA\n"
       "               job on Gemma 3 270M (sliding windows), $RELOKV_GEMMA3_REQUESTS\n"
-      "               questions; rag_links: span links on held-out questions; rag_escalation: the\n"
+      "               questions; rag_links: span links on held-out questions;\n"
+      "               rag_learned: the best learned adapter at <= 5% of the work;\n"
+      "               rag_escalation: the\n"
       "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions;\n"
       "               python_: a plan from Python against the same plan in C++,\n"
       "               bench/python_plan_overhead.py; vllm_: relokv inside vLLM beside its\n"
@@ -162,6 +164,14 @@ int main(int argc, char** argv) {
     const char* n = std::getenv("RELOKV_LINKS_REQUESTS");
     print(relokv_bench::links_report(
         n != nullptr && std::atoi(n) > 1 ? static_cast<std::size_t>(std::atoi(n)) : 24));
+#endif
+    return 0;
+  }
+  if (filter.rfind("rag_learned", 0) == 0) {
+#if RELOKV_REPORT_ENGINE
+    const char* n = std::getenv("RELOKV_LEARNED_REQUESTS");
+    print(relokv_bench::learned_report(
+        n != nullptr && std::atoi(n) > 1 ? static_cast<std::size_t>(std::atoi(n)) : 48));
 #endif
     return 0;
   }

@@ -339,6 +339,21 @@ TEST_CASE("llama.cpp: span-link rows are read as embeddings, as relokv's engine 
   const auto planned = e.cache().stats().requests;
   CHECK_THROWS_AS(e.prefill(bad, relokv::recompute::none{}), std::invalid_argument);
   CHECK(e.cache().stats().requests == planned);
+
+  // A deep adapter (per-layer K/V) has no way in through llama.cpp's API: refused by name at
+  // construction, before any request.
+  auto deep = std::make_shared<relokv_engine::link_adapter>(*rows);
+  deep->deep = true;
+  auto od = small();
+  od.links = deep;
+  std::string msg;
+  try {
+    adapter d(g_model, std::move(od));
+  } catch (const std::invalid_argument& x) {
+    msg = x.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("deep") != std::string::npos);
 }
 
 TEST_CASE("llama.cpp: exact hits are loaded from the pool, and load what was computed",

@@ -545,16 +545,18 @@ def test_llama_cpp_engine_serves_the_same_api():
         assert s.stop() == 0
 
 
-def check_links_adapter(*engine):
+ADAPTERS = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links", "adapters")
+
+
+def check_links_adapter(*engine, name="smollm2-135m.gguf"):
     """--links: /v1/models names the adapter; with --compile-spans alone a request's documents
     are compiled alone before it (as the rows were trained to read them), so its first request
     already reuses them, and another order reuses them too."""
-    adapter = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links", "adapters",
-                           "smollm2-135m.gguf")
+    adapter = os.path.join(ADAPTERS, name)
     s = Server("--links", adapter, "--strategy", "naive", "--compile-spans", "alone", *engine)
     try:
         meta = json.loads(s.get("/v1/models"))["data"][0]["meta"]
-        assert meta["links"]["rows"] >= 1 and meta["links"]["file"] == "smollm2-135m.gguf"
+        assert meta["links"]["rows"] >= 1 and meta["links"]["file"] == name
         q = "How long is the Nile?"
         first = ask(s, q, [DOCS[2], DOCS[0]])
         compiled = [l for l in s.get("/metrics").splitlines()
@@ -580,6 +582,17 @@ def test_llama_cpp_engine_reads_links():
         if "without llama.cpp" in str(e):
             pytest.skip("this relokv_server has no llama.cpp (./scripts/test --long builds it)")
         raise
+
+
+def test_learned_deep_adapter():
+    """The learned adapter (deep rows: per-layer K/V, tools/links/distill.py) on relokv's engine
+    serves as the shallow one does; relokv inside llama.cpp refuses it at start, naming why."""
+    check_links_adapter(name="smollm2-135m-learned.gguf")
+    p = subprocess.run([os.environ["RELOKV_SERVER_BIN"], "--links",
+                        os.path.join(ADAPTERS, "smollm2-135m-learned.gguf"), "--engine",
+                        "llama.cpp", "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "deep" in p.stderr or "without llama.cpp" in p.stderr, p.stderr
 
 
 def test_links_adapter(tmp_path):

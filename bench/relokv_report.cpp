@@ -37,7 +37,7 @@ void usage() {
       "               store_cluster: the Redis Cluster group alone; rag_gemma3: the QA\n"
       "               job on Gemma 3 270M (sliding windows), $RELOKV_GEMMA3_REQUESTS\n"
       "               questions; rag_links: span links on held-out questions;\n"
-      "               rag_learned: the best learned adapter at <= 5% of the work;\n"
+      "               rag_learned: the best learned adapter at <= 5%% of the work;\n"
       "               rag_escalation: the\n"
       "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions;\n"
       "               python_: a plan from Python against the same plan in C++,\n"

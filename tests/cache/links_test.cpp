@@ -20,9 +20,9 @@ std::vector<token_t> seq(token_t first, int n) { return relokv_test::iota_tokens
 const auto kSys = seq(1000, 16);
 const auto kDoc = seq(2000, 32);  // two blocks
 const auto kQ = seq(4000, 5);
-const relokv::link_rows kA{0xA11CE, static_cast<token_t>(kVocab), 0, 4};
-const relokv::link_rows kB{0xB0B, static_cast<token_t>(kVocab), 0, 4};
-const relokv::link_rows kHeaded{0xA11CE, static_cast<token_t>(kVocab), 2, 3};
+const relokv::link_rows kA{0xA11CE, static_cast<token_t>(kVocab), 0, 4, 0};
+const relokv::link_rows kB{0xB0B, static_cast<token_t>(kVocab), 0, 4, 0};
+const relokv::link_rows kHeaded{0xA11CE, static_cast<token_t>(kVocab), 2, 3, 0};
 
 using cache_t = relokv::relocatable_cache<>;
 

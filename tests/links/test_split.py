@@ -21,3 +21,20 @@ def test_held_out_requests_and_their_passages_never_train():
         assert len(e.passages) >= 2
     # Two orders of each kept request, shuffled.
     assert len(train) == 2 * len({e.request for e in train})
+
+
+def test_prompt_set_never_shows_held_out_questions_or_passages():
+    """links.corpus (distill.py's prompt sets): no held-out request's question or passage in any
+    prompt; no question both trained and validated; 2-10 passages each."""
+    import random as _r
+    from links import corpus
+    rng = _r.Random(3)
+    reqs = [{"passages": rng.sample(range(300), 10), "question_tokens": [i]} for i in range(80)]
+    s = corpus.build({"requests": reqs}, held_out=20, per_question=4)
+    banned = {p for r in reqs[:20] for p in r["passages"]}
+    assert s["prompts"]
+    for p in s["prompts"]:
+        assert p["request"] >= 20
+        assert not banned & set(p["passages"])
+        assert 2 <= len(p["passages"]) <= 10 and len(set(p["passages"])) == len(p["passages"])
+    assert not set(s["questions"]["train"]) & set(s["questions"]["validation"])

@@ -66,6 +66,10 @@ class reply {
                       std::function<std::pair<std::string, bool>()> pull) = 0;
   /// Something new for a stream's pull.
   virtual void notify() = 0;
+  /// `f` runs on the connection's strand while this request is the connection's current one
+  /// (never after the client left or the connection moved on): where a handler whose answer
+  /// another thread computed builds and sends it.
+  virtual void post(std::function<void()> f) = 0;
   /// `f` runs once, on the strand, when the client goes away before the response ends (it
   /// closed the connection, or stopped reading past the write timeout). Set it before the
   /// work it cancels can take long.

@@ -150,6 +150,11 @@ class reply_impl final : public reply {
       if (auto p = s.lock()) p->do_notify(seq);
     });
   }
+  void post(std::function<void()> f) override {
+    net::post(ex_, [s = s_, seq = seq_, f = std::move(f)] {
+      if (auto p = s.lock()) p->do_post(seq, f);
+    });
+  }
   void on_disconnect(std::function<void()> f) override {
     net::post(ex_, [s = s_, seq = seq_, f = std::move(f)]() mutable {
       if (auto p = s.lock()) p->do_on_disconnect(seq, std::move(f));
@@ -230,6 +235,9 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   }
   void do_notify(std::uint64_t seq) {
     if (seq == seq_) pump();
+  }
+  void do_post(std::uint64_t seq, const std::function<void()>& f) {
+    if (seq == seq_ && phase_ != phase::closed) f();
   }
   void do_on_disconnect(std::uint64_t seq, std::function<void()> f) {
     if (seq != seq_) return;

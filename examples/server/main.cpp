@@ -4,9 +4,9 @@
 //   relokv_server --model MODEL.gguf --host 127.0.0.1 --port 8080
 // (scripts/serve fetches the default model and starts it). See README "Serve" and
 // docs/server.md. The rooms: options.cpp (the command line), http.cpp (the HTTP layer and its
-// limits), auth.cpp (keys and tenants), routes.cpp (the API), scheduler.cpp (batching) and
-// scheduler_output.cpp (sampling, the answer's text), and here the wiring: model, engine,
-// strategies, listeners, signals and the drain.
+// limits), auth.cpp (keys and tenants), routes.cpp (the API), the serving loop (engine_core.cpp:
+// scheduler.cpp decides a step, executor.cpp runs it on the engine, output_processor.cpp samples
+// and publishes), and here the wiring: model, engine, strategies, listeners, signals, the drain.
 #include <pthread.h>
 
 #include <chrono>
@@ -25,13 +25,13 @@
 #include <relokv/store/write_behind.hpp>
 
 #include "auth.hpp"
+#include "engine_core.hpp"
 #include "load_model.hpp"
 #include "metrics.hpp"
 #include "model_path.hpp"
 #include "options.hpp"
 #include "profile.hpp"
 #include "routes.hpp"
-#include "scheduler.hpp"
 #include "serving_engine.hpp"
 
 namespace {
@@ -158,12 +158,12 @@ int main(int argc, char** argv) {
             : relokv_server::make_relokv_engine(served, o.kv_blocks, std::move(store), o.block_size,
                                                 std::move(prefetcher));
     relokv_server::metrics metrics;
-    relokv_server::scheduler sched(*engine, *loaded.tokenizer, metrics,
-                                   {o.parallel, o.queue, o.prefill_chunk, o.step_tokens,
-                                    o.compile_spans == "alone", o.schedule == "least-work"});
+    relokv_server::engine_core core(*engine, *loaded.tokenizer, metrics,
+                                    {o.parallel, o.queue, o.prefill_chunk, o.step_tokens,
+                                     o.compile_spans == "alone", o.schedule == "least-work"});
 
     relokv_server::http::server http(o.http);
-    c.sched = &sched;
+    c.core = &core;
     c.stats = &metrics;
     c.http_layer = &http;
     c.keys = &keys;
@@ -214,28 +214,27 @@ int main(int argc, char** argv) {
     // the clients do.
     int sig = 0;
     sigwait(&signals, &sig);
-    std::fprintf(stderr, "relokv_server: signal %d: draining %d requests\n", sig,
-                 sched.in_flight());
+    std::fprintf(stderr, "relokv_server: signal %d: draining %d requests\n", sig, core.in_flight());
     std::fflush(stderr);
     c.draining = true;
     http.drain();
     const auto until = std::chrono::steady_clock::now() +
                        std::chrono::milliseconds(static_cast<std::int64_t>(o.drain_timeout * 1000));
-    while (sched.in_flight() > 0 && std::chrono::steady_clock::now() < until)
+    while (core.in_flight() > 0 && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (sched.in_flight() > 0) {
-      std::fprintf(stderr, "relokv_server: drain timeout: ending %d requests\n", sched.in_flight());
-      sched.cancel_all(503, "the server is shutting down");
+    if (core.in_flight() > 0) {
+      std::fprintf(stderr, "relokv_server: drain timeout: ending %d requests\n", core.in_flight());
+      core.cancel_all(503, "the server is shutting down");
       // Their answers (503s and error events) go out; a client that does not read is left.
       const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
-      while (sched.in_flight() > 0 && std::chrono::steady_clock::now() < grace)
+      while (core.in_flight() > 0 && std::chrono::steady_clock::now() < grace)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the last writes
     }
     http.stop();
-    sched.stop();
+    core.stop();
     std::fprintf(stderr, "relokv_server: stopped\n");
     return 0;
   } catch (const std::exception& e) {

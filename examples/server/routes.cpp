@@ -109,33 +109,38 @@ void chat_completion(route_context& c, const http::request& req,
     send_error(*rep, e);
     return;
   }
-  // A client that leaves is released at the scheduler's next step, streamed or not.
-  scheduler* sched = c.sched;
+  // A client that leaves is released at the serving loop's next step, streamed or not.
+  engine_core* core = c.core;
   metrics* stats = c.stats;
   auto ended = std::make_shared<std::atomic<bool>>(false);
-  rep->on_disconnect([j, sched, stats, ended] {
+  rep->on_disconnect([j, core, stats, ended] {
     j->cancelled = true;
-    sched->wake();
+    core->wake();
     if (!ended->exchange(true)) stats->request_done(499);
   });
   const std::string model = c.model_name;
   const auto now = static_cast<std::int64_t>(std::time(nullptr));
-  job* jp = j.get();  // on_update is called by the scheduler, which holds the job
   if (!j->req.stream) {
-    j->on_update = [jp, rep, model, now, stats, ended] {
-      std::unique_lock lock(jp->mu);
-      if (!jp->done || ended->exchange(true)) return;
-      if (jp->error_status != 0) {
-        const api_error e(jp->error_status, jp->error_message, "server_error");
+    // The body is built on the connection's strand, never on the serving loop's thread: the
+    // loop only says that something changed.
+    const std::weak_ptr<job> wj = j;
+    j->on_update = [wj, rep, model, now, stats, ended] {
+      // Called by the loop, which holds the job: it lives until the strand has read it.
+      rep->post([jp = wj.lock(), rep, model, now, stats, ended] {
+        std::unique_lock lock(jp->mu);
+        if (!jp->done || ended->exchange(true)) return;
+        if (jp->error_status != 0) {
+          const api_error e(jp->error_status, jp->error_message, "server_error");
+          lock.unlock();
+          stats->request_done(e.status);
+          send_error(*rep, e);
+          return;
+        }
+        const std::string body = to_text(completion_body(*jp, model, now));
         lock.unlock();
-        stats->request_done(e.status);
-        send_error(*rep, e);
-        return;
-      }
-      const std::string body = to_text(completion_body(*jp, model, now));
-      lock.unlock();
-      stats->request_done(200);
-      rep->send(200, "application/json", body, {});
+        stats->request_done(200);
+        rep->send(200, "application/json", body, {});
+      });
     };
   } else {
     // Server-sent events: the role first, then each piece of text as it is published, the
@@ -180,7 +185,7 @@ void chat_completion(route_context& c, const http::request& req,
         });
     j->on_update = [rep] { rep->notify(); };
   }
-  if (!c.sched->submit(j)) {
+  if (!c.core->submit(j)) {
     ended->store(true);
     c.stats->rejected(c.draining ? "draining" : "queue_full");
     c.stats->request_done(503);

@@ -1,6 +1,6 @@
 #pragma once
 // relokv_server's routes: /health, /v1/models, /metrics and /v1/chat/completions on the HTTP
-// layer (http.hpp), with tenants (auth.hpp) and the scheduler (scheduler.hpp).
+// layer (http.hpp), with tenants (auth.hpp) and the serving loop (engine_core.hpp).
 #include <atomic>
 #include <map>
 #include <string>
@@ -10,9 +10,9 @@
 
 #include "api.hpp"
 #include "auth.hpp"
+#include "engine_core.hpp"
 #include "http.hpp"
 #include "metrics.hpp"
-#include "scheduler.hpp"
 #include "tokenizer.hpp"
 
 namespace relokv_server {
@@ -27,7 +27,7 @@ struct serving {
 
 /// Everything the routes read: set up by main, then read-only (but `draining`).
 struct route_context {
-  scheduler* sched = nullptr;
+  engine_core* core = nullptr;
   metrics* stats = nullptr;
   const http::server* http_layer = nullptr;
   const key_ring* keys = nullptr;

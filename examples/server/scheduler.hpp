@@ -1,81 +1,42 @@
 #pragma once
-// relokv_server's scheduler: one thread owns the engine and its relocatable_cache (plan,
-// commit, release, extend), as relokv's threading contract says; HTTP threads hand it jobs
-// and read what it publishes. Continuous batching: every step computes one prefill chunk of
-// at most `prefill_chunk` rows and one decode token of every running sequence, in two
-// forwards (the prefill rows on the int16 tiles, the decode rows batched on the int8 kernels:
-// a row takes the kernel it would take alone; docs/server.md), so a long prompt delays decode
-// by one chunk at a time. Out of blocks: admission waits; a decode that cannot extend preempts the
-// youngest sequence (its blocks committed and released; it is recomputed later, its answer so far
-// continuing its question).
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
+// relokv_server's scheduler: it only decides. Given the requests' queues it returns what a
+// step does (which waiting requests to open, how many prompt rows each prefilling one gets,
+// which running ones decode, whom to preempt when a token finds no block) and never calls the
+// engine; engine_core.hpp runs its plans through the executor (executor.hpp) and hands the
+// logits to the output processor (output_processor.hpp), as vLLM's v1 engine core runs its
+// scheduler's SchedulerOutput. Tested alone in tests/server/server_unit_test.cpp.
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
-#include <random>
-#include <string>
-#include <thread>
+#include <span>
 #include <vector>
 
-#include <relokv/recompute/any_strategy.hpp>
-#include <relokv/recompute/escalation.hpp>
-#include <relokv/recompute/full.hpp>
-#include <relokv/rope/block_relative.hpp>
-
-#include "api.hpp"
-#include "llama.hpp"
-#include "metrics.hpp"
-#include "serving_engine.hpp"
-#include "tokenizer.hpp"
+#include "request_state.hpp"
 
 namespace relokv_server {
 
-using clock_type = std::chrono::steady_clock;
+/// The loop's requests by where they are. `waiting` holds the waiting, waiting_for_store and
+/// preempted ones (a preempted or escalated request goes to its front).
+struct request_queues {
+  std::deque<std::unique_ptr<request_state>> waiting;
+  std::deque<std::unique_ptr<request_state>> prefilling;
+  std::vector<std::unique_ptr<request_state>> running;  ///< decoding
+  [[nodiscard]] std::int32_t live() const noexcept {
+    return static_cast<std::int32_t>(prefilling.size() + running.size());
+  }
+};
 
-/// One chat completion between an HTTP thread and the scheduler. The HTTP thread fills the
-/// request part and waits on `cv`; the scheduler publishes text (whole UTF-8 characters, never
-/// a prefix of a stop sequence) and, at the end, the finish reason and usage.
-struct job {
-  // Set by the HTTP thread before submit(), read-only afterwards.
-  std::string id;
-  chat_request req;
-  built_prompt prompt;
-  relokv::recompute::any_strategy strategy;
-  std::string strategy_name;
-  /// Recompute in full, before the first token, when the first distribution looks unsure
-  /// (relokv/recompute/escalation.hpp; @first policies only): `full_prompt` is then served
-  /// with full recompute.
-  relokv::recompute::escalation_policy escalation;
-  built_prompt full_prompt;
-  relokv::extra_keys keys;
-  std::uint64_t principal = 0;
-  clock_type::time_point arrived = clock_type::now();
-  /// Set by the HTTP thread when its client went away: the scheduler releases the sequence
-  /// (scheduler::wake() makes it look now).
-  std::atomic<bool> cancelled{false};
-  /// Called by the scheduler, without any lock held, after each publish (text, the end, an
-  /// error): the HTTP layer's cue to read what changed. Set before submit(), then read-only.
-  std::function<void()> on_update;
+/// The requests to open, in order, while the pool holds them: the first it cannot hold ends
+/// this step's admissions (blocks come back as sequences end). `held`: waiting requests held
+/// back because a prompt being prefilled computes one of their spans.
+struct admission_plan {
+  std::vector<request_state*> open;
+  std::vector<request_state*> held;
+};
 
-  // Published by the scheduler under mu.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::string text;  ///< the answer so far
-  bool done = false;
-  std::string finish_reason;  ///< stop, length, or empty with an error
-  int error_status = 0;       ///< a failure: its HTTP status; error_message says why
-  std::string error_message;
-  std::int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
-  std::int32_t computed_tokens = 0;  ///< prompt tokens computed at the first layer
-  std::int32_t compiled_tokens = 0;  ///< --compile-spans alone: span tokens compiled for it
-  double work = 0;                   ///< prefill work as a fraction of full recompute's
-  std::int32_t preemptions = 0;
-  bool escalated = false;  ///< recomputed in full by the escalation policy
+struct prefill_chunk {
+  request_state* r = nullptr;
+  std::int32_t rows = 0;  ///< at least 1
 };
 
 class scheduler {
@@ -100,67 +61,34 @@ class scheduler {
   };
   /// Steps a prefilling sequence may be passed over before it goes first (least_work_first).
   static constexpr std::int32_t kStarveSteps = 8;
-  scheduler(serving_engine& eng, const relokv_engine::tokenizer& tok, metrics& m, options o);
-  ~scheduler();
-  scheduler(const scheduler&) = delete;
-  scheduler& operator=(const scheduler&) = delete;
 
-  /// Queues a job. False when the queue is full or the scheduler stops (answer 503).
-  bool submit(std::shared_ptr<job> j);
-  /// Jobs queued or live: exact, each counted from submit() to its one finish or failure.
-  [[nodiscard]] std::int32_t in_flight() const;
-  /// Makes the scheduler thread look at its jobs now (a job was cancelled).
-  void wake();
-  /// Ends every job it has (queued, prefilling, running) with an error of `status` at the next
-  /// step, and refuses new ones: a drain that ran out of time.
-  void cancel_all(int status, const std::string& message);
-  /// Finishes every job it has, then stops the thread.
-  void stop();
+  explicit scheduler(options o) : opt_(o) {}
+  [[nodiscard]] const options& opts() const noexcept { return opt_; }
+
+  /// Which waiting requests open now: in queue order while fewer than max_running (and the
+  /// engine's `max_live`) are live, skipping those whose store entries are still on their way
+  /// and those that share a span with a prompt being prefilled (held: they reuse it once it is
+  /// committed instead of computing it beside it; those behind them go on).
+  admission_plan admit(request_queues& q, std::int32_t max_live);
+  /// This step's prompt chunks: a budget of step_tokens rows less one per running sequence,
+  /// spent on the prefilling requests in order (admission, or least work first with the
+  /// starved ahead), at most prefill_chunk each; the first in the order always moves.
+  std::vector<prefill_chunk> prefill(request_queues& q);
+  /// The running requests with a token to feed, in order (one decode row each).
+  [[nodiscard]] std::vector<request_state*> decode(const request_queues& q) const;
+  /// Whom to preempt when `needing` (running) finds no block for its token: the youngest
+  /// running request not yet fed this step (it may be `needing` itself), never one that
+  /// finished this step.
+  [[nodiscard]] request_state* victim(const request_queues& q, request_state& needing) const;
+  /// Whether a request whose open found the pool full waits (others are live and will give
+  /// blocks back) rather than failing: `live` sequences open in the engine.
+  [[nodiscard]] static bool wait_for_blocks(std::int32_t live) noexcept { return live > 0; }
+  /// Whether `r`'s first distribution sends it back for full recompute (its escalation
+  /// policy, before its first token only).
+  [[nodiscard]] static bool escalate(const request_state& r, std::span<const float> logits);
 
  private:
-  struct seq_state;
-  void loop();
-  void step(std::vector<std::shared_ptr<job>>& incoming);
-  void admit();
-  /// --compile-spans alone: the request's spans compiled alone (and committed) before it
-  /// opens; returns the token-layers computed. Stops at the first that cannot open.
-  std::int64_t compile_alone(const built_prompt& p, const job& j);
-  /// The prefilling sequences' prompt chunks within the step's budget.
-  void prefill_some();
-  /// A chunk of prefilling_[i]'s prompt; true when it left prefilling_ (its first token
-  /// sampled, or sent back to wait for full recompute).
-  bool prefill_one(std::size_t i, std::int32_t rows);
-  void decode_all();
-  void on_token(seq_state& s, relokv::token_t t);
-  /// `text`: the answer so far, decoded once per token by the caller.
-  void publish(seq_state& s, const std::string& text, bool final);
-  void finish(seq_state& s, const std::string& reason);
-  void fail(seq_state& s, int status, const std::string& message);
-  void preempt(seq_state& s);
-  void drop_cancelled();
-  void snapshot();
-  relokv::token_t sample(seq_state& s, const std::vector<float>& logits);
-
-  serving_engine& eng_;
-  const relokv_engine::tokenizer& tok_;
-  metrics& metrics_;
   options opt_;
-  std::vector<relokv::token_t> stops_;  // end of turn, end of text
-  const relokv::recompute::any_strategy full_{relokv::recompute::full{}};
-
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::shared_ptr<job>> intake_;
-  std::int32_t in_flight_ = 0;
-  bool stopping_ = false;
-  bool woken_ = false;
-  int cancel_status_ = 0;  ///< cancel_all(): every job ends with this status
-  std::string cancel_message_;
-
-  // The scheduler thread's own.
-  std::deque<std::unique_ptr<seq_state>> waiting_, prefilling_;
-  std::vector<std::unique_ptr<seq_state>> running_;
-  std::thread thread_;
 };
 
 }  // namespace relokv_server

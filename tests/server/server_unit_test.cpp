@@ -1,6 +1,7 @@
-// relokv_server's pieces without a network: the scheduler's bookkeeping over a scripted
-// engine, the request parser's bounds, and client text that can never become a control token
-// (on each real model's tokenizer that scripts/get-model fetched: BPE and SentencePiece).
+// relokv_server's pieces without a network: the scheduler's decisions alone, the serving loop's
+// bookkeeping over a scripted engine, the request parser's bounds, and client text that can never
+// become a control token (on each real model's tokenizer that scripts/get-model fetched: BPE and
+// SentencePiece).
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "api.hpp"
 #include "auth.hpp"
 #include "detok.hpp"
+#include "engine_core.hpp"
 #include "gguf.hpp"
 #include "metrics.hpp"
 #include "model_files.hpp"
@@ -27,6 +29,7 @@
 #include "tokenizer.hpp"
 
 using relokv_server::api_error;
+using relokv_server::engine_core;
 using relokv_server::job;
 using relokv_server::scheduler;
 
@@ -120,7 +123,7 @@ void wait_tokens(job& j, int n) {
 
 /// in_flight() once the scheduler has counted its last job out (it does so right after it
 /// publishes the job's end, which is what wait_done saw).
-std::int32_t settled_in_flight(const scheduler& s) {
+std::int32_t settled_in_flight(const engine_core& s) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (s.in_flight() != 0 && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -135,7 +138,7 @@ TEST_CASE("scheduler: a preemption in the step where another sequence finishes t
   fake_engine eng;
   eng.refuse_after_stop = true;
   relokv_server::metrics m;
-  scheduler s(eng, tok, m, {4, 4, 256});
+  engine_core s(eng, tok, m, {4, 4, 256});
   auto a = make_job(5, 40);
   REQUIRE(s.submit(a));
   wait_tokens(*a, 2);
@@ -164,7 +167,7 @@ TEST_CASE("scheduler: an engine failure in the step where another finishes count
   fake_engine eng;
   eng.throw_after_stop = true;
   relokv_server::metrics m;
-  scheduler s(eng, tok, m, {4, 4, 256});
+  engine_core s(eng, tok, m, {4, 4, 256});
   auto a = make_job(5, 1000);
   REQUIRE(s.submit(a));
   wait_tokens(*a, 2);
@@ -192,7 +195,7 @@ TEST_CASE("scheduler: cancel_all ends queued and live jobs with its status, then
   const auto tok = tiny_tokenizer();
   fake_engine eng;
   relokv_server::metrics m;
-  scheduler s(eng, tok, m, {2, 4, 256});
+  engine_core s(eng, tok, m, {2, 4, 256});
   std::vector<std::shared_ptr<job>> jobs;
   for (int i = 0; i < 5; ++i) {
     jobs.push_back(make_job(5, 100000));
@@ -217,7 +220,7 @@ TEST_CASE("scheduler: a cancelled job is released at once, even while the batch 
   const auto tok = tiny_tokenizer();
   fake_engine eng;
   relokv_server::metrics m;
-  scheduler s(eng, tok, m, {2, 4, 256});
+  engine_core s(eng, tok, m, {2, 4, 256});
   auto a = make_job(5, 100000);
   REQUIRE(s.submit(a));
   wait_tokens(*a, 2);
@@ -480,7 +483,7 @@ TEST_CASE("scheduler: one budget of rows a step, prompt chunks of several sequen
       scheduler::options o;
       o.prefill_chunk = 256;
       o.step_tokens = budget;
-      scheduler sched(eng, tok, m, o);
+      engine_core sched(eng, tok, m, o);
       for (int i = 0; i < 3; ++i) {
         jobs.push_back(make_job(2000, 4));
         REQUIRE(sched.submit(jobs.back()));
@@ -528,7 +531,7 @@ TEST_CASE("scheduler: least-work first prefills a short prompt before a long one
       scheduler::options o;
       o.prefill_chunk = o.step_tokens = 64;  // one sequence's chunk a step
       o.least_work_first = least;
-      scheduler sched(eng, tok, m, o);
+      engine_core sched(eng, tok, m, o);
       REQUIRE(sched.submit(a));
       REQUIRE(sched.submit(b));
       REQUIRE(wait_done(*a));
@@ -565,7 +568,7 @@ TEST_CASE("scheduler: least-work first never starves a long prompt behind short 
     scheduler::options o;
     o.prefill_chunk = o.step_tokens = 64;
     o.least_work_first = true;
-    scheduler sched(eng, tok, m, o);
+    engine_core sched(eng, tok, m, o);
     REQUIRE(sched.submit(jobs.front()));
     for (int i = 0; i < 40; ++i) {
       jobs.push_back(make_job(60, 2));
@@ -616,4 +619,98 @@ TEST_CASE("output: the answer's text one token at a time equals the whole decode
     INFO("redecoded " << text.redecoded() << " of " << ids.size());
     CHECK(text.redecoded() * 10 < ids.size());
   }
+}
+
+namespace {
+/// A request of the scheduler's queues: a prompt of `spans` (one token each, distinct values
+/// name distinct spans) before a one-token question.
+std::unique_ptr<relokv_server::request_state> queued(
+    std::vector<relokv::token_t> spans,
+    relokv_server::request_status st = relokv_server::request_status::waiting) {
+  auto r = std::make_unique<relokv_server::request_state>();
+  r->j = std::make_shared<job>();
+  relokv::layout_builder b(16);
+  b.prefix(std::vector<relokv::token_t>{1});
+  for (const relokv::token_t t : spans) b.span(std::vector<relokv::token_t>{t});
+  b.question(std::vector<relokv::token_t>{2});
+  r->j->prompt.layout = b.build();
+  r->status = st;
+  return r;
+}
+
+/// A store fetch still on its way (or done, with `ready`).
+std::unique_ptr<relokv::prefetch_ticket> fetch(bool ready) {
+  auto s = std::make_shared<relokv::detail::prefetch_core::ticket_state>();
+  s->ready = ready;
+  return std::make_unique<relokv::prefetch_ticket>(std::move(s));
+}
+}  // namespace
+
+TEST_CASE("scheduler alone: admission by room, store and shared spans, no engine", "[server]") {
+  using relokv_server::request_status;
+  scheduler::options o;
+  o.max_running = 3;
+  scheduler sched(o);
+  relokv_server::request_queues q;
+  q.prefilling.push_back(queued({10, 11}, request_status::prefilling));
+  q.waiting.push_back(queued({20}));  // store entries on their way: skipped, no room taken
+  q.waiting.back()->fetch = fetch(false);
+  q.waiting.push_back(queued({11, 30}));  // shares span 11 with the prefilling prompt: held
+  q.waiting.push_back(queued({30}));      // opens
+  q.waiting.push_back(queued({30}));      // shares 30 with the one this plan opens: held
+  q.waiting.push_back(queued({40}));      // opens: the last room
+  q.waiting.push_back(queued({50}));      // no room left
+  const relokv_server::admission_plan plan = sched.admit(q, /*max_live=*/16);
+  REQUIRE(plan.open.size() == 2);
+  CHECK(plan.open[0] == q.waiting[2].get());
+  CHECK(plan.open[1] == q.waiting[4].get());
+  REQUIRE(plan.held.size() == 2);
+  CHECK(plan.held[0] == q.waiting[1].get());
+  CHECK(plan.held[1] == q.waiting[3].get());
+  // The engine's own bound binds too; a fetch that arrived makes its request eligible, first.
+  q.waiting[0]->fetch = fetch(true);
+  const auto one = sched.admit(q, /*max_live=*/2);
+  REQUIRE(one.open.size() == 1);
+  CHECK(one.open[0] == q.waiting[0].get());
+  // A request with an answer so far (preempted) computes no span fresh: never held.
+  q.waiting[1]->generated = {5};
+  CHECK(sched.admit(q, 16).open[1] == q.waiting[1].get());
+}
+
+TEST_CASE("scheduler alone: the step's row budget, least work first, the victim", "[server]") {
+  using relokv_server::request_status;
+  scheduler::options o;
+  o.prefill_chunk = 100;
+  o.step_tokens = 150;
+  o.least_work_first = true;
+  scheduler sched(o);
+  relokv_server::request_queues q;
+  for (const std::int64_t left : {500, 40, 90}) {
+    q.prefilling.push_back(queued({}, request_status::prefilling));
+    q.prefilling.back()->rows_left = left;
+  }
+  for (int i = 0; i < 3; ++i) {
+    q.running.push_back(queued({}, request_status::decoding));
+    q.running.back()->next = 7;
+  }
+  // 150 rows less 3 decode rows: the fewest rows left first (40, then 90 gets the rest), the
+  // longest passed over.
+  auto chunks = sched.prefill(q);
+  REQUIRE(chunks.size() == 2);
+  CHECK(chunks[0].r == q.prefilling[1].get());
+  CHECK(chunks[0].rows == 100);
+  CHECK(chunks[1].r == q.prefilling[2].get());
+  CHECK(chunks[1].rows == 47);
+  CHECK(q.prefilling[0]->passed == 1);
+  // Passed over kStarveSteps times, it goes first.
+  for (int i = 1; i < scheduler::kStarveSteps; ++i) (void)sched.prefill(q);
+  CHECK(q.prefilling[0]->starved);
+  CHECK(sched.prefill(q).front().r == q.prefilling[0].get());
+  // Decode rows: the running requests with a token; the victim is the youngest not yet fed,
+  // never one that finished this step, and the needing one itself when it is the youngest.
+  q.running[2]->status = request_status::finished;
+  q.running[2]->next = -1;
+  CHECK(sched.decode(q).size() == 2);
+  CHECK(sched.victim(q, *q.running[0]) == q.running[1].get());
+  CHECK(sched.victim(q, *q.running[1]) == q.running[1].get());
 }

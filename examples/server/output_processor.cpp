@@ -1,11 +1,15 @@
-// relokv_server's scheduler, its output path (scheduler.hpp): sampling a token, the answer's
+// relokv_server's output processor (output_processor.hpp): sampling a token, the answer's
 // text one token at a time, stop strings, and the end of a request.
-#include "scheduler.hpp"
-#include "scheduler_seq.hpp"
+#include "output_processor.hpp"
+
+#include "llama.hpp"  // argmax
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,7 +28,13 @@ std::size_t utf8_whole(const std::string& s, std::size_t n) {
 }
 }  // namespace
 
-relokv::token_t scheduler::sample(seq_state& s, const std::vector<float>& logits) {
+output_processor::output_processor(const relokv_engine::tokenizer& tok, metrics& m)
+    : tok_(tok), metrics_(m) {
+  for (const std::string& s : tok_.stop_texts())
+    if (const auto id = tok_.id(s); id >= 0) stops_.push_back(id);
+}
+
+relokv::token_t output_processor::sample(request_state& s, const std::vector<float>& logits) {
   const chat_request& r = s.j->req;
   // Greedy at 0 (and below kGreedyTemperature, which parsing maps to 0); a distribution that
   // cannot be sampled (a temperature whose 1 / T overflows, logits that are not finite) is
@@ -74,19 +84,17 @@ relokv::token_t scheduler::sample(seq_state& s, const std::vector<float>& logits
   return order[keep - 1];
 }
 
-void scheduler::on_token(seq_state& s, relokv::token_t t) {
+std::optional<std::string> output_processor::accept(request_state& s,
+                                                    const std::vector<float>& logits) {
+  const relokv::token_t t = sample(s, logits);
   const auto now = clock_type::now();
-  if (!s.first_token_seen) {
-    s.first_token_seen = true;
+  if (!s.last_token)
     metrics_.ttft(std::chrono::duration<double>(now - s.j->arrived).count());
-  } else {
-    metrics_.inter_token(std::chrono::duration<double>(now - s.last_token).count());
-  }
+  else
+    metrics_.inter_token(std::chrono::duration<double>(now - *s.last_token).count());
   s.last_token = now;
-  if (std::find(stops_.begin(), stops_.end(), t) != stops_.end()) {
-    finish(s, "stop");
-    return;
-  }
+  s.next = -1;
+  if (std::find(stops_.begin(), stops_.end(), t) != stops_.end()) return "stop";
   s.generated.push_back(t);
   {
     const std::lock_guard lock(s.j->mu);
@@ -100,20 +108,15 @@ void scheduler::on_token(seq_state& s, relokv::token_t t) {
   for (const auto& stop : s.j->req.stop) {
     const std::size_t from =
         s.text->redecoded() != redone || had < stop.size() ? 0 : had - stop.size() + 1;
-    if (text.find(stop, from) != std::string::npos) {
-      finish(s, "stop");
-      return;
-    }
+    if (text.find(stop, from) != std::string::npos) return "stop";
   }
-  if (static_cast<std::int32_t>(s.generated.size()) >= s.j->req.max_tokens) {
-    finish(s, "length");
-    return;
-  }
+  if (static_cast<std::int32_t>(s.generated.size()) >= s.j->req.max_tokens) return "length";
   s.next = t;
   publish(s, text, false);
+  return std::nullopt;
 }
 
-void scheduler::publish(seq_state& s, const std::string& text, bool final) {
+void output_processor::publish(request_state& s, const std::string& text, bool final) {
   std::size_t n = text.size();
   if (final) {
     for (const auto& stop : s.j->req.stop)
@@ -136,11 +139,7 @@ void scheduler::publish(seq_state& s, const std::string& text, bool final) {
   if (j.on_update) j.on_update();
 }
 
-void scheduler::finish(seq_state& s, const std::string& reason) {
-  if (s.ended) return;
-  s.ended = true;
-  if (s.id >= 0) eng_.close(s.id, /*commit=*/true);  // the documents stay for later requests
-  s.id = -1;
+void output_processor::finish(request_state& s, const std::string& reason) {
   s.next = -1;
   metrics_.completion_tokens(static_cast<std::int64_t>(s.generated.size()));
   {
@@ -149,17 +148,9 @@ void scheduler::finish(seq_state& s, const std::string& reason) {
     s.j->completion_tokens = static_cast<std::int32_t>(s.generated.size());
   }
   publish(s, s.text ? s.text->text() : std::string(), true);
-  {
-    const std::lock_guard lock(mu_);
-    --in_flight_;
-  }
 }
 
-void scheduler::fail(seq_state& s, int status, const std::string& message) {
-  if (s.ended) return;
-  s.ended = true;
-  if (s.id >= 0) eng_.close(s.id, /*commit=*/false);
-  s.id = -1;
+void output_processor::fail(request_state& s, int status, const std::string& message) {
   s.next = -1;
   job& j = *s.j;
   {
@@ -170,8 +161,6 @@ void scheduler::fail(seq_state& s, int status, const std::string& message) {
   }
   j.cv.notify_all();
   if (j.on_update) j.on_update();
-  const std::lock_guard lock(mu_);
-  --in_flight_;
 }
 
 }  // namespace relokv_server

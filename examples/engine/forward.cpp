@@ -268,14 +268,21 @@ void deep_rows(const llama_model& m, int l, const std::vector<std::int32_t>& pos
 }  // namespace
 
 template <class P, class T>
-void run_layers(const llama_model& m, const relokv::layer_rope& ropes,
-                relokv::host_kv_storage<T>& kv, const kv_map& map,
-                std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
-                std::int32_t no_write, std::vector<std::uint8_t>* mask,
-                const std::vector<std::uint8_t>* reused,
-                const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden,
-                prefill_stats* trace, const std::vector<std::uint8_t>* pinned,
-                const mass_probe* probe, const grouped_reader* reader) {
+void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden) {
+  const llama_model& m = *pass.model;
+  const relokv::layer_rope& ropes = *pass.ropes;
+  relokv::host_kv_storage<T>& kv = *pass.kv;
+  const kv_map& map = *pass.map;
+  const std::vector<relokv::token_t>& tokens = *pass.tokens;
+  std::vector<std::int32_t>& positions = pass.positions;
+  const std::int32_t no_write = pass.no_write;
+  const relokv::recompute::any_strategy* strategy = pass.strategy;
+  std::vector<std::uint8_t>* mask = pass.mask;
+  const std::vector<std::uint8_t>* reused = pass.reused;
+  const std::vector<std::uint8_t>* pinned = pass.pinned;
+  prefill_stats* trace = pass.trace;
+  const mass_probe* probe = pass.probe;
+  const grouped_reader* reader = pass.reader;
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
   auto n = static_cast<int>(positions.size());
@@ -509,15 +516,10 @@ void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
   hidden.assign(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(N * Du));
 }
 
-#define RELOKV_FORWARD_INSTANTIATE(P, T)                                                         \
-  template void run_layers<P, T>(                                                                \
-      const llama_model&, const relokv::layer_rope&, relokv::host_kv_storage<T>&, const kv_map&, \
-      std::vector<std::int32_t>, const std::vector<relokv::token_t>&, std::int32_t,              \
-      std::vector<std::uint8_t>*, const std::vector<std::uint8_t>*,                              \
-      const relokv::recompute::any_strategy*, std::vector<float>&, prefill_stats*,               \
-      const std::vector<std::uint8_t>*, const mass_probe*, const grouped_reader*);               \
-  template void run_decode_rows<P, T>(const llama_model&, const relokv::layer_rope&,             \
-                                      relokv::host_kv_storage<T>&, std::span<const decode_row>,  \
+#define RELOKV_FORWARD_INSTANTIATE(P, T)                                                        \
+  template void run_layers<P, T>(layer_pass<T>, std::vector<float>&);                           \
+  template void run_decode_rows<P, T>(const llama_model&, const relokv::layer_rope&,            \
+                                      relokv::host_kv_storage<T>&, std::span<const decode_row>, \
                                       std::vector<float>&);
 RELOKV_FORWARD_INSTANTIATE(relokv::pre_rotated, relokv::bf16)
 RELOKV_FORWARD_INSTANTIATE(relokv::at_attention, relokv::bf16)

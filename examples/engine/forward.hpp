@@ -37,22 +37,42 @@ inline void matmuls(const float* x, int n, int in, std::initializer_list<product
 }
 void rmsnorm(const float* x, const std::vector<float>& w, int dim, float eps, float* out);
 
-/// The layer loop of one request. Computes the tokens at `positions` (ascending; their K/V are
-/// written where `map` says, except where `no_write`), attends over every block of `map`, and
-/// leaves the last token's hidden state in last_hidden. With a dynamic strategy the set
-/// shrinks layer by layer (mask/reused per position). Positions may come in chunks, in order:
-/// a chunk's queries see the keys the earlier chunks wrote (causal attention reads no later
-/// key), so a static strategy's prompt computed in chunks is the prompt computed at once.
-/// Prefill only: decode rows go through run_decode_rows.
+/// One prefill pass over the layers of one request, named: what run_layers computes and where.
+/// Set the request's four (model, ropes, kv, map), its tokens and the positions; a static
+/// strategy needs nothing else.
+template <class T>
+struct layer_pass {
+  const llama_model* model = nullptr;
+  const relokv::layer_rope* ropes = nullptr;
+  relokv::host_kv_storage<T>* kv = nullptr;
+  const kv_map* map = nullptr;  ///< where each position's K/V is, and the blocks attended
+  const std::vector<relokv::token_t>* tokens = nullptr;  ///< the request's, by position
+  /// The positions computed, ascending (a chunk of the prompt; a dynamic strategy's set shrinks
+  /// layer by layer).
+  std::vector<std::int32_t> positions;
+  /// A position computed but not written (the reused last token); -1: none.
+  std::int32_t no_write = -1;
+  /// A dynamic strategy (CacheBlend's deviation check, APE's groups) and its per-position
+  /// state: `mask` the positions still computed (it shrinks), `reused` those loaded from the
+  /// cache, `pinned` those a combined strategy computes at every layer. All or none.
+  const relokv::recompute::any_strategy* strategy = nullptr;
+  std::vector<std::uint8_t>* mask = nullptr;
+  const std::vector<std::uint8_t>* reused = nullptr;
+  const std::vector<std::uint8_t>* pinned = nullptr;
+  prefill_stats* trace = nullptr;          ///< what each layer computed, when wanted
+  const mass_probe* probe = nullptr;       ///< question_topk's probe of the question's attention
+  const grouped_reader* reader = nullptr;  ///< APE's reader of grouped spans
+};
+
+/// The layer loop of one request. Computes the tokens at `pass.positions` (their K/V written
+/// where `map` says, except at `no_write`), attends over every block of `map`, and leaves the
+/// last token's hidden state in last_hidden. With a dynamic strategy the set shrinks layer by
+/// layer (mask/reused per position). Positions may come in chunks, in order: a chunk's queries
+/// see the keys the earlier chunks wrote (causal attention reads no later key), so a static
+/// strategy's prompt computed in chunks is the prompt computed at once. Prefill only: decode
+/// rows go through run_decode_rows.
 template <class P, class T>
-void run_layers(const llama_model& m, const relokv::layer_rope& ropes,
-                relokv::host_kv_storage<T>& kv, const kv_map& map,
-                std::vector<std::int32_t> positions, const std::vector<relokv::token_t>& tokens,
-                std::int32_t no_write, std::vector<std::uint8_t>* mask,
-                const std::vector<std::uint8_t>* reused,
-                const relokv::recompute::any_strategy* strategy, std::vector<float>& last_hidden,
-                prefill_stats* trace = nullptr, const std::vector<std::uint8_t>* pinned = nullptr,
-                const mass_probe* probe = nullptr, const grouped_reader* reader = nullptr);
+void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden);
 
 /// One decode row of a sequence: its last token, at its position, over its blocks.
 struct decode_row {

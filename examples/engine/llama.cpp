@@ -154,14 +154,26 @@ std::vector<float> llama_engine<P, T>::prefill_step(seq_id s, std::int32_t max_r
   if (max_rows < 1) throw std::invalid_argument("llama_engine::prefill_step: max_rows < 1");
   const relokv::recompute::any_strategy& strategy = r.strategy;
   std::vector<float> hidden;
+  // A pass over this request's layers at `positions`; a dynamic strategy adds its state.
+  const auto pass = [&](std::vector<std::int32_t> positions) {
+    detail::layer_pass<T> p;
+    p.model = model_.get();
+    p.ropes = &rope_;
+    p.kv = &kv_;
+    p.map = &r.map;
+    p.tokens = &r.tokens;
+    p.positions = std::move(positions);
+    p.no_write = r.no_write;
+    p.trace = stats;
+    return p;
+  };
   if (r.chunks) {
     // In position order: each chunk's queries read the keys the earlier chunks wrote.
     const auto n = std::min<std::size_t>(static_cast<std::size_t>(max_rows), r.pending.size());
     std::vector<std::int32_t> chunk(r.pending.begin(),
                                     r.pending.begin() + static_cast<std::ptrdiff_t>(n));
     r.pending.erase(r.pending.begin(), r.pending.begin() + static_cast<std::ptrdiff_t>(n));
-    run_layers<P, T>(*model_, rope_, kv_, r.map, std::move(chunk), r.tokens, r.no_write, nullptr,
-                     nullptr, nullptr, hidden, stats);
+    run_layers<P, T>(pass(std::move(chunk)), hidden);
     if (!r.pending.empty()) return {};
   } else {
     auto positions = std::move(r.pending);
@@ -190,8 +202,9 @@ std::vector<float> llama_engine<P, T>::prefill_step(seq_id s, std::int32_t max_r
       strategy.query_rows(r.layout, rows);
       std::vector<float> mass(mask.size(), 0.0f);
       const mass_probe probe{&rows, &mass, &strategy};
-      run_layers<P, T>(*model_, rope_, kv_, r.map, keep(base), r.tokens, r.no_write, nullptr,
-                       nullptr, nullptr, hidden, stats, nullptr, &probe);
+      auto probing = pass(keep(base));
+      probing.probe = &probe;
+      run_layers<P, T>(std::move(probing), hidden);
       strategy.choose(mass, reused, mask, pinned);
       positions = keep(mask);
       if (stats) {
@@ -199,13 +212,16 @@ std::vector<float> llama_engine<P, T>::prefill_step(seq_id s, std::int32_t max_r
         stats->check_deviation = mass;
         stats->check_kept = mask;
       }
-      run_layers<P, T>(*model_, rope_, kv_, r.map, std::move(positions), r.tokens, r.no_write,
-                       nullptr, nullptr, nullptr, hidden, stats);
+      run_layers<P, T>(pass(std::move(positions)), hidden);
     } else {
       if (const auto* a = strategy.grouped()) r.reader.emplace(grouped_reader{*a, r.layout});
-      run_layers<P, T>(*model_, rope_, kv_, r.map, std::move(positions), r.tokens, r.no_write,
-                       &mask, &reused, &strategy, hidden, stats, &pinned, nullptr,
-                       r.reader ? &*r.reader : nullptr);
+      auto dynamic = pass(std::move(positions));
+      dynamic.strategy = &strategy;
+      dynamic.mask = &mask;
+      dynamic.reused = &reused;
+      dynamic.pinned = &pinned;
+      dynamic.reader = r.reader ? &*r.reader : nullptr;
+      run_layers<P, T>(std::move(dynamic), hidden);
     }
   }
   r.prefilled = true;
@@ -378,8 +394,14 @@ std::vector<float> contiguous_prefill<T>::operator()(const std::vector<relokv::t
   s.map.index();
   s.positions.resize(static_cast<std::size_t>(n));
   for (std::int32_t i = 0; i < n; ++i) s.positions[static_cast<std::size_t>(i)] = i;
-  run_layers<relokv::pre_rotated, T>(*s.model, s.rope, s.kv, s.map, s.positions, tokens, -1,
-                                     nullptr, nullptr, nullptr, s.hidden);
+  detail::layer_pass<T> pass;
+  pass.model = s.model.get();
+  pass.ropes = &s.rope;
+  pass.kv = &s.kv;
+  pass.map = &s.map;
+  pass.tokens = &tokens;
+  pass.positions = s.positions;
+  run_layers<relokv::pre_rotated, T>(std::move(pass), s.hidden);
   return head(*s.model, s.hidden, /*decode=*/false);
 }
 

@@ -61,27 +61,38 @@ class any_strategy {
            std::span<std::uint8_t> pinned) const {
     std::visit(
         [&](const auto& d) {
-          if constexpr (requires { d.pin(l, status, pinned); }) d.pin(l, status, pinned);
+          if constexpr (pinning_strategy<std::decay_t<decltype(d)>>) d.pin(l, status, pinned);
         },
         v_);
   }
   /// True when the engine runs a probe pass first (question_topk's protocol).
-  [[nodiscard]] bool probes() const noexcept { return std::holds_alternative<question_topk>(v_); }
+  [[nodiscard]] bool probes() const noexcept {
+    return std::visit(
+        [](const auto& d) {
+          if constexpr (probing_strategy<std::decay_t<decltype(d)>>)
+            return static_cast<bool>(d.probes());
+          else
+            return false;
+        },
+        v_);
+  }
   /// The APE alternative when held (the engine then attends by groups at the reader's
   /// tokens), else null.
   [[nodiscard]] const ape* grouped() const noexcept { return std::get_if<ape>(&v_); }
-  /// question_topk::query_rows; an error for the others (they have no probe).
+  /// The probing alternative's query_rows (question_topk's); an error for the others.
   void query_rows(const request_layout& l, std::span<std::uint8_t> rows) const {
-    probing("query_rows").query_rows(l, rows);
+    with_probing<void>("query_rows", [&](const auto& d) { d.query_rows(l, rows); });
   }
-  /// question_topk::counts_layer; an error for the others (they have no probe).
+  /// The probing alternative's counts_layer; an error for the others.
   [[nodiscard]] bool counts_layer(std::int32_t layer, std::int32_t layers) const {
-    return probing("counts_layer").counts_layer(layer, layers);
+    return with_probing<bool>("counts_layer", [&](const auto& d) {
+      return static_cast<bool>(d.counts_layer(layer, layers));
+    });
   }
-  /// question_topk::choose; an error for the others (they have no probe).
+  /// The probing alternative's choose; an error for the others.
   void choose(std::span<const float> mass, std::span<const std::uint8_t> reused,
               std::span<std::uint8_t> mask, std::span<const std::uint8_t> pinned = {}) const {
-    probing("choose").choose(mass, reused, mask, pinned);
+    with_probing<void>("choose", [&](const auto& d) { d.choose(mass, reused, mask, pinned); });
   }
   /// The deviation metric of a dynamic alternative (the engine's token_deviation call); kL2
   /// for static ones.
@@ -104,25 +115,53 @@ class any_strategy {
   [[nodiscard]] std::size_t index() const noexcept { return v_.index(); }
 
  private:
-  const question_topk& probing(const char* what) const {
-    if (const auto* q = std::get_if<question_topk>(&v_)) return *q;
-    throw error(std::string("any_strategy::") + what +
-                ": the selected strategy has no probe pass (question_topk has)");
+  /// Calls f on the alternative held when it models probing_strategy (question_topk), or
+  /// throws, naming `what`.
+  template <class R, class F>
+  R with_probing(const char* what, F&& f) const {
+    return std::visit(
+        [&](const auto& d) -> R {
+          if constexpr (probing_strategy<std::decay_t<decltype(d)>>)
+            return f(d);
+          else
+            throw error(std::string("any_strategy::") + what +
+                        ": the selected strategy has no probe pass (question_topk has)");
+        },
+        v_);
   }
-  /// Calls f on the dynamic alternative (deviation_topk, first_k_and_topk,
-  /// seam_window_and_topk), or otherwise() when a static one is held.
+  /// Calls f on the alternative held when it models dynamic_strategy (deviation_topk,
+  /// first_k_and_topk, seam_window_and_topk), or otherwise() when a static one is held.
   template <class F, class G>
   std::invoke_result_t<G> with_dynamic(F&& f, G&& otherwise) const {
-    if (const auto* d = std::get_if<deviation_topk>(&v_)) return f(*d);
-    if (const auto* u = std::get_if<first_k_and_topk>(&v_)) return f(*u);
-    if (const auto* w = std::get_if<seam_window_and_topk>(&v_)) return f(*w);
-    return otherwise();
+    return std::visit(
+        [&](const auto& d) -> std::invoke_result_t<G> {
+          if constexpr (dynamic_strategy<std::decay_t<decltype(d)>>)
+            return f(d);
+          else
+            return otherwise();
+        },
+        v_);
   }
 
   variant_type v_{none{}};
 };
 static_assert(recompute_strategy<any_strategy>,
               "recompute::any_strategy must model recompute_strategy");
+// The alternatives by kind: what the engines dispatch on (with_dynamic, with_probing, pin).
+static_assert(dynamic_strategy<deviation_topk> && dynamic_strategy<first_k_and_topk> &&
+                  dynamic_strategy<seam_window_and_topk>,
+              "the deviation strategies must model dynamic_strategy");
+static_assert(pinning_strategy<first_k_and_topk> && pinning_strategy<seam_window_and_topk> &&
+                  pinning_strategy<question_topk>,
+              "the combined strategies and question_topk must model pinning_strategy");
+static_assert(probing_strategy<question_topk>, "question_topk must model probing_strategy");
+static_assert(grouped_strategy<ape>, "ape must model grouped_strategy");
+static_assert(!dynamic_strategy<first_k> && !dynamic_strategy<question_topk> &&
+                  !probing_strategy<deviation_topk> && !grouped_strategy<first_k>,
+              "a static strategy models no other kind");
+// any_strategy answers every kind's calls (an error where the alternative held has none).
+static_assert(dynamic_strategy<any_strategy> && probing_strategy<any_strategy> &&
+              pinning_strategy<any_strategy>);
 
 }  // namespace recompute
 RELOKV_NAMESPACE_END

@@ -1,13 +1,14 @@
 #pragma once
 /// @file
-/// Host attention's arguments in one struct, mirroring relokv::cuda::attention_params, the
-/// check of a call against its storage (can_implement), and the one entry point the decode and
-/// prefill overloads forward to (paged_attention).
+/// The check of a host attention call against its storage (can_implement), and the one entry
+/// point the decode and prefill overloads forward to (paged_attention). The call itself,
+/// attention_params, is in attention/call.hpp.
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
+#include "relokv/attention/call.hpp"
 #include "relokv/attention/detail/amx_bf16.hpp"
 #include "relokv/attention/detail/attend_group.hpp"
 #include "relokv/attention/kv_head_range.hpp"
@@ -18,35 +19,6 @@
 #include "relokv/types.hpp"
 
 RELOKV_NAMESPACE_BEGIN
-
-/// One host attention call: decode when q_indptr is null (token t is sequence t, so
-/// num_tokens == table.num_seqs), prefill otherwise (sequence s has the queries
-/// q_indptr[s] .. q_indptr[s+1], each at its own logical position, scattered or not).
-/// Causal by logical position over each sequence's blocks, and windowed where `window` > 0.
-template <class T>
-struct attention_params {
-  const rope_table* rope = nullptr;
-  paged_kv_view<const T> kv;
-  block_table_view table;
-  const float* q = nullptr;                ///< [num_tokens][num_q_heads][head_dim], unrotated
-  const pos_t* q_pos = nullptr;            ///< [num_tokens] logical positions
-  const std::int32_t* q_indptr = nullptr;  ///< [num_seqs + 1], or nullptr for decode
-  std::int32_t num_tokens = 0;
-  std::int32_t num_q_heads = 0;
-  float scale = 1.0f;
-  float* out = nullptr;  ///< [num_tokens][num_q_heads][head_dim]
-  /// Optional [num_tokens][num_q_heads]: the natural log of each row's softmax denominator
-  /// over the scaled scores, -inf where no key is visible (its `out` row is zeros). Calls over
-  /// disjoint parts of a sequence's blocks merge exactly with merge_attention_states.
-  float* lse = nullptr;
-  /// The share of the KV heads this call computes; only their query heads' rows of `out` and
-  /// `lse` are written.
-  kv_head_range heads{};
-  /// Sliding window (Gemma, Mistral): a query at logical position m sees the keys at logical
-  /// positions in (m - window, m], by the reading request's positions, so a relocated block is
-  /// windowed where it now stands. 0: no window (a global layer).
-  std::int32_t window = 0;
-};
 
 /// Checks a call before any kernel reads: the pointers, the shapes against the RoPE table and
 /// the storage, the head range, every block id and length of the table, and the query ranges.
@@ -102,18 +74,12 @@ template <class P, class T>
 void paged_attention(const attention_params<T>& p) {
   static_assert(rope_placement<P>, "P must model relokv::rope_placement");
   if (auto s = can_implement(p); !s) throw error(s.reason);
-  const rope_table& rope = *p.rope;
-  const int hb = p.heads.begin, he = std::min(p.heads.end, p.kv.num_kv_heads);
-  const std::size_t stride = static_cast<std::size_t>(p.num_q_heads) * p.kv.head_dim;
   const auto& table = p.table;
   detail::with_path(p.kv, [&](auto path) {  // the path, chosen once per call
     using Path = decltype(path);
     if (p.q_indptr == nullptr) {
       for (std::int32_t s = 0; s < table.num_seqs; ++s)
-        detail::attend_group<P, Path, /*Decode=*/true>(
-            rope, p.kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
-            p.q + s * stride, p.q_pos + s, 1, p.num_q_heads, p.scale, p.out + s * stride,
-            p.lse == nullptr ? nullptr : p.lse + s * p.num_q_heads, hb, he, p.window);
+        detail::attend_group<P, Path, /*Decode=*/true>(p, s, s, 1);
       return;
     }
     // Queries of a sequence in groups that share each block while it is in cache. The AMX
@@ -125,10 +91,7 @@ void paged_attention(const attention_params<T>& p) {
     for (std::int32_t s = 0; s < table.num_seqs; ++s)
       for (std::int32_t t = p.q_indptr[s]; t < p.q_indptr[s + 1]; t += group) {
         const int n = static_cast<int>(std::min(group, p.q_indptr[s + 1] - t));
-        detail::attend_group<P, Path, /*Decode=*/false>(
-            rope, p.kv, table.entries + table.indptr[s], table.indptr[s + 1] - table.indptr[s],
-            p.q + t * stride, p.q_pos + t, n, p.num_q_heads, p.scale, p.out + t * stride,
-            p.lse == nullptr ? nullptr : p.lse + t * p.num_q_heads, hb, he, p.window);
+        detail::attend_group<P, Path, /*Decode=*/false>(p, s, t, n);
       }
   });
 }

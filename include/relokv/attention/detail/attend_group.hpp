@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "relokv/attention/call.hpp"
 #include "relokv/attention/detail/amx_bf16.hpp"
 #include "relokv/attention/detail/avx512_bf16.hpp"
 #include "relokv/attention/detail/kernel_common.hpp"
@@ -51,11 +52,23 @@ void with_path(const paged_kv_view<const T>& kv, F&& f) {
   f(portable_path{});
 }
 
+/// The queries [q_first, q_first + nq) of sequence `seq` of the call `p` (checked by
+/// can_implement): decode when Decode (then nq == 1 and q_first == seq).
 template <class P, class Path, bool Decode, class T>
-void attend_group(const rope_table& rope, paged_kv_view<const T> kv, const block_entry* blocks,
-                  std::int32_t num_blocks, const float* q, const pos_t* m, int nq,
-                  std::int32_t num_q_heads, float scale, float* out, float* lse, int h_begin,
-                  int h_end, std::int32_t window = 0) {
+void attend_group(const attention_params<T>& p, std::int32_t seq, std::int32_t q_first, int nq) {
+  const rope_table& rope = *p.rope;
+  const paged_kv_view<const T> kv = p.kv;
+  const block_entry* blocks = p.table.entries + p.table.indptr[seq];
+  std::int32_t num_blocks = p.table.indptr[seq + 1] - p.table.indptr[seq];
+  const std::int32_t num_q_heads = p.num_q_heads;
+  const std::size_t q_row = static_cast<std::size_t>(num_q_heads) * kv.head_dim;
+  const float* q = p.q + static_cast<std::size_t>(q_first) * q_row;
+  const pos_t* m = p.q_pos + q_first;
+  float* out = p.out + static_cast<std::size_t>(q_first) * q_row;
+  float* lse = p.lse == nullptr ? nullptr : p.lse + static_cast<std::size_t>(q_first) * num_q_heads;
+  const float scale = p.scale;
+  const int h_begin = p.heads.begin, h_end = std::min(p.heads.end, kv.num_kv_heads);
+  const std::int32_t window = p.window;
   const int D = kv.head_dim, H = kv.num_kv_heads, G = num_q_heads / H, bs = kv.block_size;
   const int pairs = rope.pairs();
   const rope_layout layout = rope.config().layout;

@@ -21,7 +21,7 @@
 #include <relokv/rope/block_relative.hpp>
 
 #include "lanes.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "qgemm.hpp"

@@ -17,7 +17,7 @@
 #include <relokv/layout/builder.hpp>
 #include <relokv/recompute/full.hpp>
 
-#include "engine.hpp"
+#include "llama_cpp_engine.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "rag.hpp"

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <relokv/layout/builder.hpp>
 #include <string>
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "qgemm.hpp"

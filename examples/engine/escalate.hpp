@@ -12,7 +12,7 @@
 #include <relokv/recompute/escalation.hpp>
 #include <relokv/recompute/full.hpp>
 
-#include "llama.hpp"
+#include "llama_engine.hpp"
 
 namespace relokv_engine {
 

@@ -13,7 +13,7 @@
 #include <relokv/types.hpp>
 
 #include "layer_attention.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 
 namespace relokv_engine::detail {
 

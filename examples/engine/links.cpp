@@ -9,7 +9,7 @@
 #include <relokv/hash/xxh3.hpp>
 
 #include "gguf.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 
 namespace relokv_engine {
 

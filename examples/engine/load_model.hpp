@@ -4,7 +4,7 @@
 #include <string>
 
 #include "gguf.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "tokenizer.hpp"
 
 namespace relokv_engine {

@@ -1,6 +1,6 @@
-// Model loading of the example engine (llama.hpp): GGUF and synthetic weights, checks.
+// Model loading of the example engine (model.hpp): GGUF and synthetic weights, checks.
 #include "isa.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 #include <relokv/recompute/any_strategy.hpp>
 #include <relokv/recompute/escalation.hpp>
 
-#include "llama.hpp"
+#include "llama_engine.hpp"
 
 namespace relokv_engine {
 

@@ -20,7 +20,7 @@
 #include <relokv/rope/block_relative.hpp>
 
 #include "links.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "load_model.hpp"
 
 int main(int argc, char** argv) {

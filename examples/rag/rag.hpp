@@ -13,7 +13,7 @@
 #include <relokv/types.hpp>
 
 #include "dataset.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "profile.hpp"
 #include "tokenizer.hpp"
 

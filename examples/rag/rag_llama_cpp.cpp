@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine.hpp"
+#include "llama_cpp_engine.hpp"
 #include "run_engine.hpp"
 #include "store_loop.hpp"
 

@@ -24,7 +24,7 @@
 #include <relokv/recompute/full.hpp>
 #include <relokv/rope/block_relative.hpp>
 
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "load_model.hpp"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "rag.hpp"
 
 namespace relokv_rag {

@@ -12,7 +12,11 @@
 namespace relokv_server {
 
 executor::executor(serving_engine& eng, metrics& m, std::int32_t prefill_chunk, bool compile_alone)
-    : eng_(eng), metrics_(m), prefill_chunk_(prefill_chunk), compile_alone_(compile_alone) {}
+    : eng_(eng),
+      seqs_(eng.sequences()),
+      metrics_(m),
+      prefill_chunk_(prefill_chunk),
+      compile_alone_(compile_alone) {}
 
 executor::open_result executor::open(request_state& r, const std::function<void()>& wake) {
   job& j = *r.j;
@@ -32,7 +36,7 @@ executor::open_result executor::open(request_state& r, const std::function<void(
     }
     if (compile_alone_ && !r.prompt_counted && !r.full)
       compiled_layers = compile_alone(j.prompt, j);
-    r.seq = eng_.open(layout, strategy, &st, j.keys, j.principal);
+    r.seq = seqs_.open(layout, strategy, &st, j.keys, j.principal);
     r.fetch.reset();  // its entries were read
   } catch (const relokv_engine::out_of_blocks& e) {
     // What its fetch staged stays for that plan.
@@ -69,19 +73,19 @@ std::int64_t executor::compile_alone(const built_prompt& p, const job& j) {
     relokv_engine::prefill_stats st;
     std::int32_t id = -1;
     try {
-      id = eng_.open(l, relokv::recompute::none{}, &st, j.keys, j.principal);
+      id = seqs_.open(l, relokv::recompute::none{}, &st, j.keys, j.principal);
       layers += st.token_layers;  // an engine that computes at open (llama.cpp) counts it here
       for (bool done = false; !done;) {
         relokv_engine::prefill_stats step;
-        done = !eng_.prefill_step(id, prefill_chunk_, &step).empty();
+        done = !seqs_.prefill_step(id, prefill_chunk_, &step).empty();
         layers += step.token_layers;
       }
-      eng_.close(id, /*commit=*/true);
+      seqs_.close(id, /*commit=*/true);
       metrics_.span_compiled();
     } catch (const std::exception&) {
       // No room (or a refusal the request meets itself): the request computes the
       // document in its own context instead.
-      if (id >= 0) eng_.close(id, /*commit=*/false);
+      if (id >= 0) seqs_.close(id, /*commit=*/false);
       break;
     }
   }
@@ -90,7 +94,7 @@ std::int64_t executor::compile_alone(const built_prompt& p, const job& j) {
 
 std::vector<float> executor::prefill(request_state& r, std::int32_t rows) {
   relokv_engine::prefill_stats st;
-  auto logits = eng_.prefill_step(r.seq, rows, &st);
+  auto logits = seqs_.prefill_step(r.seq, rows, &st);
   const std::lock_guard lock(r.j->mu);
   if (r.j->prompt_tokens > 0 && r.generated.empty())
     r.j->work += double(st.token_layers) / (double(eng_.n_layers()) * double(r.j->prompt_tokens));
@@ -101,11 +105,11 @@ std::vector<std::vector<float>> executor::decode(std::span<request_state* const>
   std::vector<std::int32_t> ids;
   ids.reserve(rows.size());
   for (const request_state* r : rows) ids.push_back(r->seq);
-  return eng_.decode_step(ids);
+  return seqs_.decode_step(ids);
 }
 
 void executor::close(request_state& r, bool commit) {
-  if (r.seq >= 0) eng_.close(r.seq, commit);
+  if (r.seq >= 0) seqs_.close(r.seq, commit);
   r.seq = -1;
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// relokv_server's executor: the only caller of the engine (serving_engine.hpp). It opens a
+// relokv_server's executor: the only caller of the engine (its sequence calls,
+// examples/engine/sequence.hpp, and the server's serving_engine.hpp). It opens a
 // request the scheduler admitted (fetching its store entries off the loop's thread first,
 // compiling its spans alone under --compile-spans alone), computes prompt chunks and decode
 // rows, and closes sequences; it counts what each request's prefill cost into its job.
@@ -40,14 +41,14 @@ class executor {
   /// done, else empty.
   std::vector<float> prefill(request_state& r, std::int32_t rows);
   /// Registers `r`'s prefilled prompt for reuse while it decodes.
-  void commit_prompt(request_state& r) { eng_.commit_prompt(r.seq); }
+  void commit_prompt(request_state& r) { seqs_.commit(r.seq); }
   /// Feeds r.next; false when no block holds it (nothing changed).
-  [[nodiscard]] bool append(request_state& r) { return eng_.append(r.seq, r.next); }
+  [[nodiscard]] bool append(request_state& r) { return seqs_.append(r.seq, r.next); }
   /// One decode row of every request in `rows` (each appended), in one forward.
   std::vector<std::vector<float>> decode(std::span<request_state* const> rows);
   /// Closes `r`'s sequence if it is open (`commit`: its blocks stay for later requests).
   void close(request_state& r, bool commit);
-  [[nodiscard]] std::int32_t live() const { return eng_.live(); }
+  [[nodiscard]] std::int32_t live() const { return seqs_.live(); }
   [[nodiscard]] std::int32_t max_live() const { return eng_.max_live(); }
   [[nodiscard]] cache_snapshot snapshot() const { return eng_.snapshot(); }
 
@@ -57,6 +58,7 @@ class executor {
   std::int64_t compile_alone(const built_prompt& p, const job& j);
 
   serving_engine& eng_;
+  relokv_engine::sequence_engine& seqs_;  ///< the engine's sequence calls
   metrics& metrics_;
   std::int32_t prefill_chunk_;
   bool compile_alone_;

@@ -2,7 +2,7 @@
 // text one token at a time, stop strings, and the end of a request.
 #include "output_processor.hpp"
 
-#include "llama.hpp"  // argmax
+#include "llama_engine.hpp"  // argmax
 
 #include <algorithm>
 #include <chrono>

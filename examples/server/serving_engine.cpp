@@ -7,7 +7,7 @@
 #include <relokv/rope/block_relative.hpp>
 
 #if RELOKV_SERVER_LLAMA_CPP
-#include "engine.hpp"  // relokv_llama_cpp::engine
+#include "llama_cpp_engine.hpp"  // relokv_llama_cpp::engine
 #endif
 
 namespace relokv_server {
@@ -39,23 +39,7 @@ class relokv_serving final : public serving_engine {
     if (keys_.empty()) return nullptr;
     return pre_.prefetch(keys_, std::move(on_ready));
   }
-  std::int32_t open(const relokv::request_layout& layout,
-                    const relokv::recompute::any_strategy& strategy,
-                    relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
-                    std::uint64_t principal) override {
-    return eng_.open(layout, strategy, stats, extras, principal);
-  }
-  std::vector<float> prefill_step(std::int32_t s, std::int32_t max_rows,
-                                  relokv_engine::prefill_stats* stats) override {
-    return eng_.prefill_step(s, max_rows, stats);
-  }
-  bool append(std::int32_t s, relokv::token_t token) override { return eng_.append(s, token); }
-  std::vector<std::vector<float>> decode_step(std::span<const std::int32_t> seqs) override {
-    return eng_.decode_step(seqs);
-  }
-  void close(std::int32_t s, bool commit) override { eng_.close(s, commit); }
-  void commit_prompt(std::int32_t s) override { eng_.commit(s); }
-  std::int32_t live() const override { return eng_.live(); }
+  relokv_engine::sequence_engine& sequences() override { return eng_; }
   std::int32_t max_live() const override { return 1 << 20; }
   std::int32_t n_layers() const override { return eng_.model().cfg.n_layers; }
   cache_snapshot snapshot() const override {
@@ -73,8 +57,9 @@ class relokv_serving final : public serving_engine {
 
 #if RELOKV_SERVER_LLAMA_CPP
 /// The adapter keeps one live request (a llama.cpp context's sequence 0 plus its load waves):
-/// one sequence at a time, its prompt at once, decode one token a step.
-class llama_cpp_serving final : public serving_engine {
+/// one sequence at a time, its prompt at once, decode one token a step. relokv inside llama.cpp
+/// computes a whole prompt in one call, so its sequence calls are this adapter's.
+class llama_cpp_serving final : public serving_engine, public relokv_engine::sequence_engine {
  public:
   llama_cpp_serving(const std::string& path, std::int32_t blocks, std::int32_t ctx,
                     relokv::any_store store,
@@ -92,6 +77,8 @@ class llama_cpp_serving final : public serving_engine {
     pending_ = -1;
     return ++id_;
   }
+  relokv_engine::sequence_engine& sequences() override { return *this; }
+  void commit(seq_id) override {}  // one sequence at a time: nobody to share it with yet
   std::vector<float> prefill_step(std::int32_t s, std::int32_t,
                                   relokv_engine::prefill_stats*) override {
     check(s);
@@ -115,7 +102,7 @@ class llama_cpp_serving final : public serving_engine {
     eng_.end(commit);
     live_ = false;
   }
-  std::int32_t live() const override { return live_ ? 1 : 0; }
+  std::int32_t live() const noexcept override { return live_ ? 1 : 0; }
   std::int32_t max_live() const override { return 1; }
   std::int32_t n_layers() const override { return eng_.n_layers(); }
   cache_snapshot snapshot() const override {

@@ -15,20 +15,21 @@
 #include <relokv/store/any_store.hpp>
 #include <relokv/store/prefetching_store.hpp>
 
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "metrics.hpp"
+#include "sequence.hpp"
 
 namespace relokv_server {
 
+/// What the serving loop needs of an engine beyond its sequence calls: those are the engine's
+/// own (sequences(): relokv's engine itself; relokv inside llama.cpp through its adapter, which
+/// computes a prompt at open), and here what a server asks besides.
 class serving_engine {
  public:
   virtual ~serving_engine() = default;
-  /// relokv_engine::llama_engine's sequence calls (llama.hpp); open() throws
+  /// The engine's sequence calls (examples/engine/sequence.hpp); open() throws
   /// relokv_engine::out_of_blocks when the pool cannot hold the request now.
-  virtual std::int32_t open(const relokv::request_layout& layout,
-                            const relokv::recompute::any_strategy& strategy,
-                            relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
-                            std::uint64_t principal) = 0;
+  [[nodiscard]] virtual relokv_engine::sequence_engine& sequences() = 0;
   /// Fetches, off the caller's thread, the store entries open(layout, strategy, ...) would read
   /// now; open() then finds them staged and never waits for the store. nullptr: nothing to
   /// fetch (no such store, or every block pooled). `on_ready` runs on the fetching thread once
@@ -39,15 +40,6 @@ class serving_engine {
       std::function<void()> /*on_ready*/) {
     return nullptr;
   }
-  virtual std::vector<float> prefill_step(std::int32_t s, std::int32_t max_rows,
-                                          relokv_engine::prefill_stats* stats) = 0;
-  [[nodiscard]] virtual bool append(std::int32_t s, relokv::token_t token) = 0;
-  virtual std::vector<std::vector<float>> decode_step(std::span<const std::int32_t> seqs) = 0;
-  virtual void close(std::int32_t s, bool commit) = 0;
-  /// Registers a prefilled sequence's prompt for reuse while it decodes (llama_engine::commit);
-  /// an engine of one sequence at a time has nobody to share it with and does nothing.
-  virtual void commit_prompt(std::int32_t /*s*/) {}
-  [[nodiscard]] virtual std::int32_t live() const = 0;
   /// Sequences it can hold at once (the scheduler admits no more).
   [[nodiscard]] virtual std::int32_t max_live() const = 0;
   [[nodiscard]] virtual std::int32_t n_layers() const = 0;

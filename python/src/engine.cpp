@@ -20,7 +20,7 @@
 
 #include "bindings.hpp"
 #include "links.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "load_model.hpp"
 #include "marked_text.hpp"
 #include "model_path.hpp"

@@ -16,7 +16,7 @@
 
 #include "bindings.hpp"
 #include "gguf.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "model_path.hpp"
 
 namespace relokv_py {

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "llama.hpp"
+#include "llama_engine.hpp"
 
 #include <relokv/dtype.hpp>
 

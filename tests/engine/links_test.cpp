@@ -2,7 +2,7 @@
 // position (in a span compiled and cached with it, or before the question), the file checked
 // against the model, and its identity in the cache keys.
 #include "links.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 
 #include <relokv/layout/builder.hpp>
 #include <relokv/recompute/none.hpp>

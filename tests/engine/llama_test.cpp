@@ -1,4 +1,4 @@
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "load_model.hpp"
 
 #include <relokv/layout/builder.hpp>

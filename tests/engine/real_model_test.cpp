@@ -23,7 +23,7 @@
 
 #include "gguf.hpp"
 #include "isa.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "model_path.hpp"
 #include "qgemm.hpp"
 #include "support/catch.hpp"

@@ -25,10 +25,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine.hpp"
+#include "llama_cpp_engine.hpp"
 #include "gguf.hpp"
 #include "links.hpp"
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "model_path.hpp"
 #include "support/catch.hpp"
 #include "support/skip.hpp"

@@ -17,7 +17,7 @@
 
 #include <relokv/relokv.hpp>
 
-#include "llama.hpp"
+#include "llama_engine.hpp"
 #include "load_model.hpp"
 #include "profile.hpp"
 

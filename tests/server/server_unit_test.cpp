@@ -43,7 +43,9 @@ relokv_engine::tokenizer tiny_tokenizer() {
 
 /// A scripted engine: a prompt of kStopLen tokens answers the stop token at once (and its
 /// prefill makes the next append fail, or the next decode throw); any other answers "a".
-struct fake_engine final : relokv_server::serving_engine {
+struct fake_engine final : relokv_server::serving_engine, relokv_engine::sequence_engine {
+  relokv_engine::sequence_engine& sequences() override { return *this; }
+  void commit(seq_id) override {}
   static constexpr int kStopLen = 7;
   bool refuse_after_stop = false, throw_after_stop = false;
   // The scheduler thread's, read by the test once the jobs are done.
@@ -86,7 +88,7 @@ struct fake_engine final : relokv_server::serving_engine {
   void close(std::int32_t s, bool) override {
     if (live_.erase(s) == 0) ++bad_closes;
   }
-  std::int32_t live() const override { return static_cast<std::int32_t>(live_.size()); }
+  std::int32_t live() const noexcept override { return static_cast<std::int32_t>(live_.size()); }
   std::int32_t max_live() const override { return 16; }
   std::int32_t n_layers() const override { return 1; }
   std::int32_t block_size() const override { return 16; }
@@ -425,7 +427,9 @@ namespace {
 
 /// An engine whose prompts take several chunks: it records, per scheduler step (snapshot()
 /// ends each), the rows every prefill_step was given and the decode rows.
-struct chunked_engine final : relokv_server::serving_engine {
+struct chunked_engine final : relokv_server::serving_engine, relokv_engine::sequence_engine {
+  relokv_engine::sequence_engine& sequences() override { return *this; }
+  void commit(seq_id) override {}
   std::map<std::int32_t, std::int32_t> left_;  // prompt rows still to compute, per sequence
   std::int32_t next_ = 0;
   struct step_rows {
@@ -458,7 +462,7 @@ struct chunked_engine final : relokv_server::serving_engine {
     return std::vector<std::vector<float>>(seqs.size(), {1, 0, 0});
   }
   void close(std::int32_t s, bool) override { left_.erase(s); }
-  std::int32_t live() const override { return static_cast<std::int32_t>(left_.size()); }
+  std::int32_t live() const noexcept override { return static_cast<std::int32_t>(left_.size()); }
   std::int32_t max_live() const override { return 16; }
   std::int32_t n_layers() const override { return 1; }
   std::int32_t block_size() const override { return 16; }

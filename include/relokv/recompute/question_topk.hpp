@@ -14,7 +14,7 @@
 /// the second pass is an ordinary static mask; the probe is counted as work (its tokens are
 /// computed twice).
 ///
-/// Engine protocol (probes() is true; examples/engine/llama.cpp runs it):
+/// Engine protocol (probes() is true; examples/engine/llama_engine.cpp runs it):
 /// @code
 ///   auto plan = cache.plan(layout, strategy);   // plan.compute: every relocated token (its
 ///                                               // block is private: the probe may choose it)

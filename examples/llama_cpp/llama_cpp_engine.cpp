@@ -1,4 +1,4 @@
-#include "engine.hpp"
+#include "llama_cpp_engine.hpp"
 
 #include <llama.h>
 

@@ -29,7 +29,8 @@
 #include <relokv/rope/pre_rotated.hpp>
 #include <relokv/store/any_store.hpp>
 
-#include "llama.hpp"  // relokv_engine::prefill_stats
+#include "links.hpp"     // relokv_engine::link_adapter
+#include "sequence.hpp"  // relokv_engine::prefill_stats
 
 namespace relokv_llama_cpp {
 

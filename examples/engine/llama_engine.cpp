@@ -1,5 +1,5 @@
-// The example engine's requests (llama.hpp): plan, prefill in chunks, batched decode, commit.
-#include "llama.hpp"
+// The example engine's requests (llama_engine.hpp): plan, prefill in chunks, batched decode, commit.
+#include "llama_engine.hpp"
 #include "forward.hpp"
 #include "layer_attention.hpp"
 

@@ -1,4 +1,5 @@
-// The example engine's requests (llama_engine.hpp): plan, prefill in chunks, batched decode, commit.
+// The example engine's requests (llama_engine.hpp): plan, prefill in chunks, batched decode,
+// commit.
 #include "llama_engine.hpp"
 #include "forward.hpp"
 #include "layer_attention.hpp"

@@ -25,9 +25,9 @@
 #include <utility>
 #include <vector>
 
-#include "llama_cpp_engine.hpp"
 #include "gguf.hpp"
 #include "links.hpp"
+#include "llama_cpp_engine.hpp"
 #include "llama_engine.hpp"
 #include "model_path.hpp"
 #include "support/catch.hpp"

@@ -194,48 +194,60 @@ inline std::vector<std::pair<std::string, double>> links_report(std::size_t requ
   return out;
 }
 
-/// The best learned adapter at <= 5% of the work (tools/links/distill.py; which one and why:
-/// docs/links.md) on the held-out questions (the sample's first `requests`, never trained or
-/// validated on), beside naive reuse at the same work: rag_learned_{agreement, kl, work}
-/// (greedy agreement and first-token KL with full recompute, the share of prefill computed),
-/// rag_learned_naive_{agreement, kl}, rag_learned_questions. SmolLM2 only so far (the other
-/// models' adapters are not trained yet). relokv_report --filter rag_learned runs it alone
-/// ($RELOKV_LEARNED_REQUESTS, default 48).
+/// The best learned adapter of each model at <= 5% of the work (tools/links/distill.py; which
+/// one and why: docs/links.md) on the held-out questions (the sample's first `requests`, never
+/// trained or validated on), beside naive reuse at the same work: rag_learned_{agreement, kl,
+/// work} for SmolLM2 and rag_learned_gemma3_* for Gemma 3 270M (greedy agreement and
+/// first-token KL with full recompute, the share of prefill computed), *_naive_{agreement, kl}
+/// and *_questions. A model whose weights or adapter are absent is skipped, saying so.
+/// relokv_report --filter rag_learned runs it alone ($RELOKV_LEARNED_REQUESTS, default 48).
 inline std::vector<std::pair<std::string, double>> learned_report(std::size_t requests) {
+  struct shipped {
+    const char* model;    // scripts/get-model's name
+    const char* adapter;  // in tools/links/adapters/
+    const char* prefix;   // of its lines
+  };
+  static constexpr shipped kShipped[] = {
+      {"smollm2", "smollm2-135m-learned.gguf", "rag_learned_"},
+      {"gemma3-270m", "gemma3-270m-learned.gguf", "rag_learned_gemma3_"},
+  };
   std::vector<std::pair<std::string, double>> out;
   const std::string data = qa_sample();
-  const std::string path = relokv_engine::default_model_path("smollm2");
+  for (const shipped& s : kShipped) {
+    const std::string path = relokv_engine::default_model_path(s.model);
 #ifdef RELOKV_LINKS_ADAPTERS
-  const std::string adapter = std::string(RELOKV_LINKS_ADAPTERS) + "/smollm2-135m-learned.gguf";
+    const std::string adapter = std::string(RELOKV_LINKS_ADAPTERS) + "/" + s.adapter;
 #else
-  const std::string adapter;
+    const std::string adapter;
 #endif
-  if (path.empty() || data.empty() || !std::ifstream(adapter).good()) {
-    std::fprintf(stderr,
-                 "relokv_report: rag_learned_* skipped: needs smollm2 (scripts/get-model), "
-                 "its adapter %s and the QA sample\n",
-                 adapter.c_str());
-    return out;
+    if (path.empty() || data.empty() || !std::ifstream(adapter).good()) {
+      std::fprintf(stderr,
+                   "relokv_report: %s* skipped: needs %s (scripts/get-model), its adapter %s "
+                   "and the QA sample\n",
+                   s.prefix, s.model, adapter.c_str());
+      continue;
+    }
+    const auto loaded = relokv_engine::load_model(path);
+    const auto model =
+        relokv_engine::with_links(loaded.model, relokv_engine::load_links(adapter, *loaded.model));
+    const relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
+    const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
+    using relokv_engine::strategy_spec;
+    std::vector<relokv_rag::variant> vars = {relokv_rag::variant_of(strategy_spec{"full"}),
+                                             relokv_rag::variant_of(strategy_spec{"none"})};
+    vars.push_back(relokv_rag::link_variants(2, 0.12f, false).front());  // links: naive + rows
+    relokv_rag::run_options opt;
+    opt.max_answer = 16;
+    const auto res = relokv_rag::run(model, w, codec, vars, opt);
+    using relokv_rag::mean;
+    const std::string p = s.prefix;
+    out.emplace_back(p + "questions", double(w.requests.size()));
+    out.emplace_back(p + "agreement", mean(res[2].agreement));
+    out.emplace_back(p + "kl", mean(res[2].kl));
+    out.emplace_back(p + "work", mean(res[2].work));
+    out.emplace_back(p + "naive_agreement", mean(res[1].agreement));
+    out.emplace_back(p + "naive_kl", mean(res[1].kl));
   }
-  const auto loaded = relokv_engine::load_model(path);
-  const auto model =
-      relokv_engine::with_links(loaded.model, relokv_engine::load_links(adapter, *loaded.model));
-  const relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
-  const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
-  using relokv_engine::strategy_spec;
-  std::vector<relokv_rag::variant> vars = {relokv_rag::variant_of(strategy_spec{"full"}),
-                                           relokv_rag::variant_of(strategy_spec{"none"})};
-  vars.push_back(relokv_rag::link_variants(2, 0.12f, false).front());  // links: naive + rows
-  relokv_rag::run_options opt;
-  opt.max_answer = 16;
-  const auto res = relokv_rag::run(model, w, codec, vars, opt);
-  using relokv_rag::mean;
-  out.emplace_back("rag_learned_questions", double(w.requests.size()));
-  out.emplace_back("rag_learned_agreement", mean(res[2].agreement));
-  out.emplace_back("rag_learned_kl", mean(res[2].kl));
-  out.emplace_back("rag_learned_work", mean(res[2].work));
-  out.emplace_back("rag_learned_naive_agreement", mean(res[1].agreement));
-  out.emplace_back("rag_learned_naive_kl", mean(res[1].kl));
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -76,11 +77,39 @@ struct engine<T>::impl {
   std::optional<relokv::host_kv_storage<T>> pool;
   std::optional<cache_type> cache;
 
+  // One run of cached blocks, loaded as a sequence of its own: consecutive blocks whose keys
+  // were computed at consecutive positions and move by the same delta.
+  struct load_group {
+    std::int32_t first_block = 0, last_block = 0;  // in the plan, inclusive
+    std::int32_t delta = 0;                        // new position - stored position
+    llama_seq_id seq = -1;                         // while loaded
+    std::int32_t last_pos = 0;                     // its last cached position (new)
+  };
+  /// A prompt being prefilled, walked in position order a step at a time: cached runs are
+  /// shared into the request's sequence, computed runs decoded at their positions.
+  struct prompt_walk {
+    std::vector<relokv::token_t> tokens;
+    std::vector<std::int32_t> stored;    // per block: where its keys were computed
+    std::vector<std::uint8_t> comp;      // per position: computed (else loaded)
+    std::vector<load_group> groups;      // the runs of cached blocks to load
+    std::vector<std::int32_t> group_of;  // per loaded position: its group
+    std::int32_t p = 0;                  // the next position
+  };
   struct live_request {
     relokv::reuse_plan plan;
-    std::int32_t n_tokens = 0;  // positions filled: the prompt, then decoded tokens
+    std::int32_t n_tokens = 0;        // positions filled: the prompt, then decoded tokens
+    std::optional<prompt_walk> walk;  // while the prompt is being prefilled
   };
   std::optional<live_request> live;
+  seq_id live_id = -1;  // the live request's id (sequence_engine)
+  seq_id next_seq = 0;
+  relokv::token_t pending = -1;  // appended, not yet decoded
+
+  void start(const relokv::request_layout& layout, const relokv::recompute::any_strategy& strategy,
+             relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
+             std::uint64_t principal);
+  void abandon() noexcept;
+  live_request& sequence(seq_id s, const char* what);
 
   impl(const std::string& path, engine_options o) : opt(std::move(o)) {
     init_backend();
@@ -278,15 +307,6 @@ struct engine<T>::impl {
                        : std::string()));
   }
 
-  // One run of cached blocks, loaded as a sequence of its own: consecutive blocks whose keys
-  // were computed at consecutive positions and move by the same delta.
-  struct load_group {
-    std::int32_t first_block = 0, last_block = 0;  // in the plan, inclusive
-    std::int32_t delta = 0;                        // new position - stored position
-    llama_seq_id seq = -1;                         // while loaded
-    std::int32_t last_pos = 0;                     // its last cached position (new)
-  };
-
   /// Loads groups [g, end) (up to kSeqs - 2) into sequences 1.., each at its stored positions,
   /// then shifts each by its delta: llama.cpp re-rotates the keys at its next decode.
   void load_wave(std::vector<load_group>& groups, std::size_t g, const relokv::reuse_plan& plan,
@@ -322,75 +342,54 @@ struct engine<T>::impl {
     }
   }
 
-  std::vector<float> serve(const relokv::request_layout& layout, relokv::reuse_plan& plan,
-                           relokv_engine::prefill_stats* stats) {
+  /// Prepares a planned prompt's walk (its fetches written, its copies made, the cached runs
+  /// grouped); computes nothing. `stats` gets the plan's counts.
+  prompt_walk begin(const relokv::request_layout& layout, relokv::reuse_plan& plan,
+                    relokv_engine::prefill_stats* stats) {
     relokv::apply_fetches(*pool, plan.fetches);
     plan.fetches.clear();
     const std::size_t nb = plan.blocks.size();
+    prompt_walk w;
+    w.tokens = layout.tokens;
     // Where each block's keys were computed: its position, or a copy's source position (the
     // copy is made raw; llama.cpp's K-shift rotates).
-    std::vector<std::int32_t> stored(nb);
-    for (std::size_t b = 0; b < nb; ++b) stored[b] = plan.blocks[b].pos0;
+    w.stored.resize(nb);
+    for (std::size_t b = 0; b < nb; ++b) w.stored[b] = plan.blocks[b].pos0;
     for (const relokv::block_copy& c : plan.copies) {
       for (std::size_t b = 0; b < nb; ++b)
-        if (plan.blocks[b].physical == c.dst) stored[b] = c.src_pos0;
+        if (plan.blocks[b].physical == c.dst) w.stored[b] = c.src_pos0;
       if (c.src != c.dst) pool->copy_block(c.src, c.dst);
     }
     const auto n = static_cast<std::int32_t>(layout.tokens.size());
     // Computed tokens: the plan's, and the last one (it gives the logits; llama.cpp writes its
     // K/V, so it is not loaded).
-    std::vector<std::uint8_t> comp(plan.compute.begin(), plan.compute.end());
-    comp[static_cast<std::size_t>(n - 1)] = 1;
-    // The runs of cached blocks to load.
-    std::vector<load_group> groups;
-    std::vector<std::int32_t> group_of(static_cast<std::size_t>(n), -1);
+    w.comp.assign(plan.compute.begin(), plan.compute.end());
+    w.comp[static_cast<std::size_t>(n - 1)] = 1;
+    w.group_of.assign(static_cast<std::size_t>(n), -1);
     for (std::size_t b = 0; b < nb; ++b) {
       const relokv::planned_block& pb = plan.blocks[b];
       bool any = false;
-      for (std::int32_t s = 0; s < pb.len; ++s) any |= !comp[static_cast<std::size_t>(pb.pos0 + s)];
-      if (!any) continue;
-      const std::int32_t delta = pb.pos0 - stored[b];
-      const auto bi = static_cast<std::int32_t>(b);
-      if (groups.empty() || groups.back().last_block != bi - 1 || groups.back().delta != delta ||
-          stored[b - 1] + plan.blocks[b - 1].len != stored[b])
-        groups.push_back({bi, bi, delta, -1, 0});
-      else
-        groups.back().last_block = bi;
       for (std::int32_t s = 0; s < pb.len; ++s)
-        if (!comp[static_cast<std::size_t>(pb.pos0 + s)]) {
-          group_of[static_cast<std::size_t>(pb.pos0 + s)] =
-              static_cast<std::int32_t>(groups.size() - 1);
-          groups.back().last_pos = pb.pos0 + s;
+        any |= !w.comp[static_cast<std::size_t>(pb.pos0 + s)];
+      if (!any) continue;
+      const std::int32_t delta = pb.pos0 - w.stored[b];
+      const auto bi = static_cast<std::int32_t>(b);
+      if (w.groups.empty() || w.groups.back().last_block != bi - 1 ||
+          w.groups.back().delta != delta || w.stored[b - 1] + plan.blocks[b - 1].len != w.stored[b])
+        w.groups.push_back({bi, bi, delta, -1, 0});
+      else
+        w.groups.back().last_block = bi;
+      for (std::int32_t s = 0; s < pb.len; ++s)
+        if (!w.comp[static_cast<std::size_t>(pb.pos0 + s)]) {
+          w.group_of[static_cast<std::size_t>(pb.pos0 + s)] =
+              static_cast<std::int32_t>(w.groups.size() - 1);
+          w.groups.back().last_pos = pb.pos0 + s;
         }
-    }
-    // Walk the prompt in position order: share cached runs into the request's sequence,
-    // decode computed runs at their positions (llama.cpp appends only after the last position).
-    std::int32_t computed = 0;
-    for (std::int32_t p = 0; p < n;) {
-      std::int32_t q = p + 1;
-      if (comp[static_cast<std::size_t>(p)]) {
-        while (q < n && comp[static_cast<std::size_t>(q)]) ++q;
-        decode_run(std::span(layout.tokens)
-                       .subspan(static_cast<std::size_t>(p), static_cast<std::size_t>(q - p)),
-                   p, q == n);
-        computed += q - p;
-      } else {
-        const std::int32_t g = group_of[static_cast<std::size_t>(p)];
-        while (q < n && group_of[static_cast<std::size_t>(q)] == g) ++q;
-        load_group& lg = groups[static_cast<std::size_t>(g)];
-        if (lg.seq < 0) {
-          load_wave(groups, static_cast<std::size_t>(g), plan, stored, comp);
-        }
-        llama_memory_seq_cp(mem, lg.seq, kRequestSeq, p, q);
-        if (q - 1 == lg.last_pos) (void)llama_memory_seq_rm(mem, lg.seq, -1, -1);
-      }
-      p = q;
     }
     if (stats != nullptr) {
       *stats = {};
       stats->tokens = n;
-      stats->computed = computed;
-      stats->token_layers = static_cast<std::int64_t>(computed) * layers;
+      stats->computed = static_cast<std::int32_t>(std::count(w.comp.begin(), w.comp.end(), 1));
       stats->exact_hits = plan.exact_hits;
       stats->relocated_hits = plan.relocated_hits;
       stats->misses = plan.misses;
@@ -401,7 +400,39 @@ struct engine<T>::impl {
         stats->computed_blocks += pb.tier == relokv::block_tier::kComputed;
       }
     }
-    return last_logits();
+    return w;
+  }
+
+  /// Walks the prompt on in position order (llama.cpp appends only after the last position):
+  /// cached runs shared into the request's sequence (no rows), computed runs decoded, at most
+  /// `max_rows` of them. True once the prompt is done (its last token's logits are llama.cpp's
+  /// last). `stats`, when given, gets the work added.
+  bool advance(prompt_walk& w, const relokv::reuse_plan& plan, std::int32_t max_rows,
+               relokv_engine::prefill_stats* stats) {
+    const auto n = static_cast<std::int32_t>(w.tokens.size());
+    std::int32_t rows = 0;
+    while (w.p < n) {
+      const std::int32_t p = w.p;
+      std::int32_t q = p + 1;
+      if (w.comp[static_cast<std::size_t>(p)]) {
+        if (rows >= max_rows) break;
+        while (q < n && w.comp[static_cast<std::size_t>(q)] && q - p < max_rows - rows) ++q;
+        decode_run(std::span(w.tokens).subspan(static_cast<std::size_t>(p),
+                                               static_cast<std::size_t>(q - p)),
+                   p, q == n);
+        rows += q - p;
+      } else {
+        const std::int32_t g = w.group_of[static_cast<std::size_t>(p)];
+        while (q < n && w.group_of[static_cast<std::size_t>(q)] == g) ++q;
+        load_group& lg = w.groups[static_cast<std::size_t>(g)];
+        if (lg.seq < 0) load_wave(w.groups, static_cast<std::size_t>(g), plan, w.stored, w.comp);
+        llama_memory_seq_cp(mem, lg.seq, kRequestSeq, p, q);
+        if (q - 1 == lg.last_pos) (void)llama_memory_seq_rm(mem, lg.seq, -1, -1);
+      }
+      w.p = q;
+    }
+    if (stats != nullptr) stats->token_layers += static_cast<std::int64_t>(rows) * layers;
+    return w.p == n;
   }
 
   /// The request's private blocks (computed, or relocated copies), from llama.cpp into the pool.
@@ -471,41 +502,133 @@ engine<T>::~engine() {
 }
 
 template <class T>
-std::vector<float> engine<T>::prefill(const relokv::request_layout& layout,
-                                      const relokv::recompute::any_strategy& strategy,
-                                      relokv_engine::prefill_stats* stats,
-                                      const relokv::extra_keys& extras, std::uint64_t principal) {
-  impl& m = *p_;
-  if (m.live) throw std::logic_error("llama.cpp engine: end() the live request first");
+void engine<T>::impl::start(const relokv::request_layout& layout,
+                            const relokv::recompute::any_strategy& strategy,
+                            relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
+                            std::uint64_t principal) {
   if (layout.tokens.empty()) throw std::invalid_argument("llama.cpp engine: an empty request");
-  m.check_tokens(layout.tokens, "llama.cpp engine: prefill");
-  if (layout.tokens.size() >= static_cast<std::size_t>(m.opt.n_ctx))
+  check_tokens(layout.tokens, "llama.cpp engine: prefill");
+  if (layout.tokens.size() >= static_cast<std::size_t>(opt.n_ctx))
     throw std::invalid_argument("llama.cpp engine: a request of " +
                                 std::to_string(layout.tokens.size()) +
-                                " tokens does not fit the context of " +
-                                std::to_string(m.opt.n_ctx) + " cells (engine_options::n_ctx)");
+                                " tokens does not fit the context of " + std::to_string(opt.n_ctx) +
+                                " cells (engine_options::n_ctx)");
   if (strategy.dynamic() || strategy.probes() || strategy.grouped() != nullptr)
     throw std::invalid_argument(
         "llama.cpp engine: this strategy chooses or weighs tokens between layers (CacheBlend's "
         "deviation, the question's attention, APE's groups); llama.cpp's public API computes a "
         "batch through every layer with no hook between them. Use none, first_k, seam_window "
         "or full");
-  relokv::reuse_plan plan = m.cache->plan(layout, strategy, extras, principal);
+  relokv::reuse_plan plan = cache->plan(layout, strategy, extras, principal);
   if (!plan.ok())
-    throw std::runtime_error("llama.cpp engine: out of KV blocks (" +
-                             std::to_string(plan.blocks_short) + " more needed)");
+    throw relokv_engine::out_of_blocks("llama.cpp engine: out of KV blocks (" +
+                                           std::to_string(plan.blocks_short) + " more needed)",
+                                       plan.blocks_short);
   const relokv::request_id id = plan.id;
-  m.clear();
+  clear();
   try {
-    auto logits = m.serve(layout, plan, stats);
-    m.live.emplace(typename impl::live_request{std::move(plan),
-                                               static_cast<std::int32_t>(layout.tokens.size())});
-    return logits;
+    prompt_walk w = begin(layout, plan, stats);
+    live.emplace(live_request{std::move(plan), static_cast<std::int32_t>(layout.tokens.size()),
+                              std::move(w)});
   } catch (...) {
-    m.cache->release(id);
-    m.clear();
+    cache->release(id);
+    clear();
     throw;
   }
+}
+
+template <class T>
+void engine<T>::impl::abandon() noexcept {
+  if (!live) return;
+  cache->release(live->plan.id);
+  live.reset();
+  clear();
+}
+
+template <class T>
+std::vector<float> engine<T>::prefill(const relokv::request_layout& layout,
+                                      const relokv::recompute::any_strategy& strategy,
+                                      relokv_engine::prefill_stats* stats,
+                                      const relokv::extra_keys& extras, std::uint64_t principal) {
+  impl& m = *p_;
+  if (m.live) throw std::logic_error("llama.cpp engine: end() the live request first");
+  m.start(layout, strategy, stats, extras, principal);
+  try {
+    (void)m.advance(*m.live->walk, m.live->plan, std::numeric_limits<std::int32_t>::max(), stats);
+    m.live->walk.reset();
+    return m.last_logits();
+  } catch (...) {
+    m.abandon();
+    throw;
+  }
+}
+
+template <class T>
+auto engine<T>::open(const relokv::request_layout& layout,
+                     const relokv::recompute::any_strategy& strategy,
+                     relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
+                     std::uint64_t principal) -> seq_id {
+  impl& m = *p_;
+  if (m.live) throw relokv_engine::out_of_blocks("llama.cpp engine: one sequence at a time", 0);
+  m.start(layout, strategy, stats, extras, principal);
+  return m.live_id = m.next_seq++;
+}
+
+template <class T>
+auto engine<T>::impl::sequence(seq_id s, const char* what) -> live_request& {
+  if (!live || s != live_id)
+    throw std::logic_error(std::string("llama.cpp engine: ") + what + ": no live sequence " +
+                           std::to_string(s));
+  return *live;
+}
+
+template <class T>
+std::vector<float> engine<T>::prefill_step(seq_id s, std::int32_t max_rows,
+                                           relokv_engine::prefill_stats* stats) {
+  impl& m = *p_;
+  auto& r = m.sequence(s, "prefill_step");
+  if (!r.walk) throw std::logic_error("llama.cpp engine: prefill_step: the prompt is done");
+  if (max_rows < 1) throw std::invalid_argument("llama.cpp engine: prefill_step: max_rows < 1");
+  if (!m.advance(*r.walk, r.plan, max_rows, stats)) return {};
+  r.walk.reset();
+  return m.last_logits();
+}
+
+template <class T>
+bool engine<T>::append(seq_id s, relokv::token_t token) {
+  impl& m = *p_;
+  auto& r = m.sequence(s, "append");
+  if (r.walk) throw std::logic_error("llama.cpp engine: append before the prompt is done");
+  m.check_tokens(std::span(&token, 1), "llama.cpp engine: append");
+  if (r.n_tokens >= m.opt.n_ctx) return false;  // the context is full: no cell for it
+  m.pending = token;
+  return true;
+}
+
+template <class T>
+std::vector<std::vector<float>> engine<T>::decode_step(std::span<const seq_id> seqs) {
+  impl& m = *p_;
+  std::vector<std::vector<float>> out;
+  for (const seq_id s : seqs) {
+    (void)m.sequence(s, "decode_step");
+    if (m.pending < 0) throw std::logic_error("llama.cpp engine: decode_step without append");
+    out.push_back(decode(m.pending));
+    m.pending = -1;
+  }
+  return out;
+}
+
+template <class T>
+void engine<T>::close(seq_id s, bool commit) {
+  impl& m = *p_;
+  if (!m.live || s != m.live_id) return;
+  m.pending = -1;
+  end(commit);
+}
+
+template <class T>
+std::int32_t engine<T>::live() const noexcept {
+  return p_->live ? 1 : 0;
 }
 
 template <class T>
@@ -527,7 +650,7 @@ void engine<T>::end(bool commit) {
   if (!m.live) return;
   const relokv::request_id id = m.live->plan.id;
   try {
-    if (commit) {
+    if (commit && !m.live->walk) {  // a prompt not computed to its end has nothing to commit
       m.write_back(m.live->plan);
       m.cache->commit(id, *m.pool);  // and writes new blocks to the store, when there is one
     }

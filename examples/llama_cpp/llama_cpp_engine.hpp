@@ -54,7 +54,7 @@ struct engine_options {
 /// @tparam T the KV element type, llama.cpp's and the pool's: relokv::fp16 (llama.cpp's
 ///           default, GGML_TYPE_F16) or float (GGML_TYPE_F32)
 template <class T>
-class engine {
+class engine final : public relokv_engine::sequence_engine {
  public:
   using cache_type =
       relokv::relocatable_cache<relokv::xxh3_128, relokv::lru_block_pool, relokv::pre_rotated,
@@ -65,7 +65,7 @@ class engine {
   ///         when the context's KV is not what the adapter reads (not shiftable, M-RoPE, another
   ///         image format)
   engine(const std::string& gguf_path, engine_options opt = {});
-  ~engine();
+  ~engine() override;
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
@@ -77,15 +77,38 @@ class engine {
   /// @throws std::invalid_argument for a strategy that needs a per-layer hook, a token outside
   ///         the vocabulary (or the adapter's rows) or a request longer than the context
   ///         (nothing is planned then);
-  ///         std::runtime_error when the pool has too few free blocks (nothing was taken)
+  ///         relokv_engine::out_of_blocks (a std::runtime_error) when the pool has too few
+  ///         free blocks (nothing was taken)
   std::vector<float> prefill(const relokv::request_layout& layout,
                              const relokv::recompute::any_strategy& strategy,
                              relokv_engine::prefill_stats* stats = nullptr,
                              const relokv::extra_keys& extras = {}, std::uint64_t principal = 0);
   /// Appends one token to the live request and returns the next logits.
   std::vector<float> decode(relokv::token_t token);
+
+  // relokv_engine::sequence_engine, one sequence at a time (a llama.cpp context's sequence 0
+  // and its load waves): the same request as prefill(), decode() and end(), in steps.
+  /// Plans a request as prefill() does and computes nothing.
+  /// @throws relokv_engine::out_of_blocks while another is live, or when the pool has too few
+  ///         free blocks; std::invalid_argument as prefill()
+  seq_id open(const relokv::request_layout& layout, const relokv::recompute::any_strategy& strategy,
+              relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
+              std::uint64_t principal) override;
+  /// Walks the prompt on in position order: cached runs loaded (no rows), at most `max_rows`
+  /// computed rows decoded; the last token's logits once the prompt is done, else empty. The
+  /// logits are the bits prefill() gives (llama.cpp computes each row over the cells before it).
+  std::vector<float> prefill_step(seq_id s, std::int32_t max_rows,
+                                  relokv_engine::prefill_stats* stats) override;
+  /// Nothing to share while it decodes (one sequence at a time): close() commits.
+  void commit(seq_id /*s*/) override {}
+  /// False when the context has no cell left for it.
+  [[nodiscard]] bool append(seq_id s, relokv::token_t token) override;
+  std::vector<std::vector<float>> decode_step(std::span<const seq_id> seqs) override;
+  /// end(commit) of the live sequence `s`; other ids are ignored.
+  void close(seq_id s, bool commit) override;
+  [[nodiscard]] std::int32_t live() const noexcept override;
   /// Commits the live request's prompt blocks (reusable by later requests, written to the
-  /// store when there is one) and ends it.
+  /// store when there is one; not a prompt whose prefill was not finished) and ends it.
   void end(bool commit = true);
 
   /// llama.cpp alone: the tokens prefilled from position 0 in batches of n_batch, in a cleared

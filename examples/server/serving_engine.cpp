@@ -56,53 +56,15 @@ class relokv_serving final : public serving_engine {
 };
 
 #if RELOKV_SERVER_LLAMA_CPP
-/// The adapter keeps one live request (a llama.cpp context's sequence 0 plus its load waves):
-/// one sequence at a time, its prompt at once, decode one token a step. relokv inside llama.cpp
-/// computes a whole prompt in one call, so its sequence calls are this adapter's.
-class llama_cpp_serving final : public serving_engine, public relokv_engine::sequence_engine {
+/// relokv inside llama.cpp: its engine is its own sequence_engine (one sequence at a time, its
+/// prompt in steps); here what the server asks besides.
+class llama_cpp_serving final : public serving_engine {
  public:
   llama_cpp_serving(const std::string& path, std::int32_t blocks, std::int32_t ctx,
                     relokv::any_store store,
                     std::shared_ptr<const relokv_engine::link_adapter> links)
       : eng_(path, options(blocks, ctx, std::move(store), std::move(links))) {}
-  std::int32_t open(const relokv::request_layout& layout,
-                    const relokv::recompute::any_strategy& strategy,
-                    relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
-                    std::uint64_t principal) override {
-    if (live_) throw relokv_engine::out_of_blocks("llama.cpp engine: one sequence at a time", 0);
-    // The adapter plans and computes in one call: it runs here, and prefill_step hands over
-    // the logits. Its own refusals (a strategy with a per-layer hook, too long) propagate.
-    logits_ = eng_.prefill(layout, strategy, stats, extras, principal);
-    live_ = true;
-    pending_ = -1;
-    return ++id_;
-  }
-  relokv_engine::sequence_engine& sequences() override { return *this; }
-  void commit(seq_id) override {}  // one sequence at a time: nobody to share it with yet
-  std::vector<float> prefill_step(std::int32_t s, std::int32_t,
-                                  relokv_engine::prefill_stats*) override {
-    check(s);
-    return std::move(logits_);
-  }
-  bool append(std::int32_t s, relokv::token_t token) override {
-    check(s);
-    pending_ = token;
-    return true;
-  }
-  std::vector<std::vector<float>> decode_step(std::span<const std::int32_t> seqs) override {
-    std::vector<std::vector<float>> out;
-    for (const std::int32_t s : seqs) {
-      check(s);
-      out.push_back(eng_.decode(pending_));
-    }
-    return out;
-  }
-  void close(std::int32_t s, bool commit) override {
-    if (!live_ || s != id_) return;
-    eng_.end(commit);
-    live_ = false;
-  }
-  std::int32_t live() const noexcept override { return live_ ? 1 : 0; }
+  relokv_engine::sequence_engine& sequences() override { return eng_; }
   std::int32_t max_live() const override { return 1; }
   std::int32_t n_layers() const override { return eng_.n_layers(); }
   cache_snapshot snapshot() const override {
@@ -123,15 +85,7 @@ class llama_cpp_serving final : public serving_engine, public relokv_engine::seq
     o.store = std::move(store);
     return o;
   }
-  void check(std::int32_t s) const {
-    if (!live_ || s != id_)
-      throw std::logic_error("llama.cpp engine: no live sequence " + std::to_string(s));
-  }
   relokv_llama_cpp::engine<relokv::fp16> eng_;
-  std::vector<float> logits_;
-  relokv::token_t pending_ = -1;
-  std::int32_t id_ = 0;
-  bool live_ = false;
 };
 #endif
 

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -159,6 +160,69 @@ TEST_CASE("llama.cpp: full through relokv equals llama.cpp's own prefill", "[lla
   const auto ref = e.plain_prefill(flat_tokens(layout));
   REQUIRE(got.size() == ref.size());
   CHECK(got == ref);  // the same decode calls: bit for bit
+}
+
+TEST_CASE("llama.cpp: the prompt in steps (sequence_engine) is prefill() in chunks",
+          "[llama_cpp]") {
+  adapter e(g_model, small());
+  warm(e);
+  const auto layout = spans_layout({2, 0, 1});
+  const relokv::recompute::any_strategy s = relokv::recompute::first_k{4};
+  relokv_engine::prefill_stats whole;
+  const auto ref = e.prefill(layout, s, &whole);
+  const auto ref_next = e.decode(static_cast<token_t>(argmax(ref)));
+  e.end(false);
+  // Steps of 64 rows (n_batch): llama.cpp's batches then break where prefill()'s would not
+  // (a step ends inside a computed run), so the logits agree within llama.cpp's batch
+  // rounding, not bit for bit; one step of every row is prefill() itself.
+  for (const std::int32_t rows : {std::numeric_limits<std::int32_t>::max(), 64}) {
+    INFO("rows a step " << rows);
+    relokv_engine::sequence_engine& seqs = e;
+    relokv_engine::prefill_stats st;
+    const auto id = seqs.open(layout, s, &st, {}, 0);
+    CHECK(seqs.live() == 1);
+    CHECK(st.computed == whole.computed);  // the plan's count, before any row is computed
+    CHECK(st.token_layers == 0);
+    // One sequence at a time: a second waits for blocks, and nothing of it is kept.
+    CHECK_THROWS_AS(seqs.open(layout, s, nullptr, {}, 0), relokv_engine::out_of_blocks);
+    std::vector<float> logits;
+    int steps = 0;
+    while (logits.empty()) {
+      relokv_engine::prefill_stats step;
+      logits = seqs.prefill_step(id, rows, &step);
+      CHECK(step.token_layers <= std::int64_t{rows} * e.n_layers());
+      st.token_layers += step.token_layers;
+      ++steps;
+    }
+    CHECK(st.token_layers == whole.token_layers);
+    if (rows == 64) {
+      CHECK(steps == (whole.computed + 63) / 64);
+      CHECK(max_rel(logits, ref) < 1e-3);
+      check_same_pick(logits, ref, max_rel(logits, ref));
+    } else {
+      CHECK(steps == 1);
+      CHECK(logits == ref);
+    }
+    CHECK_THROWS_AS(seqs.prefill_step(id, rows, nullptr), std::logic_error);  // done
+    REQUIRE(seqs.append(id, static_cast<token_t>(argmax(ref))));
+    const std::vector<relokv_engine::sequence_engine::seq_id> ids{id};
+    const auto next = seqs.decode_step(ids);
+    REQUIRE(next.size() == 1);
+    if (rows != 64) CHECK(next[0] == ref_next);
+    seqs.close(id, /*commit=*/false);
+    CHECK(seqs.live() == 0);
+    seqs.close(id, /*commit=*/false);  // unknown now: ignored
+  }
+  // A sequence closed before its prompt was done commits nothing and frees its blocks.
+  relokv_engine::sequence_engine& seqs = e;
+  const auto cached = e.cache().cached_blocks();
+  const auto id = seqs.open(spans_layout({1, 0, 2}), s, nullptr, {}, 0);
+  CHECK(e.cache().allocator().num_free() < e.cache().allocator().capacity());
+  CHECK(seqs.prefill_step(id, 1, nullptr).empty());
+  seqs.close(id, /*commit=*/true);
+  CHECK(seqs.live() == 0);
+  CHECK(e.cache().cached_blocks() == cached);
+  CHECK(e.cache().allocator().num_free() == e.cache().allocator().capacity());
 }
 
 TEST_CASE("llama.cpp: tenants and principals reach the cache (the provenance attack)",

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
       const auto open = [&] { return relokv::any_store::from_url(o.store_url, seal); };
       store = open();
       if (o.engine != "llama.cpp" && o.store_url != "memory:") {
-        // The scheduler's thread never waits for the store: puts are written behind it, and
+        // The serving loop's thread never waits for the store: puts are written behind it, and
         // the entries a request's plan reads are fetched while it waits (three connections).
         const std::string shown = store.description();
         relokv::prefetch_options po;

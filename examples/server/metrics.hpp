@@ -1,6 +1,6 @@
 #pragma once
 // relokv_server's counters in Prometheus' text exposition format (version 0.0.4): what a
-// person running the service graphs and alerts on. Written by the scheduler and the HTTP
+// person running the service graphs and alerts on. Written by the serving loop and the HTTP
 // threads, read by GET /metrics; one mutex, taken briefly.
 #include <array>
 #include <cstdint>
@@ -29,7 +29,7 @@ class histogram {
   double sum_ = 0;
 };
 
-/// The pool and cache as the scheduler last saw them.
+/// The pool and cache as the serving loop last saw them.
 struct cache_snapshot {
   std::int64_t blocks_capacity = 0, blocks_in_use = 0, blocks_cached = 0;
   std::int64_t running = 0, prefilling = 0, waiting = 0;
@@ -49,7 +49,7 @@ class metrics {
   /// A request held back a step: a span of its prompt was being computed by another request.
   void span_wait();
   /// A request held back until the store entries its plan reads were fetched off the
-  /// scheduler's thread (a store that prefetches: redis, redis-cluster, file).
+  /// serving loop's thread (a store that prefetches: redis, redis-cluster, file).
   void prefetch_wait();
   void escalated();  ///< a request recomputed in full by the escalation policy
   void rejected(const std::string& reason);  ///< refused before scheduling: queue_full, ...

@@ -1,5 +1,6 @@
 #pragma once
-// What relokv_server's scheduler drives: an engine with live sequences. Two are served:
+// What relokv_server's serving loop drives (its executor calls it): an engine with live
+// sequences. Two are served:
 // relokv's example engine (every strategy, many sequences batched) and relokv inside llama.cpp
 // (--engine llama.cpp: static strategies, one sequence at a time; see docs/server.md).
 #include <cstdint>
@@ -52,7 +53,7 @@ class serving_engine {
 
 /// relokv's example engine: block_relative keys in bf16, every strategy. With `prefetcher`
 /// (the handle of the prefetching_store `store` holds), prefetch() fetches a request's store
-/// entries off the scheduler's thread.
+/// entries off the serving loop's thread.
 std::unique_ptr<serving_engine> make_relokv_engine(
     std::shared_ptr<const relokv_engine::llama_model> model, std::int32_t kv_blocks,
     relokv::any_store store, std::int32_t block_size = 16,

@@ -1,8 +1,8 @@
 #pragma once
 // What relokv_server's serving loop drives (its executor calls it): an engine with live
-// sequences. Two are served:
-// relokv's example engine (every strategy, many sequences batched) and relokv inside llama.cpp
-// (--engine llama.cpp: static strategies, one sequence at a time; see docs/server.md).
+// sequences. Two are served: relokv's example engine (every strategy, many sequences batched)
+// and relokv inside llama.cpp (--engine llama.cpp: static strategies, one sequence at a time;
+// see docs/server.md).
 #include <cstdint>
 #include <functional>
 #include <memory>

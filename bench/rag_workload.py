@@ -3,7 +3,7 @@
 
 A conversation is a question of the sample drawn with Zipf popularity, its passages in a fresh
 random order inside the message text as a RAG client formats them (bench/serve_load.py's
-FORMATS: LangChain's "stuff" prompt by default), and with --turns 2 a follow-up turn over the
+SUITE: LangChain's "stuff" prompt by default), and with --turns 2 a follow-up turn over the
 same passages. With --docs 20 a prompt holds the question's ten passages and ten more drawn from
 the pool of every passage in the sample with Zipf popularity (popular across questions, as
 retrieved passages are). Writes, deterministically for a seed:
@@ -19,7 +19,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_load import FORMATS, ROOT  # noqa: E402
+from serve_load import ROOT, SUITE, render  # noqa: E402
 
 FOLLOW_UP = "Which of the passages above supports your answer? Name its title."
 
@@ -57,7 +57,8 @@ def build(sample, n, docs, zipf, seed, fmt, turns, max_tokens):
                 extra.append(pool[i])
         ctx = own + extra
         rng.shuffle(ctx)
-        text = FORMATS[fmt]([f"{t}\n{body}" for t, body in ctx], sample[q]["question"])
+        text = render(SUITE[fmt], [{"title": t, "text": body} for t, body in ctx],
+                      sample[q]["question"], k)
         conv = {"key": f"{q}:{k}", "turns": [text], "max_tokens": max_tokens}
         if turns > 1:
             conv["turns"] += [FOLLOW_UP] * (turns - 1)
@@ -74,7 +75,7 @@ def main():
     ap.add_argument("--docs", type=int, default=10, help="passages per prompt (10 or 20)")
     ap.add_argument("--zipf", type=float, default=1.1)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--format", default="langchain", choices=list(FORMATS))
+    ap.add_argument("--format", default="langchain", choices=sorted(SUITE))
     ap.add_argument("--turns", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", help="conversations as JSON (bench/serve_load.py --workload)")

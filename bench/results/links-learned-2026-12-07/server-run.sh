@@ -2,10 +2,11 @@
 # relokv_server with the shipped learned adapter (tools/links/adapters/smollm2-135m-learned.gguf:
 # deep rows before the question) beside naive reuse and EPIC on bench/serve_rag's workload: plain
 # prompts (LangChain's "stuff" prompt, --spans auto finds the passages), ten passages, 64-token
-# answers, 32 conversations over the sample's first 40 questions (held out: never trained or
-# validated on), 16 users, each against the server's own full recompute answering alone
-# (bench/serve_load.py --workload; loopback; bounded). Spans first seen computed in context (the
-# default) or compiled alone (--compile-spans alone, as the rows were trained).
+# answers ($MAX_TOKENS: 16 as the engine's figures), 32 conversations over the sample's first 40
+# questions (held out: never trained or validated on), 16 users, each against the server's own
+# full recompute answering alone (bench/serve_load.py --workload; loopback; bounded). Spans
+# first seen computed in context (the default) or compiled alone (--compile-spans alone, as the
+# rows were trained).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 bin=${RELOKV_SERVER_BIN:-$root/build/examples/server/relokv_server}
@@ -13,7 +14,8 @@ model=$("$root/scripts/get-model" smollm2)
 ad=$root/tools/links/adapters/smollm2-135m-learned.gguf
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 "$root/bench/rag_workload.py" --docs 10 --requests 32 --questions 40 --max-tokens 64 \
+python3 "$root/bench/rag_workload.py" --docs 10 --requests 32 --questions 40 \
+  --max-tokens "${MAX_TOKENS:-64}" \
   --out "$work/w.json" >/dev/null
 load=(--workload "$work/w.json")
 run() {  # name strategy parallel [server args] -- [load args]

@@ -374,17 +374,21 @@ TEST_CASE("redis: maxmemory eviction is a miss; a refused write is counted", "[r
 TEST_CASE("redis: two writers storing the same spans at once", "[redis]") {
   relokv_test::redis_server server;
   std::atomic<bool> go{false};
-  auto writer = [&] {
+  // The writers assert nothing themselves (Catch's assertions are not thread-safe): they count.
+  auto writer = [&](int& served) {
     instance<redis_store> w(connect(server));
     while (!go.load()) std::this_thread::yield();
-    for (int i = 0; i < 20; ++i) (void)w.serve(rag({&kA, &kB}), true);
+    for (int i = 0; i < 20; ++i) served += w.serve_from_thread(rag({&kA, &kB}), true) ? 1 : 0;
     return w.cache.stats().store_write_failures;
   };
   std::int64_t f1 = -1, f2 = -1;
-  std::thread t1([&] { f1 = writer(); }), t2([&] { f2 = writer(); });
+  int s1 = 0, s2 = 0;
+  std::thread t1([&] { f1 = writer(s1); }), t2([&] { f2 = writer(s2); });
   go = true;
   t1.join();
   t2.join();
+  CHECK(s1 == 20);
+  CHECK(s2 == 20);
   CHECK(f1 == 0);
   CHECK(f2 == 0);
   CHECK(all_keys(server).size() == 6);  // one entry per block, whichever writer was last

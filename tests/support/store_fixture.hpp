@@ -97,6 +97,17 @@ struct instance {
     cache.release(p.id);
     return p;
   }
+  /// serve() for a thread other than the test's own, which must not assert (Catch's
+  /// assertions are not thread-safe): false when the plan failed or the K/V read back differ.
+  bool serve_from_thread(const relokv::request_layout& l, bool commit = true) {
+    auto p = cache.plan(l);
+    if (!p.ok()) return false;
+    compute(kv, l, p);
+    const bool ok = holds_request(kv, l, p);
+    if (commit) cache.commit(p.id, kv);
+    cache.release(p.id);
+    return ok;
+  }
 };
 
 /// The forgery anyone who can write to the store can make of an unsealed entry: its header and

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,6 +115,45 @@ inline std::vector<std::pair<std::string, double>> gemma3_report(std::size_t req
   return out;
 }
 
+/// What run_with_adapter ran: one result per variant, in order.
+struct adapter_run {
+  std::vector<relokv_rag::variant_result> results;
+  std::size_t questions = 0;
+  std::int32_t rows = 0;  ///< the adapter's learned rows
+};
+
+/// `variants` in relokv's engine on the QA sample's first `requests`, 16-token answers, with
+/// tools/links/adapters/`file` read into scripts/get-model's `model`; none (saying why, naming
+/// the lines `prefix` skipped) when the model, the adapter or the sample is absent.
+inline std::optional<adapter_run> run_with_adapter(const char* model, const char* file,
+                                                   const char* prefix, std::size_t requests,
+                                                   const std::vector<relokv_rag::variant>& vars) {
+  const std::string data = qa_sample();
+  const std::string path = relokv_engine::default_model_path(model);
+#ifdef RELOKV_LINKS_ADAPTERS
+  const std::string adapter = std::string(RELOKV_LINKS_ADAPTERS) + "/" + file;
+#else
+  const std::string adapter;
+  (void)file;
+#endif
+  if (path.empty() || data.empty() || !std::ifstream(adapter).good()) {
+    std::fprintf(stderr,
+                 "relokv_report: %s* skipped: needs %s (scripts/get-model), its adapter %s and "
+                 "the QA sample\n",
+                 prefix, model, adapter.c_str());
+    return std::nullopt;
+  }
+  const auto loaded = relokv_engine::load_model(path);
+  const auto adapted =
+      relokv_engine::with_links(loaded.model, relokv_engine::load_links(adapter, *loaded.model));
+  const relokv_rag::text_codec codec{loaded.tokenizer.get(), adapted->cfg.vocab};
+  const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
+  relokv_rag::run_options opt;
+  opt.max_answer = 16;
+  return adapter_run{relokv_rag::run(adapted, w, codec, vars, opt), w.requests.size(),
+                     adapted->links->n};
+}
+
 /// Span links (tools/links) on the held-out questions (the sample's first `requests`; the
 /// trainer never saw them nor their passages), for each shipped adapter whose model is here:
 /// full, naive, EPIC k=2 (about the links' work) and k=16, the question's attention 12%, and
@@ -126,7 +166,6 @@ inline std::vector<std::pair<std::string, double>> gemma3_report(std::size_t req
 /// default 24; $RELOKV_LINKS_MODELS, default smollm2,gemma3-270m,qwen2.5-0.5b).
 inline std::vector<std::pair<std::string, double>> links_report(std::size_t requests) {
   std::vector<std::pair<std::string, double>> out;
-  const std::string data = qa_sample();
   std::string models = "smollm2,gemma3-270m,qwen2.5-0.5b";
   if (const char* e = std::getenv("RELOKV_LINKS_MODELS"); e != nullptr && *e != '\0') models = e;
   struct entry {
@@ -137,24 +176,6 @@ inline std::vector<std::pair<std::string, double>> links_report(std::size_t requ
                        {"qwen2.5-0.5b", "qwen2.5-0.5b.gguf", "rag_links_qwen05_"}};
   for (const entry& e : all) {
     if (("," + models + ",").find("," + std::string(e.name) + ",") == std::string::npos) continue;
-    const std::string path = relokv_engine::default_model_path(e.name);
-#ifdef RELOKV_LINKS_ADAPTERS
-    const std::string adapter = std::string(RELOKV_LINKS_ADAPTERS) + "/" + e.file;
-#else
-    const std::string adapter;
-#endif
-    if (path.empty() || data.empty() || !std::ifstream(adapter).good()) {
-      std::fprintf(stderr,
-                   "relokv_report: %s* skipped: needs %s (scripts/get-model), its "
-                   "adapter %s and the QA sample\n",
-                   e.prefix, e.name, adapter.c_str());
-      continue;
-    }
-    const auto loaded = relokv_engine::load_model(path);
-    const auto model =
-        relokv_engine::with_links(loaded.model, relokv_engine::load_links(adapter, *loaded.model));
-    const relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
-    const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
     using relokv_engine::strategy_spec;
     std::vector<relokv_rag::variant> vars = {
         relokv_rag::variant_of(strategy_spec{"full"}),
@@ -163,13 +184,13 @@ inline std::vector<std::pair<std::string, double>> links_report(std::size_t requ
         relokv_rag::variant_of(strategy_spec{"first_k", 16}),
         relokv_rag::variant_of(strategy_spec{"question", 0, 0.12f})};
     for (auto& v : relokv_rag::link_variants(2, 0.12f, false)) vars.push_back(std::move(v));
-    relokv_rag::run_options opt;
-    opt.max_answer = 16;
-    const auto res = relokv_rag::run(model, w, codec, vars, opt);
+    const auto ran = run_with_adapter(e.name, e.file, e.prefix, requests, vars);
+    if (!ran) continue;
+    const auto& res = ran->results;
     using relokv_rag::mean;
     const std::string p = e.prefix;
-    out.emplace_back(p + "questions", double(w.requests.size()));
-    out.emplace_back(p + "rows", double(model->links->n));
+    out.emplace_back(p + "questions", double(ran->questions));
+    out.emplace_back(p + "rows", double(ran->rows));
     const auto put = [&](const std::string& name, const relokv_rag::variant_result& r) {
       out.emplace_back(p + name + "agreement", mean(r.agreement));
       out.emplace_back(p + name + "kl", mean(r.kl));
@@ -211,37 +232,18 @@ inline std::vector<std::pair<std::string, double>> learned_report(std::size_t re
       {"smollm2", "smollm2-135m-learned.gguf", "rag_learned_"},
       {"gemma3-270m", "gemma3-270m-learned.gguf", "rag_learned_gemma3_"},
   };
+  using relokv_engine::strategy_spec;
+  std::vector<relokv_rag::variant> vars = {relokv_rag::variant_of(strategy_spec{"full"}),
+                                           relokv_rag::variant_of(strategy_spec{"none"})};
+  vars.push_back(relokv_rag::link_variants(2, 0.12f, false).front());  // links: naive + rows
   std::vector<std::pair<std::string, double>> out;
-  const std::string data = qa_sample();
   for (const shipped& s : kShipped) {
-    const std::string path = relokv_engine::default_model_path(s.model);
-#ifdef RELOKV_LINKS_ADAPTERS
-    const std::string adapter = std::string(RELOKV_LINKS_ADAPTERS) + "/" + s.adapter;
-#else
-    const std::string adapter;
-#endif
-    if (path.empty() || data.empty() || !std::ifstream(adapter).good()) {
-      std::fprintf(stderr,
-                   "relokv_report: %s* skipped: needs %s (scripts/get-model), its adapter %s "
-                   "and the QA sample\n",
-                   s.prefix, s.model, adapter.c_str());
-      continue;
-    }
-    const auto loaded = relokv_engine::load_model(path);
-    const auto model =
-        relokv_engine::with_links(loaded.model, relokv_engine::load_links(adapter, *loaded.model));
-    const relokv_rag::text_codec codec{loaded.tokenizer.get(), model->cfg.vocab};
-    const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
-    using relokv_engine::strategy_spec;
-    std::vector<relokv_rag::variant> vars = {relokv_rag::variant_of(strategy_spec{"full"}),
-                                             relokv_rag::variant_of(strategy_spec{"none"})};
-    vars.push_back(relokv_rag::link_variants(2, 0.12f, false).front());  // links: naive + rows
-    relokv_rag::run_options opt;
-    opt.max_answer = 16;
-    const auto res = relokv_rag::run(model, w, codec, vars, opt);
+    const auto ran = run_with_adapter(s.model, s.adapter, s.prefix, requests, vars);
+    if (!ran) continue;
+    const auto& res = ran->results;
     using relokv_rag::mean;
     const std::string p = s.prefix;
-    out.emplace_back(p + "questions", double(w.requests.size()));
+    out.emplace_back(p + "questions", double(ran->questions));
     out.emplace_back(p + "agreement", mean(res[2].agreement));
     out.emplace_back(p + "kl", mean(res[2].kl));
     out.emplace_back(p + "work", mean(res[2].work));

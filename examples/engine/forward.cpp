@@ -270,12 +270,9 @@ void deep_rows(const llama_model& m, int l, const std::vector<std::int32_t>& pos
 template <class P, class T>
 void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden) {
   const llama_model& m = *pass.model;
-  const relokv::layer_rope& ropes = *pass.ropes;
-  relokv::host_kv_storage<T>& kv = *pass.kv;
-  const kv_map& map = *pass.map;
+  pass_kv<T>& kv = *pass.kv;
   const std::vector<relokv::token_t>& tokens = *pass.tokens;
   std::vector<std::int32_t>& positions = pass.positions;
-  const std::int32_t no_write = pass.no_write;
   const relokv::recompute::any_strategy* strategy = pass.strategy;
   std::vector<std::uint8_t>* mask = pass.mask;
   const std::vector<std::uint8_t>* reused = pass.reused;
@@ -299,20 +296,20 @@ void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden) {
   const bool dynamic = strategy != nullptr && strategy->dynamic() && mask && reused;
   int step = 0;
   fk.resize(static_cast<std::size_t>(Hk) * hd);
-  const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(map.table.size())};
-  const relokv::block_table_view view{map.table.data(), indptr, 1};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const auto qrow = static_cast<std::size_t>(H) * hd;
   std::array<relokv::attention_group, 3> groups{};
   std::int32_t query_start = 0;
   if (reader) {
-    groups = reader->ape.groups(reader->layout, static_cast<std::int32_t>(map.table.size()));
+    const relokv::block_table_view t = kv.attention(0).table;
+    groups = reader->ape.groups(reader->layout, t.indptr[1] - t.indptr[0]);
     query_start = relokv::recompute::ape::query_start(reader->layout);
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const llama_layer& L = m.layers[static_cast<std::size_t>(l)];
-    const relokv::rope_table& rope = ropes.table(l);  // the layer's own base (Gemma 3)
-    const std::int32_t window = ropes.window(l);      // 0, or its sliding window
+    // The layer's call over the request's blocks: its own RoPE base (Gemma 3) and window.
+    relokv::attention_params<T> call = kv.attention(l);
+    const relokv::rope_table& rope = *call.rope;
     auto N = static_cast<std::size_t>(n);
     bool refined = false;
     h.resize(N * D);
@@ -332,7 +329,7 @@ void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden) {
     head_norms(L.q_norm, q.data(), N, H, hd, c.rms_eps);
     head_norms(L.k_norm, k.data(), N, Hk, hd, c.rms_eps);
     if (m.links && m.links->deep) deep_rows(m, l, positions, tokens, k.data(), v.data());
-    auto layer_kv = kv.layer(l);
+    const relokv::paged_kv_view<const T>& layer_kv = call.kv;
     if (dynamic && step < strategy->steps() && strategy->check_layer(step) == l) {
       // Deviation of the fresh K/V (in storage form) from the cached ones, before they are
       // overwritten; the mask for the next layer follows.
@@ -340,8 +337,7 @@ void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden) {
       for (int i = 0; i < n; ++i) {
         const auto pos = positions[static_cast<std::size_t>(i)];
         if (!(*reused)[static_cast<std::size_t>(pos)]) continue;
-        const auto b = map.block_of[static_cast<std::size_t>(pos)];
-        const auto s = map.slot_of[static_cast<std::size_t>(pos)];
+        const auto [b, s] = kv.where(pos);
         for (int hh = 0; hh < Hk; ++hh) {
           std::copy_n(&k[(static_cast<std::size_t>(i) * Hk + hh) * hd], hd,
                       &fk[static_cast<std::size_t>(hh) * hd]);
@@ -368,17 +364,11 @@ void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden) {
       ++step;
       refined = true;
     }
-    for (int i = 0; i < n; ++i) {
-      const auto pos = positions[static_cast<std::size_t>(i)];
-      if (pos == no_write) continue;
-      relokv::append_kv<P>(rope, layer_kv, map.block_of[static_cast<std::size_t>(pos)],
-                           map.slot_of[static_cast<std::size_t>(pos)], pos,
-                           &k[static_cast<std::size_t>(i) * Hk * hd],
-                           &v[static_cast<std::size_t>(i) * Hk * hd]);
-    }
+    for (int i = 0; i < n; ++i)  // a reused token (the last-token rule) is not written
+      kv.write(l, positions[static_cast<std::size_t>(i)], &k[static_cast<std::size_t>(i) * Hk * hd],
+               &v[static_cast<std::size_t>(i) * Hk * hd]);
     if (probe && probe->strategy->counts_layer(l, c.n_layers))
-      probe_mass<P>(rope, relokv::paged_kv_view<const T>(layer_kv), map.table, q.data(), positions,
-                    H, scale, *probe, window);
+      probe_mass<P>(call, q.data(), positions, H, scale, *probe);
     if (refined) {
       // Every candidate's K/V of the check layer are written; the rows dropped there need no
       // attention or MLP (nothing reads their hidden state again).
@@ -386,9 +376,13 @@ void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden) {
       N = static_cast<std::size_t>(n);
     }
     att.resize(N * H * hd);
-    attention<P>(rope, relokv::paged_kv_view<const T>(layer_kv), view, q.data(), positions.data(),
-                 n, H, scale, att.data(), /*decode=*/false, reader ? &groups : nullptr, query_start,
-                 window);
+    call.q = q.data();
+    call.q_pos = positions.data();
+    call.num_tokens = n;
+    call.num_q_heads = H;
+    call.scale = scale;
+    call.out = att.data();
+    attention<P>(call, /*decode=*/false, reader ? &groups : nullptr, query_start);
     o.resize(N * D);
     matmul(att.data(), n, H * hd, L.wo, D, o.data());
     float* const xr = x.data();  // x may have shrunk (compact_rows): its data again
@@ -437,8 +431,7 @@ std::vector<float> head(const llama_model& m, const std::vector<float>& hidden, 
 }
 
 template <class P, class T>
-void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
-                     relokv::host_kv_storage<T>& kv, std::span<const decode_row> rows,
+void run_decode_rows(const llama_model& m, std::span<const decode_row<T>> rows,
                      std::vector<float>& hidden) {
   const llama_config& c = m.cfg;
   const int D = c.dim, H = c.n_heads, Hk = c.n_kv_heads, hd = c.head_dim, F = c.ffn;
@@ -457,20 +450,16 @@ void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
   // Each row's reader groups (APE) and table view, as its lone decode makes them.
   std::vector<std::array<relokv::attention_group, 3>> groups(N);
   std::vector<std::int32_t> query_start(N, 0);
-  std::vector<std::array<std::int32_t, 2>> indptr(N);
   for (std::size_t i = 0; i < N; ++i) {
-    const decode_row& r = rows[i];
-    indptr[i] = {0, static_cast<std::int32_t>(r.map->table.size())};
+    const decode_row<T>& r = rows[i];
     if (r.reader) {
-      groups[i] =
-          r.reader->ape.groups(r.reader->layout, static_cast<std::int32_t>(r.map->table.size()));
+      const relokv::block_table_view t = r.kv->attention(0).table;
+      groups[i] = r.reader->ape.groups(r.reader->layout, t.indptr[1] - t.indptr[0]);
       query_start[i] = relokv::recompute::ape::query_start(r.reader->layout);
     }
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const llama_layer& L = m.layers[static_cast<std::size_t>(l)];
-    const relokv::rope_table& rope = ropes.table(l);
-    const std::int32_t window = ropes.window(l);
     h.resize(N * Du);
     for (std::size_t i = 0; i < N; ++i)
       rmsnorm(x.data() + i * Du, L.attn_norm, D, c.rms_eps, h.data() + i * Du);
@@ -482,17 +471,18 @@ void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
             /*decode=*/true);
     head_norms(L.q_norm, q.data(), N, H, hd, c.rms_eps);
     head_norms(L.k_norm, k.data(), N, Hk, hd, c.rms_eps);
-    auto layer_kv = kv.layer(l);
     att.resize(N * qrow);
     for (std::size_t i = 0; i < N; ++i) {
-      const decode_row& r = rows[i];
-      const auto pos = static_cast<std::size_t>(r.pos);
-      relokv::append_kv<P>(rope, layer_kv, r.map->block_of[pos], r.map->slot_of[pos], r.pos,
-                           &k[i * kvrow], &v[i * kvrow]);
-      const relokv::block_table_view view{r.map->table.data(), indptr[i].data(), 1};
-      attention<P>(rope, relokv::paged_kv_view<const T>(layer_kv), view, &q[i * qrow], &r.pos, 1, H,
-                   scale, &att[i * qrow], /*decode=*/true, r.reader ? &groups[i] : nullptr,
-                   query_start[i], window);
+      const decode_row<T>& r = rows[i];
+      r.kv->write(l, r.pos, &k[i * kvrow], &v[i * kvrow]);
+      relokv::attention_params<T> call = r.kv->attention(l);
+      call.q = &q[i * qrow];
+      call.q_pos = &r.pos;
+      call.num_tokens = 1;
+      call.num_q_heads = H;
+      call.scale = scale;
+      call.out = &att[i * qrow];
+      attention<P>(call, /*decode=*/true, r.reader ? &groups[i] : nullptr, query_start[i]);
     }
     o.resize(N * Du);
     matmul(att.data(), n, H * hd, L.wo, D, o.data(), nullptr, /*decode=*/true);
@@ -516,10 +506,9 @@ void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
   hidden.assign(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(N * Du));
 }
 
-#define RELOKV_FORWARD_INSTANTIATE(P, T)                                                        \
-  template void run_layers<P, T>(layer_pass<T>, std::vector<float>&);                           \
-  template void run_decode_rows<P, T>(const llama_model&, const relokv::layer_rope&,            \
-                                      relokv::host_kv_storage<T>&, std::span<const decode_row>, \
+#define RELOKV_FORWARD_INSTANTIATE(P, T)                                                  \
+  template void run_layers<P, T>(layer_pass<T>, std::vector<float>&);                     \
+  template void run_decode_rows<P, T>(const llama_model&, std::span<const decode_row<T>>, \
                                       std::vector<float>&);
 RELOKV_FORWARD_INSTANTIATE(relokv::pre_rotated, relokv::bf16)
 RELOKV_FORWARD_INSTANTIATE(relokv::at_attention, relokv::bf16)

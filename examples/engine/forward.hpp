@@ -1,11 +1,14 @@
 #pragma once
-// The example engine's forward pass, internal to it (llama.cpp and forward.cpp): the products
-// in the weights' own types, the layer loop over paged KV, batched decode rows, the logits.
+// The example engine's forward pass, internal to it (llama_engine.cpp and forward.cpp): the
+// products in the weights' own types, the layer loop over paged KV, batched decode rows, the
+// logits.
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include <relokv/attention/params.hpp>
 #include <relokv/memory/host_kv_storage.hpp>
 #include <relokv/recompute/any_strategy.hpp>
 #include <relokv/rope/layer_rope.hpp>
@@ -37,21 +40,39 @@ inline void matmuls(const float* x, int n, int in, std::initializer_list<product
 }
 void rmsnorm(const float* x, const std::vector<float>& w, int dim, float eps, float* out);
 
+/// Where a pass writes K/V and what its attention reads, by position: the engine's live
+/// request (its relokv::request_kv: slot_at, write, attention) or the contiguous baseline's
+/// one block of its own.
+template <class T>
+class pass_kv {
+ public:
+  virtual ~pass_kv() = default;
+  /// Writes position pos's K and V ([kv heads][head_dim] each, unrotated) into layer l as the
+  /// placement stores them; nothing where the request reuses the token (its K/V are cached).
+  virtual void write(std::int32_t l, std::int32_t pos, const float* k, const float* v) = 0;
+  /// Layer l's attention call with what the request decides set: RoPE table, window, KV view
+  /// and block table (relokv::request_kv::attention).
+  [[nodiscard]] virtual relokv::attention_params<T> attention(std::int32_t l) const = 0;
+  /// Where position pos's K/V are: its block and its slot in it.
+  [[nodiscard]] virtual std::pair<relokv::block_id, std::int32_t> where(std::int32_t pos) const = 0;
+
+ protected:
+  pass_kv() = default;
+  pass_kv(const pass_kv&) = default;
+  pass_kv& operator=(const pass_kv&) = default;
+};
+
 /// One prefill pass over the layers of one request, named: what run_layers computes and where.
-/// Set the request's four (model, ropes, kv, map), its tokens and the positions; a static
-/// strategy needs nothing else.
+/// Set the request's three (model, kv, tokens) and the positions; a static strategy needs
+/// nothing else.
 template <class T>
 struct layer_pass {
   const llama_model* model = nullptr;
-  const relokv::layer_rope* ropes = nullptr;
-  relokv::host_kv_storage<T>* kv = nullptr;
-  const kv_map* map = nullptr;  ///< where each position's K/V is, and the blocks attended
+  pass_kv<T>* kv = nullptr;  ///< where the K/V go and what attention reads
   const std::vector<relokv::token_t>* tokens = nullptr;  ///< the request's, by position
   /// The positions computed, ascending (a chunk of the prompt; a dynamic strategy's set shrinks
   /// layer by layer).
   std::vector<std::int32_t> positions;
-  /// A position computed but not written (the reused last token); -1: none.
-  std::int32_t no_write = -1;
   /// A dynamic strategy (CacheBlend's deviation check, APE's groups) and its per-position
   /// state: `mask` the positions still computed (it shrinks), `reused` those loaded from the
   /// cache, `pinned` those a combined strategy computes at every layer. All or none.
@@ -65,7 +86,8 @@ struct layer_pass {
 };
 
 /// The layer loop of one request. Computes the tokens at `pass.positions` (their K/V written
-/// where `map` says, except at `no_write`), attends over every block of `map`, and leaves the
+/// through `pass.kv`, which skips the tokens the request reuses), attends over every block of
+/// the request, and leaves the
 /// last token's hidden state in last_hidden. With a dynamic strategy the set shrinks layer by
 /// layer (mask/reused per position). Positions may come in chunks, in order: a chunk's queries
 /// see the keys the earlier chunks wrote (causal attention reads no later key), so a static
@@ -75,8 +97,9 @@ template <class P, class T>
 void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden);
 
 /// One decode row of a sequence: its last token, at its position, over its blocks.
+template <class T>
 struct decode_row {
-  const kv_map* map;
+  pass_kv<T>* kv;
   relokv::token_t token;
   std::int32_t pos;
   const grouped_reader* reader = nullptr;  ///< APE's reader, or none
@@ -84,8 +107,7 @@ struct decode_row {
 /// One decode step of many sequences in one forward: the products over all rows, attention
 /// per row over its own blocks (as a lone decode attends). hidden gets rows.size() x dim.
 template <class P, class T>
-void run_decode_rows(const llama_model& m, const relokv::layer_rope& ropes,
-                     relokv::host_kv_storage<T>& kv, std::span<const decode_row> rows,
+void run_decode_rows(const llama_model& m, std::span<const decode_row<T>> rows,
                      std::vector<float>& hidden);
 
 /// The logits of n hidden states (rows of dim): final norm, then the output matrix.

@@ -10,29 +10,52 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
+#include <relokv/attention/kv_append.hpp>
 #include <relokv/engine/request_kv.hpp>
 
 namespace relokv_engine {
 using detail::grouped_reader;
 using detail::head;
-using detail::kv_map;
 using detail::mass_probe;
 using detail::run_layers;
+
+namespace {
+/// The layer loop's K/V of a live request: relokv::request_kv, the integration API the README
+/// teaches (its slots, writes and attention calls), by position.
+template <class Cache, class T>
+class request_pass_kv final : public detail::pass_kv<T> {
+ public:
+  explicit request_pass_kv(relokv::request_kv<Cache, T>& req) : req_(&req) {}
+  void write(std::int32_t l, std::int32_t pos, const float* k, const float* v) override {
+    req_->write(l, req_->slot_at(pos), k, v);  // a reused token's slot writes nothing
+  }
+  relokv::attention_params<T> attention(std::int32_t l) const override {
+    return req_->attention(l);
+  }
+  std::pair<relokv::block_id, std::int32_t> where(std::int32_t pos) const override {
+    const relokv::token_slot t = req_->slot_at(pos);
+    return {t.block(), t.slot()};
+  }
+
+ private:
+  relokv::request_kv<Cache, T>* req_;
+};
+}  // namespace
 
 template <class P, class T>
 struct llama_engine<P, T>::live_request {
   // The request's KV in the library's words: fetches, copies, (position, block, slot) of each
   // computed token, the last-token rule, decode's blocks, commit and release.
   std::optional<relokv::request_kv<cache_type, T>> req;
-  kv_map map;  // position -> (block, slot) for the layer loop, indexed from req->blocks()
+  std::optional<request_pass_kv<cache_type, T>> kv;  // the layer loop's view of req
   std::vector<relokv::token_t> tokens;
   std::optional<grouped_reader> reader;  // APE requests: prefill's and decode's reader rows
   relokv::request_layout layout;
   relokv::recompute::any_strategy strategy;
   std::vector<std::uint8_t> mask, reused;  // the plan's, per position
   std::vector<std::int32_t> pending;       // positions still to compute, ascending
-  std::int32_t no_write = -1;              // the reused last token: computed, not written
   bool chunks = true;                      // a static strategy: the prompt may come in chunks
   bool prefilled = false;                  // the prompt's logits were returned
   bool appended = false;                   // a token waits for decode_step
@@ -104,8 +127,7 @@ typename llama_engine<P, T>::seq_id llama_engine<P, T>::open(
   // Writes the store's blocks, then performs the copies (which may read them).
   r->req.emplace(cache_, kv_, rope_, layout, std::move(plan));
   const relokv::reuse_plan& pl = r->req->plan();
-  r->map.table.assign(r->req->blocks().begin(), r->req->blocks().end());
-  r->map.index();
+  r->kv.emplace(*r->req);
   r->tokens = layout.tokens;
   r->layout = layout;
   r->strategy = strategy;
@@ -113,11 +135,8 @@ typename llama_engine<P, T>::seq_id llama_engine<P, T>::open(
   r->reused = pl.reused_mask();
   // The tokens to compute, by position. The library adds the last token when the plan reuses
   // it (its hidden state gives the logits) with write == false: its K/V are cached already,
-  // in a block that may be shared.
-  for (const relokv::token_slot& t : r->req->prefill_tokens()) {
-    r->pending.push_back(t.pos());
-    if (!t.writes()) r->no_write = t.pos();
-  }
+  // in a block that may be shared, and request_kv::write through its slot writes nothing.
+  for (const relokv::token_slot& t : r->req->prefill_tokens()) r->pending.push_back(t.pos());
   r->chunks = !strategy.dynamic() && !strategy.probes() && strategy.grouped() == nullptr;
   if (stats) {
     stats->tokens = layout.num_tokens();
@@ -159,12 +178,9 @@ std::vector<float> llama_engine<P, T>::prefill_step(seq_id s, std::int32_t max_r
   const auto pass = [&](std::vector<std::int32_t> positions) {
     detail::layer_pass<T> p;
     p.model = model_.get();
-    p.ropes = &rope_;
-    p.kv = &kv_;
-    p.map = &r.map;
+    p.kv = &*r.kv;
     p.tokens = &r.tokens;
     p.positions = std::move(positions);
-    p.no_write = r.no_write;
     p.trace = stats;
     return p;
   };
@@ -238,15 +254,13 @@ bool llama_engine<P, T>::append(seq_id s, relokv::token_t token) {
   const auto slot = r.req->append_token();  // the open block, or a new one (cache.extend)
   if (!slot) return false;
   r.tokens.push_back(token);
-  r.map.table.assign(r.req->blocks().begin(), r.req->blocks().end());
-  r.map.index();
   r.appended = true;
   return true;
 }
 
 template <class P, class T>
 std::vector<std::vector<float>> llama_engine<P, T>::decode_step(std::span<const seq_id> ids) {
-  std::vector<detail::decode_row> rows;
+  std::vector<detail::decode_row<T>> rows;
   rows.reserve(ids.size());
   std::vector<live_request*> live;
   for (const seq_id s : ids) {
@@ -255,13 +269,13 @@ std::vector<std::vector<float>> llama_engine<P, T>::decode_step(std::span<const 
     for (const live_request* o : live)
       if (o == &r) throw std::logic_error("llama_engine::decode_step: a sequence named twice");
     live.push_back(&r);
-    rows.push_back({&r.map, r.tokens.back(), static_cast<std::int32_t>(r.tokens.size()) - 1,
+    rows.push_back({&*r.kv, r.tokens.back(), static_cast<std::int32_t>(r.tokens.size()) - 1,
                     r.reader ? &*r.reader : nullptr});
   }
   std::vector<std::vector<float>> out(ids.size());
   if (ids.empty()) return out;
   std::vector<float> hidden;
-  detail::run_decode_rows<P, T>(*model_, rope_, kv_, rows, hidden);
+  detail::run_decode_rows<P, T>(*model_, std::span<const detail::decode_row<T>>(rows), hidden);
   const auto all = head(*model_, hidden, /*decode=*/true, static_cast<int>(ids.size()));
   const auto V = static_cast<std::size_t>(model_->cfg.vocab);
   for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -289,57 +303,10 @@ void llama_engine<P, T>::close(seq_id s, bool commit) {
   if (it == seqs_.end()) return;
   std::unique_ptr<live_request> r = std::move(it->second);
   seqs_.erase(it);
-  if (s == current_) current_ = -1;
   // A prompt not computed to its end has blocks without their K/V: never committed.
   if (commit && r->prefilled && !r->committed)
     r->req->commit();  // and writes new blocks to the store
   // ~request_kv releases the request.
-}
-
-template <class P, class T>
-std::vector<float> llama_engine<P, T>::prefill(const relokv::request_layout& layout,
-                                               const relokv::recompute::any_strategy& strategy,
-                                               prefill_stats* stats,
-                                               const relokv::extra_keys& extras,
-                                               std::uint64_t principal) {
-  if (current_ >= 0) throw std::logic_error("llama_engine: end() the live request first");
-  const seq_id s = open(layout, strategy, stats, extras, principal);
-  try {
-    auto logits = prefill_step(s, std::numeric_limits<std::int32_t>::max(), stats);
-    current_ = s;
-    return logits;
-  } catch (...) {
-    close(s, false);
-    throw;
-  }
-}
-
-template <class P, class T>
-std::vector<float> llama_engine<P, T>::decode(relokv::token_t token) {
-  if (current_ < 0) throw std::logic_error("llama_engine: decode needs a prefilled request");
-  if (!append(current_, token))
-    throw out_of_blocks("llama_engine: out of KV blocks during decode", 1);
-  const seq_id s = current_;
-  return std::move(decode_step({&s, 1})[0]);
-}
-
-template <class P, class T>
-std::vector<relokv::token_t> llama_engine<P, T>::generate(const std::vector<float>& first_logits,
-                                                          std::int32_t max_tokens,
-                                                          relokv::token_t stop) {
-  std::vector<relokv::token_t> out;
-  relokv::token_t t = argmax(first_logits);
-  for (std::int32_t i = 0; i < max_tokens; ++i) {
-    out.push_back(t);
-    if (t == stop) break;
-    if (i + 1 < max_tokens) t = argmax(decode(t));
-  }
-  return out;
-}
-
-template <class P, class T>
-void llama_engine<P, T>::end(bool commit) {
-  if (current_ >= 0) close(current_, commit);
 }
 
 template class llama_engine<relokv::pre_rotated, relokv::bf16>;
@@ -350,12 +317,14 @@ template class llama_engine<relokv::at_attention, float>;
 template class llama_engine<relokv::block_relative, float>;
 
 template <class T>
-struct contiguous_prefill<T>::state {
+struct contiguous_prefill<T>::state final : detail::pass_kv<T> {
   std::shared_ptr<const llama_model> model;
   std::int32_t max_tokens;
   relokv::layer_rope rope;
   relokv::host_kv_storage<T> kv;
-  kv_map map;
+  // One block as long as this prompt: position p is its slot p.
+  relokv::block_entry table{0, 0, 0};
+  std::int32_t indptr[2] = {0, 1};
   std::vector<std::int32_t> positions;
   std::vector<float> hidden;
   state(std::shared_ptr<const llama_model> m, std::int32_t n)
@@ -364,6 +333,22 @@ struct contiguous_prefill<T>::state {
         rope(model->cfg.geometry(), n),
         kv(relokv::kv_shape{model->cfg.n_layers, 1, model->cfg.n_kv_heads, n,
                             model->cfg.head_dim}) {}
+  // The pass's K/V: keys rotated as they are written (pre_rotated), as an engine without
+  // relocation stores them.
+  void write(std::int32_t l, std::int32_t pos, const float* k, const float* v) override {
+    relokv::append_kv<relokv::pre_rotated>(rope.table(l), kv.layer(l), 0, pos, pos, k, v);
+  }
+  relokv::attention_params<T> attention(std::int32_t l) const override {
+    relokv::attention_params<T> p;
+    p.rope = &rope.table(l);
+    p.window = rope.window(l);
+    p.kv = kv.layer(l);
+    p.table = {&table, indptr, 1};
+    return p;
+  }
+  std::pair<relokv::block_id, std::int32_t> where(std::int32_t pos) const override {
+    return {0, pos};
+  }
 };
 
 template <class T>
@@ -391,15 +376,12 @@ std::vector<float> contiguous_prefill<T>::operator()(const std::vector<relokv::t
     throw std::invalid_argument("contiguous_prefill: " + std::to_string(n) + " tokens, not 1 to " +
                                 std::to_string(s.max_tokens));
   // One block, as long as this prompt, in the buffer allocated for the longest.
-  s.map.table = {{0, 0, n}};
-  s.map.index();
+  s.table = {0, 0, n};
   s.positions.resize(static_cast<std::size_t>(n));
   for (std::int32_t i = 0; i < n; ++i) s.positions[static_cast<std::size_t>(i)] = i;
   detail::layer_pass<T> pass;
   pass.model = s.model.get();
-  pass.ropes = &s.rope;
-  pass.kv = &s.kv;
-  pass.map = &s.map;
+  pass.kv = &s;
   pass.tokens = &tokens;
   pass.positions = s.positions;
   run_layers<relokv::pre_rotated, T>(std::move(pass), s.hidden);

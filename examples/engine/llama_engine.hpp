@@ -33,7 +33,7 @@ namespace relokv_engine {
 /// Many requests may be live at once (a server's batch), each a sequence: open() plans one
 /// and loads its reused blocks, prefill_step() computes its prompt in chunks, append() and
 /// decode_step() advance any set of sequences by one token in one forward, close() commits or
-/// releases it. prefill(), decode() and end() are the one-request loop over the same calls.
+/// releases it. prefill(), decode() and end() (sequence_engine's) are the one-request loop.
 /// One thread drives an engine (it owns the cache); the forward passes use the two lanes.
 /// @tparam P RoPE placement of the stored keys
 /// @tparam T the KV pool's element type: bf16 (the default: the host attention's fast path,
@@ -89,28 +89,10 @@ class llama_engine final : public sequence_engine {
   /// The blocks a live sequence reads, in order: {pool block, first position, valid slots}
   /// (its KV is kv()'s rows of those blocks). @throws std::logic_error for an unknown id
   [[nodiscard]] std::vector<relokv::block_entry> block_table(seq_id s) const;
-  /// The one-request loop's live sequence (prefill() to end()), or -1.
-  [[nodiscard]] seq_id current() const noexcept { return current_; }
   /// Live sequences.
   [[nodiscard]] std::int32_t live() const noexcept override {
     return static_cast<std::int32_t>(seqs_.size());
   }
-
-  /// Prefills a request (planning reuse with `strategy`) and returns the logits of its last
-  /// token; the request stays live for decode until end(). `extras` salt its keys (tenant,
-  /// adapter) and `principal` names its sender for the provenance policy, as
-  /// relocatable_cache::plan takes them.
-  std::vector<float> prefill(const relokv::request_layout& layout,
-                             const relokv::recompute::any_strategy& strategy,
-                             prefill_stats* stats = nullptr, const relokv::extra_keys& extras = {},
-                             std::uint64_t principal = 0);
-  /// Appends one token to the live request and returns the next logits.
-  std::vector<float> decode(relokv::token_t token);
-  /// Greedy generation: up to max_tokens, stopping after `stop` (if >= 0).
-  std::vector<relokv::token_t> generate(const std::vector<float>& first_logits,
-                                        std::int32_t max_tokens, relokv::token_t stop = -1);
-  /// Commits the live request's new blocks (reusable by later requests) and ends it.
-  void end(bool commit = true);
 
   [[nodiscard]] cache_type& cache() noexcept { return cache_; }
   /// The fingerprint this engine's stored blocks carry (model, RoPE, placement).
@@ -129,7 +111,6 @@ class llama_engine final : public sequence_engine {
   cache_type cache_;
   std::map<seq_id, std::unique_ptr<live_request>> seqs_;
   seq_id next_ = 0;
-  seq_id current_ = -1;  ///< the one-request loop's sequence (prefill, decode, end)
 };
 
 // Instantiated in llama_engine.cpp for the three shipped placements, KV in bf16 and in fp32.

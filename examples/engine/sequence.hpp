@@ -43,6 +43,10 @@ struct out_of_blocks : std::runtime_error {
 };
 
 /// An engine of live sequences. One thread drives it (it owns its cache).
+///
+/// The virtual calls are what an engine implements; prefill(), decode(), generate() and end()
+/// are the one-request loop over them (the QA job's, the tests', Python's relokv.Engine), the
+/// same on every engine.
 class sequence_engine {
  public:
   using seq_id = std::int32_t;
@@ -70,6 +74,37 @@ class sequence_engine {
   virtual void close(seq_id s, bool commit) = 0;
   /// Live sequences.
   [[nodiscard]] virtual std::int32_t live() const noexcept = 0;
+
+  // The one-request loop: a live sequence of its own, opened by prefill() and closed by end().
+
+  /// open() and the whole prompt in one prefill_step(): the logits of its last token. The
+  /// request stays live for decode() until end().
+  /// @throws std::logic_error while the loop's request is live (end() it first); what open()
+  ///         and prefill_step() throw (the sequence is closed, uncommitted, then)
+  std::vector<float> prefill(const relokv::request_layout& layout,
+                             const relokv::recompute::any_strategy& strategy,
+                             prefill_stats* stats = nullptr, const relokv::extra_keys& extras = {},
+                             std::uint64_t principal = 0);
+  /// append() and decode_step() of the loop's request: the next logits.
+  /// @throws std::logic_error without a live request; out_of_blocks when no block is free for
+  ///         the token (the request stays live: end() it, or free blocks and call again)
+  std::vector<float> decode(relokv::token_t token);
+  /// Greedy generation from `first_logits`: up to max_tokens, stopping after `stop` (if >= 0).
+  std::vector<relokv::token_t> generate(const std::vector<float>& first_logits,
+                                        std::int32_t max_tokens, relokv::token_t stop = -1);
+  /// close() of the loop's request (`commit`: its blocks stay for later requests); nothing
+  /// when none is live.
+  void end(bool commit = true);
+  /// The loop's live sequence, or -1.
+  [[nodiscard]] seq_id current() const noexcept { return current_; }
+
+ protected:
+  sequence_engine() = default;
+  sequence_engine(const sequence_engine&) = default;
+  sequence_engine& operator=(const sequence_engine&) = default;
+
+ private:
+  seq_id current_ = -1;
 };
 
 /// Index of the largest logit.

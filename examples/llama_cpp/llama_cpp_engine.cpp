@@ -16,7 +16,7 @@ template <class T>
 engine<T>::~engine() {
   if (p_ && p_->live) {
     try {
-      end(false);
+      close(p_->live_id, false);
     } catch (...) {  // a destructor does not throw
     }
   }
@@ -67,24 +67,6 @@ void engine<T>::impl::abandon() noexcept {
 }
 
 template <class T>
-std::vector<float> engine<T>::prefill(const relokv::request_layout& layout,
-                                      const relokv::recompute::any_strategy& strategy,
-                                      relokv_engine::prefill_stats* stats,
-                                      const relokv::extra_keys& extras, std::uint64_t principal) {
-  impl& m = *p_;
-  if (m.live) throw std::logic_error("llama.cpp engine: end() the live request first");
-  m.start(layout, strategy, stats, extras, principal);
-  try {
-    (void)m.advance(*m.live->walk, m.live->plan, std::numeric_limits<std::int32_t>::max(), stats);
-    m.live->walk.reset();
-    return m.last_logits();
-  } catch (...) {
-    m.abandon();
-    throw;
-  }
-}
-
-template <class T>
 auto engine<T>::open(const relokv::request_layout& layout,
                      const relokv::recompute::any_strategy& strategy,
                      relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
@@ -131,10 +113,13 @@ std::vector<std::vector<float>> engine<T>::decode_step(std::span<const seq_id> s
   impl& m = *p_;
   std::vector<std::vector<float>> out;
   for (const seq_id s : seqs) {
-    (void)m.sequence(s, "decode_step");
+    auto& r = m.sequence(s, "decode_step");
     if (m.pending < 0) throw std::logic_error("llama.cpp engine: decode_step without append");
-    out.push_back(decode(m.pending));
+    const relokv::token_t token = m.pending;
     m.pending = -1;
+    m.decode_run(std::span(&token, 1), r.n_tokens, true);  // append() checked the cell
+    ++r.n_tokens;
+    out.push_back(m.last_logits());
   }
   return out;
 }
@@ -144,31 +129,6 @@ void engine<T>::close(seq_id s, bool commit) {
   impl& m = *p_;
   if (!m.live || s != m.live_id) return;
   m.pending = -1;
-  end(commit);
-}
-
-template <class T>
-std::int32_t engine<T>::live() const noexcept {
-  return p_->live ? 1 : 0;
-}
-
-template <class T>
-std::vector<float> engine<T>::decode(relokv::token_t token) {
-  impl& m = *p_;
-  if (!m.live) throw std::logic_error("llama.cpp engine: decode without a live request");
-  m.check_tokens(std::span(&token, 1), "llama.cpp engine: decode");
-  if (m.live->n_tokens >= m.opt.n_ctx)
-    throw std::runtime_error("llama.cpp engine: the context of " + std::to_string(m.opt.n_ctx) +
-                             " cells is full");
-  m.decode_run(std::span(&token, 1), m.live->n_tokens, true);
-  ++m.live->n_tokens;
-  return m.last_logits();
-}
-
-template <class T>
-void engine<T>::end(bool commit) {
-  impl& m = *p_;
-  if (!m.live) return;
   const relokv::request_id id = m.live->plan.id;
   try {
     if (commit && !m.live->walk) {  // a prompt not computed to its end has nothing to commit
@@ -176,14 +136,15 @@ void engine<T>::end(bool commit) {
       m.cache->commit(id, *m.pool);  // and writes new blocks to the store, when there is one
     }
   } catch (...) {
-    m.cache->release(id);
-    m.live.reset();
-    m.clear();
+    m.abandon();
     throw;
   }
-  m.cache->release(id);
-  m.live.reset();
-  m.clear();
+  m.abandon();
+}
+
+template <class T>
+std::int32_t engine<T>::live() const noexcept {
+  return p_->live ? 1 : 0;
 }
 
 template <class T>

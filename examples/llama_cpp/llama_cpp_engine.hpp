@@ -69,34 +69,23 @@ class engine final : public relokv_engine::sequence_engine {
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
-  /// Prefills a request (reuse planned with `strategy`) and returns its last token's logits;
-  /// the request stays live for decode until end(). `extras` salt its keys (a tenant, a
-  /// LoRA: relokv::extra_keys), `principal` is who sent it (the provenance policy serves a
-  /// span computed in another's context only to that principal): both as relocatable_cache::plan
-  /// takes them.
-  /// @throws std::invalid_argument for a strategy that needs a per-layer hook, a token outside
-  ///         the vocabulary (or the adapter's rows) or a request longer than the context
-  ///         (nothing is planned then);
-  ///         relokv_engine::out_of_blocks (a std::runtime_error) when the pool has too few
-  ///         free blocks (nothing was taken)
-  std::vector<float> prefill(const relokv::request_layout& layout,
-                             const relokv::recompute::any_strategy& strategy,
-                             relokv_engine::prefill_stats* stats = nullptr,
-                             const relokv::extra_keys& extras = {}, std::uint64_t principal = 0);
-  /// Appends one token to the live request and returns the next logits.
-  std::vector<float> decode(relokv::token_t token);
-
   // relokv_engine::sequence_engine, one sequence at a time (a llama.cpp context's sequence 0
-  // and its load waves): the same request as prefill(), decode() and end(), in steps.
-  /// Plans a request as prefill() does and computes nothing.
+  // and its load waves); prefill(), decode() and end() are sequence_engine's loop over them.
+  /// Plans a request (reuse planned with `strategy`) and computes nothing. `extras` salt its
+  /// keys (a tenant, a LoRA: relokv::extra_keys), `principal` is who sent it (the provenance
+  /// policy serves a span computed in another's context only to that principal): both as
+  /// relocatable_cache::plan takes them.
   /// @throws relokv_engine::out_of_blocks while another is live, or when the pool has too few
-  ///         free blocks; std::invalid_argument as prefill()
+  ///         free blocks (nothing was taken); std::invalid_argument for a strategy that needs a
+  ///         per-layer hook, a token outside the vocabulary (or the adapter's rows) or a request
+  ///         longer than the context (nothing is planned then)
   seq_id open(const relokv::request_layout& layout, const relokv::recompute::any_strategy& strategy,
               relokv_engine::prefill_stats* stats, const relokv::extra_keys& extras,
               std::uint64_t principal) override;
   /// Walks the prompt on in position order: cached runs loaded (no rows), at most `max_rows`
   /// computed rows decoded; the last token's logits once the prompt is done, else empty. The
-  /// logits are the bits prefill() gives (llama.cpp computes each row over the cells before it).
+  /// logits are the same bits in steps of any size (llama.cpp computes each row over the cells
+  /// before it).
   std::vector<float> prefill_step(seq_id s, std::int32_t max_rows,
                                   relokv_engine::prefill_stats* stats) override;
   /// Nothing to share while it decodes (one sequence at a time): close() commits.
@@ -104,12 +93,11 @@ class engine final : public relokv_engine::sequence_engine {
   /// False when the context has no cell left for it.
   [[nodiscard]] bool append(seq_id s, relokv::token_t token) override;
   std::vector<std::vector<float>> decode_step(std::span<const seq_id> seqs) override;
-  /// end(commit) of the live sequence `s`; other ids are ignored.
+  /// Ends the live sequence `s` (other ids are ignored): `commit` registers its prompt blocks
+  /// for reuse (written to the store when there is one; not a prompt whose prefill was not
+  /// finished).
   void close(seq_id s, bool commit) override;
   [[nodiscard]] std::int32_t live() const noexcept override;
-  /// Commits the live request's prompt blocks (reusable by later requests, written to the
-  /// store when there is one; not a prompt whose prefill was not finished) and ends it.
-  void end(bool commit = true);
 
   /// llama.cpp alone: the tokens prefilled from position 0 in batches of n_batch, in a cleared
   /// context (no relokv), and the last token's logits. The reference and the baseline.

@@ -317,8 +317,15 @@ std::vector<variant_result> run_with(std::shared_ptr<const relokv_engine::llama_
                            static_cast<std::int64_t>(sizeof(T));
   std::optional<relokv::link_rows> adapter;
   if (model->links) adapter = model->links->layout_rows(model->cfg.vocab);
-  return detail::run_engine(eng, eng32.get(), model->cfg.n_layers, block_bytes, w, codec, variants,
-                            opt, adapter);
+  detail::engine_under_test e;
+  e.eng = &eng;
+  e.floor = eng32.get();
+  e.blocks_in_use = [&eng] {
+    return std::int64_t{eng.cache().allocator().capacity() - eng.cache().allocator().num_free()};
+  };
+  e.n_layers = model->cfg.n_layers;
+  e.block_bytes = block_bytes;
+  return detail::run_engine(e, w, codec, variants, opt, adapter);
 }
 
 }  // namespace

@@ -41,8 +41,15 @@ std::vector<variant_result> run_on(const relokv_engine::llama_model& m, const wo
   }
   const auto block_bytes = static_cast<std::int64_t>(m.cfg.n_layers) * 2 * m.cfg.n_kv_heads * 16 *
                            m.cfg.head_dim * static_cast<std::int64_t>(sizeof(T));
-  return run_engine(eng, floor.get(), eng.n_layers(), block_bytes, w, codec, variants, opt,
-                    adapter);
+  engine_under_test e;
+  e.eng = &eng;
+  e.floor = floor.get();
+  e.blocks_in_use = [&eng] {
+    return std::int64_t{eng.cache().allocator().capacity() - eng.cache().allocator().num_free()};
+  };
+  e.n_layers = eng.n_layers();
+  e.block_bytes = block_bytes;
+  return run_engine(e, w, codec, variants, opt, adapter);
 }
 }  // namespace
 

@@ -37,13 +37,9 @@ using namespace nb::literals;
 class any_engine {
  public:
   virtual ~any_engine() = default;
-  virtual std::vector<float> prefill(const relokv::request_layout& l,
-                                     const relokv::recompute::any_strategy& s,
-                                     relokv_engine::prefill_stats* st, const relokv::extra_keys& x,
-                                     std::uint64_t principal) = 0;
-  virtual std::vector<float> decode(relokv::token_t t) = 0;
-  virtual void end(bool commit) = 0;
-  [[nodiscard]] virtual bool live() const = 0;
+  /// The engine's sequence calls and their one-request loop (prefill, decode, end).
+  [[nodiscard]] virtual relokv_engine::sequence_engine& sequences() = 0;
+  [[nodiscard]] bool live() { return sequences().current() >= 0; }
   [[nodiscard]] virtual std::vector<relokv::block_entry> block_table() const = 0;
   [[nodiscard]] virtual const relokv::cache_stats& cache_stats() const = 0;
   [[nodiscard]] virtual std::uint64_t fingerprint() const = 0;
@@ -58,15 +54,7 @@ class engine_impl final : public any_engine {
   engine_impl(std::shared_ptr<const relokv_engine::llama_model> m, std::int32_t num_blocks,
               std::int32_t block_size, relokv::any_store store)
       : e_(std::move(m), num_blocks, block_size, std::move(store)) {}
-  std::vector<float> prefill(const relokv::request_layout& l,
-                             const relokv::recompute::any_strategy& s,
-                             relokv_engine::prefill_stats* st, const relokv::extra_keys& x,
-                             std::uint64_t principal) override {
-    return e_.prefill(l, s, st, x, principal);
-  }
-  std::vector<float> decode(relokv::token_t t) override { return e_.decode(t); }
-  void end(bool commit) override { e_.end(commit); }
-  bool live() const override { return e_.current() >= 0; }
+  relokv_engine::sequence_engine& sequences() override { return e_; }
   std::vector<relokv::block_entry> block_table() const override {
     return e_.block_table(e_.current());
   }
@@ -317,12 +305,12 @@ void bind_engine(nb::module_& m) {
               if (e.e->live()) throw relokv::error("prefill: a request is live; end() it first");
               relokv_engine::prefill_stats st;
               if (s->spans) {
-                logits = e.e->prefill(layout, s->made, &st, x, principal);
+                logits = e.e->sequences().prefill(layout, s->made, &st, x, principal);
               } else {  // 'prefix': the whole prompt one prefix, reused by exact key only
                 const auto one = relokv::layout_builder(e.block_size, e.model->input_ids())
                                      .prefix(layout.tokens)
                                      .build();
-                logits = e.e->prefill(one, s->made, &st, x, principal);
+                logits = e.e->sequences().prefill(one, s->made, &st, x, principal);
               }
               e.last = std::move(st);
               e.have_last = true;
@@ -347,7 +335,7 @@ void bind_engine(nb::module_& m) {
               nb::gil_scoped_release unlock;
               const std::lock_guard lock(e.m);
               if (!e.e->live()) throw relokv::error("decode: no live request (prefill first)");
-              logits = e.e->decode(static_cast<relokv::token_t>(token));
+              logits = e.e->sequences().decode(static_cast<relokv::token_t>(token));
             }
             return to_numpy(std::move(logits));
           },
@@ -376,7 +364,7 @@ void bind_engine(nb::module_& m) {
               if (t == eot) break;
               out.push_back(t);
               if (i + 1 == max_tokens) break;
-              cur = e.e->decode(t);
+              cur = e.e->sequences().decode(t);
             }
             return out;
           },
@@ -388,7 +376,7 @@ void bind_engine(nb::module_& m) {
           [](py_engine& e, bool commit) {
             nb::gil_scoped_release unlock;
             const std::lock_guard lock(e.m);
-            e.e->end(commit);
+            e.e->sequences().end(commit);
           },
           "commit"_a = true,
           "Ends the live request; commit=True makes its new blocks reusable (and stores them).")

@@ -18,6 +18,7 @@
 ///   auto slot = req.append_token();                       // decode: std::nullopt when full
 ///   req.commit();                                         // reusable by later requests
 /// @endcode
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -141,6 +142,7 @@ class request_kv {
       tokens_.push_back(token_slot{n - 1, last.physical, n - 1 - last.pos0, false, plan_.id});
     }
     num_tokens_ = n;
+    prompt_tokens_ = n;
   }
 
  public:
@@ -156,6 +158,7 @@ class request_kv {
         writable_(std::move(o.writable_)),
         tokens_(std::move(o.tokens_)),
         num_tokens_(o.num_tokens_),
+        prompt_tokens_(o.prompt_tokens_),
         committed_(o.committed_) {}
   request_kv& operator=(request_kv&&) = delete;
   ~request_kv() {
@@ -189,6 +192,26 @@ class request_kv {
   }
   [[nodiscard]] std::span<const block_entry> blocks() const noexcept { return table_; }
 
+  /// The slot of any position of the request (the prompt's and the appended tokens'), as an
+  /// engine that keeps positions rather than slots asks for it (a dynamic strategy's shrinking
+  /// set, a decode row): writes() is true where this request computes the token (the plan's
+  /// computed tokens, the appended ones), false where it reuses it (the reused last token
+  /// included), so write() through it never touches a reused block.
+  /// @throws error for a position outside [0, num_tokens()) or a released request
+  [[nodiscard]] token_slot slot_at(pos_t pos) const {
+    live("slot_at");
+    if (pos < 0 || pos >= num_tokens_)
+      throw error("request_kv::slot_at: position " + std::to_string(pos) +
+                  " is outside the request's " + std::to_string(num_tokens_) + " tokens");
+    // The table is in position order (the plan's blocks, then decode's).
+    const auto it = std::upper_bound(table_.begin(), table_.end(), pos,
+                                     [](pos_t p, const block_entry& e) { return p < e.pos0; });
+    const block_entry& e = *(it - 1);
+    const bool computes =
+        pos >= prompt_tokens_ || static_cast<bool>(plan_.compute[static_cast<std::size_t>(pos)]);
+    return token_slot{pos, e.block, pos - e.pos0, computes, plan_.id};
+  }
+
   /// Writes a token's K and V (unrotated, [num_kv_heads][head_dim] each) into layer `l`, rotated
   /// as the placement stores them; does nothing for a slot with writes() == false.
   /// @throws error when `l` is not a layer of the storage or the slot is another request's
@@ -210,18 +233,29 @@ class request_kv {
     return layers_ != nullptr ? layers_->window(l) : 0;
   }
 
+  /// Layer l's attention call over this request's blocks with what the request decides set:
+  /// the layer's RoPE table and window, its KV, the block table. The engine adds the queries
+  /// and the output (and may split the call: over KV heads, over query rows, over the blocks
+  /// with merge_attention_states) and calls paged_attention<placement> or grouped_attention.
+  /// The table view reads this request's table: it holds until the next append_token().
+  /// @throws error when `l` is not a layer of the storage
+  [[nodiscard]] attention_params<T> attention(std::int32_t l) const {
+    check_layer(l, "attention");
+    attention_params<T> p;
+    p.rope = &rope_of(l);
+    p.window = window_of(l);
+    p.kv = storage_->layer(l);
+    p.table = table();
+    return p;
+  }
+
   /// Attention of n queries of this request (unrotated, at positions q_pos, causal, windowed
   /// where the layer is) over its blocks in layer l: the decode kernel for one query, the
   /// prefill kernel otherwise.
   void attend(std::int32_t l, const float* q, const pos_t* q_pos, std::int32_t n,
               std::int32_t num_q_heads, float scale, float* out, kv_head_range heads = {},
               float* lse = nullptr) const {
-    check_layer(l, "attend");
-    attention_params<T> p;
-    p.rope = &rope_of(l);
-    p.window = window_of(l);
-    p.kv = storage_->layer(l);
-    p.table = table();
+    attention_params<T> p = attention(l);
     p.q = q;
     p.q_pos = q_pos;
     const std::int32_t qi[2] = {0, n};
@@ -317,6 +351,7 @@ class request_kv {
   std::vector<bool> writable_;  // per table entry: decode may append into it
   std::vector<token_slot> tokens_;
   std::int32_t num_tokens_ = 0;
+  std::int32_t prompt_tokens_ = 0;
   bool committed_ = false;
   mutable std::int32_t indptr_[2] = {0, 0};
 };

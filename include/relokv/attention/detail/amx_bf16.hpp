@@ -294,10 +294,11 @@ struct row_tile_scratch {
 /// Prefill attention of heads [h_begin, h_end) for queries at positions m (t.q split, key
 /// tiles packed): per tile of 16 rows of one query head, all its scores (S for every visible
 /// key tile), each row's maximum, the weights e^(s - max) split hi + lo, then P.V over the key
-/// tiles in four accumulator tiles; acc, mx and sum in the online-softmax state's layout
-/// ([nq][hq][D], [nq][hq]) as attend_group's output loop reads them.
+/// tiles in four accumulator tiles; acc ([nq][hq][D]) and the rows' softmax state st
+/// ([nq][hq]: each row set whole, one pass over all its scores) as attend_group's output loop
+/// reads them.
 inline void attend(attention_tiles& t, const pos_t* m, int nq, int hq, int G, int h_begin,
-                   float* acc, float* mx, float* sum, std::int32_t window = 0) {
+                   float* acc, const softmax_rows& st, std::int32_t window = 0) {
   const int D = t.D;
   const std::size_t ntiles = t.pos.size();
   thread_local row_tile_scratch rs;
@@ -377,8 +378,7 @@ inline void attend(attention_tiles& t, const pos_t* m, int nq, int hq, int G, in
                              _mm512_inserti64x4(_mm512_castsi256_si512(hi), lo, 1));
         }
         if (r < rows) {
-          mx[static_cast<std::size_t>(q0 + r) * hq + head] = rmax;
-          sum[static_cast<std::size_t>(q0 + r) * hq + head] = _mm512_reduce_add_ps(vsum);
+          st.set(static_cast<std::size_t>(q0 + r) * hq + head, rmax, _mm512_reduce_add_ps(vsum));
         }
       }
       for (int d0 = 0; d0 < D; d0 += 64) {  // P.V, 64 dimensions (four tiles) at a time

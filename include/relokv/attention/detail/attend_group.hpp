@@ -83,8 +83,7 @@ void attend_group(const attention_params<T>& p, std::int32_t seq, std::int32_t q
   w.kcos.resize(static_cast<std::size_t>(bs) * static_cast<std::size_t>(pairs));
   w.ksin.resize(w.kcos.size());
   w.acc.assign(nqs * hq * hd, 0.0f);
-  w.mx.assign(nqs * hq, -std::numeric_limits<float>::infinity());
-  w.sum.assign(nqs * hq, 0.0f);
+  const softmax_rows st = w.softmax(nqs * hq);
   w.scores.resize(static_cast<std::size_t>(bs));
   w.cs.resize(static_cast<std::size_t>(pairs));
   w.sn.resize(static_cast<std::size_t>(pairs));
@@ -209,7 +208,7 @@ void attend_group(const attention_params<T>& p, std::int32_t seq, std::int32_t q
                         (P::kind == placement_kind::kBlockRelative && fused_q));
     if (spans) {
       Path::template decode_spans<P>(kv, blocks, num_blocks, m[0], G, h_begin, h_end, layout, pairs,
-                                     rot_bf16, query_angles, w);
+                                     rot_bf16, query_angles, st, w);
       num_blocks = 0;  // all done; the output loop below normalizes
     }
   }
@@ -280,9 +279,8 @@ void attend_group(const attention_params<T>& p, std::int32_t seq, std::int32_t q
           for (int g = 0; g < G; ++g) {
             const std::size_t r =
                 static_cast<std::size_t>(qi) * hq + static_cast<std::size_t>(h * G + g);
-            w.rows[static_cast<std::size_t>(n++)] = {qsrc + r * hd,   w.acc.data() + r * hd,
-                                                     w.mx.data() + r, w.sum.data() + r,
-                                                     valid,           first};
+            w.rows[static_cast<std::size_t>(n++)] = {qsrc + r * hd, w.acc.data() + r * hd,
+                                                     st.from(r), valid, first};
           }
         }
         if (n == 0) continue;
@@ -341,8 +339,7 @@ void attend_group(const attention_params<T>& p, std::int32_t seq, std::int32_t q
             kv.k(e.block, h), kv.v(e.block, h), valid, h, G, D, layout, pairs, qsrc, qcos, qsin};
         bh.first = first;
         bh.acc = w.acc.data() + qoff * hd;
-        bh.mx = w.mx.data() + qoff;
-        bh.sum = w.sum.data() + qoff;
+        bh.sm = st.from(qoff);
         if (rot_bf16) bh.krot = w.krot.data();
         // Decode: the next block's share for this head streams in while this one computes.
         if (Decode && qi == 0 && bi + 1 < num_blocks) {
@@ -356,15 +353,13 @@ void attend_group(const attention_params<T>& p, std::int32_t seq, std::int32_t q
     }
   }
 #if RELOKV_HOST_AMX
-  if (use_amx)
-    amx::attend(at, m, nq, num_q_heads, G, h_begin, w.acc.data(), w.mx.data(), w.sum.data(),
-                window);
+  if (use_amx) amx::attend(at, m, nq, num_q_heads, G, h_begin, w.acc.data(), st, window);
 #endif
   for (std::size_t i = 0; i < nqs * hq; ++i) {
     const auto head = static_cast<int>(i % hq);
-    if (head < h_begin * G || head >= h_end * G) continue;       // another call's share
-    const float inv = w.sum[i] > 0.0f ? 1.0f / w.sum[i] : 0.0f;  // no visible key: zeros
-    if (lse != nullptr) lse[i] = softmax_lse(w.mx[i], w.sum[i], host_log{});
+    if (head < h_begin * G || head >= h_end * G) continue;  // another call's share
+    const float inv = st.inverse(i);                        // no visible key: zeros
+    if (lse != nullptr) lse[i] = st.lse(i, host_log{});
     const float* acc = w.acc.data() + i * hd;
     if constexpr (bf16_dot && !grouped) {  // the bf16 kernels' accumulator order
       for (int d = 0; d < D; ++d)

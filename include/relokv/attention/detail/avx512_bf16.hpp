@@ -132,12 +132,13 @@ void bf16_span_scores(const std::uint16_t* kb, const std::uint16_t* qb16, float*
 }
 
 /// One softmax step over a span for `rows` query heads: scores sc ([rows][SL], lanes past
-/// vcs[c] of chunk c dead, possibly garbage: left out of the max, weight 0), state mx/sum
+/// vcs[c] of chunk c dead, possibly garbage: left out of the max, weight 0), state st
 /// ([rows]); the weights go to pbs ([rows][SL], bf16), the corrections to corr ([rows]).
 /// Sixteen rows at a time: their maxima and sums are reduced together by a transpose and
 /// their corrections are one vector exp, so no row waits on its own chain of reductions.
-inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc, float* mx,
-                              float* sum, std::uint16_t* pbs, float* corr, prefetch_cursor& pf) {
+inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc,
+                              const softmax_rows& st, std::uint16_t* pbs, float* corr,
+                              prefetch_cursor& pf) {
   using namespace simd;
   constexpr int SL = 16 * kSpanChunks;
   const vf16 ninf = vf16{} - __builtin_inff();
@@ -157,7 +158,7 @@ inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc, 
     }
     vf16 bmax;
     transpose_reduce(part, bmax, simd::max_op{});
-    const vf16 m_old = _mm512_mask_loadu_ps(ninf, live_rows, mx + r0);
+    const vf16 m_old = _mm512_mask_loadu_ps(ninf, live_rows, st.mx + r0);
     const vf16 m_new = vmax(m_old, bmax);
     vf16 cr = m_old - m_new;
     exp_nonpositive(cr);  // 0 on the first span
@@ -181,9 +182,10 @@ inline void bf16_span_softmax(int rows, int n, const int* vcs, const float* sc, 
     }
     vf16 bsum;
     transpose_sum(part, bsum);
-    const vf16 s_old = _mm512_maskz_loadu_ps(live_rows, sum + r0);
-    _mm512_mask_storeu_ps(sum + r0, live_rows, s_old * cr + bsum);
-    _mm512_mask_storeu_ps(mx + r0, live_rows, m_new);
+    // fold() of sixteen rows: sum * corr + the new weights' sum
+    const vf16 s_old = _mm512_maskz_loadu_ps(live_rows, st.sum + r0);
+    _mm512_mask_storeu_ps(st.sum + r0, live_rows, s_old * cr + bsum);
+    _mm512_mask_storeu_ps(st.mx + r0, live_rows, m_new);
     _mm512_mask_storeu_ps(corr + r0, live_rows, cr);
   }
 }
@@ -229,12 +231,13 @@ void bf16_span_pv(int n, const std::uint16_t* const* v, const int* vcs, const st
 /// Decode of one query over a sequence's blocks on the bf16 path, in spans (kSpanChunks) for
 /// the KV heads [h_begin, h_end). query_angles(bi, pos0, m) leaves R(m - pos0) in w.cs/w.sn
 /// (attend_group's decode chain); the query's scaled rows are w.qrot (rotated at m for
-/// pre_rotated, in bf16_acc_index order for rot_bf16), its state w.acc/w.mx/w.sum.
+/// pre_rotated, in bf16_acc_index order for rot_bf16), its state w.acc and sm (from its first
+/// head's row on).
 template <class P, class Angles>
 void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* blocks,
                        std::int32_t num_blocks, pos_t mq, int G, int h_begin, int h_end,
                        rope_layout layout, int pairs, bool rot_bf16, Angles&& query_angles,
-                       attention_scratch& w) {
+                       const softmax_rows& sm, attention_scratch& w) {
   const int D = kv.head_dim, nh = h_end - h_begin;
   if (nh <= 0) return;
   constexpr int SL = 16 * kSpanChunks;
@@ -320,8 +323,9 @@ void bf16_decode_spans(const paged_kv_view<const bf16>& kv, const block_entry* b
       }
     }
     pf.finish();
-    bf16_span_softmax(nh * G, n, cvc, w.span_sc.data(), w.mx.data() + h_begin * G,
-                      w.sum.data() + h_begin * G, w.wb16.data(), w.corr.data(), pf2);
+    bf16_span_softmax(nh * G, n, cvc, w.span_sc.data(),
+                      sm.from(static_cast<std::size_t>(h_begin * G)), w.wb16.data(), w.corr.data(),
+                      pf2);
     const std::uint16_t* vrow[kSpanChunks] = {};
     for (int h = h_begin; h < h_end; ++h) {
       const int r = (h - h_begin) * G;

@@ -204,13 +204,13 @@ void bf16_block_head(const block_head_t<bf16>& bh, attention_scratch& w) {
           part[j] = _mm512_dpbf16_ps(part[j], bh512(kb + j * D + 32 * cb), qb[cb]);
       vf16 x;
       transpose_sum(part, x);
-      corrs[g] = softmax_step(x, vc, bh.mx[qh], cut);
+      corrs[g] = softmax_step(x, vc, bh.sm.mx[qh], cut);
       std::uint16_t* pb = pbs + 16 * g;
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb),
                           __builtin_bit_cast(__m256i, _mm512_cvtneps_pbh(x)));
       // The sum of the weights as rounded, so that the normalized weights sum to one.
       load_bf16(x, pb);
-      bh.sum[qh] = bh.sum[qh] * corrs[g] + simd::sum(x);
+      bh.sm.fold(qh, corrs[g], simd::sum(x));
     }
     // P.V for HP heads at a time: the values of slots t and t+1 are interleaved per dimension
     // (bf16_acc_index order) in registers and serve every head of the set. A missing partner

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "relokv/attention/detail/simd.hpp"
+#include "relokv/attention/softmax.hpp"
 #include "relokv/concepts/rope_placement.hpp"
 #include "relokv/dtype.hpp"
 #include "relokv/memory/paged_view.hpp"
@@ -73,18 +74,25 @@ inline void to_float_row(const T* RELOKV_RESTRICT src, float* RELOKV_RESTRICT ds
 
 /// One prefill row: a query head of one query, with its online-softmax state.
 struct group_row {
-  const float* q;  ///< [head_dim], scaled and rotated as the placement needs
-  float* acc;      ///< [head_dim]
-  float* mx;
-  float* sum;
-  int valid;      ///< visible slots of the block (>= 1)
-  int first = 0;  ///< first visible slot (> 0 where a sliding window cuts the block)
+  const float* q;   ///< [head_dim], scaled and rotated as the placement needs
+  float* acc;       ///< [head_dim]
+  softmax_rows sm;  ///< its online-softmax state (row 0 of the view)
+  int valid;        ///< visible slots of the block (>= 1)
+  int first = 0;    ///< first visible slot (> 0 where a sliding window cuts the block)
 };
 
 /// Per-thread scratch, grown on demand and reused.
 struct attention_scratch {
   std::vector<float> qrot, qblock, kbuf, vbuf, kcos, ksin, acc, mx, sum, scores, cs, sn, c0, s0,
       qcos, qsin, jcos, jsin, stepc, steps;
+  /// n rows' online-softmax state in mx and sum, reset (before any score).
+  softmax_rows softmax(std::size_t n) {
+    mx.resize(n);
+    sum.resize(n);
+    const softmax_rows st{mx.data(), sum.data()};
+    st.reset(n);
+    return st;
+  }
   std::vector<std::uint16_t> kb16, wb16;         ///< bf16: rotated keys; softmax weights
   std::vector<float> corr;                       ///< bf16 path: [G] online-softmax corrections
   std::vector<float> span_sc, span_qc, span_qs;  ///< bf16 decode spans
@@ -99,7 +107,7 @@ inline attention_scratch& scratch() {
 }
 
 /// One block and one KV head, for all query heads of its group: any head_dim, block size and
-/// compiler. Accumulates into bh.acc/bh.mx/bh.sum.
+/// compiler. Accumulates into bh.acc and bh.sm.
 template <class T>
 struct block_head_t {
   const T* kt;  ///< [block_size][head_dim]
@@ -115,11 +123,9 @@ struct block_head_t {
   /// per element ([head_dim], see expand_rotation): q' = q * qcos + neighbour(q) * qsin.
   const float* qcos = nullptr;
   const float* qsin = nullptr;
-  /// Online-softmax state of this query: acc [num_q_heads][head_dim], mx and sum
-  /// [num_q_heads].
+  /// Online-softmax state of this query: acc [num_q_heads][head_dim], sm [num_q_heads].
   float* acc = nullptr;
-  float* mx = nullptr;
-  float* sum = nullptr;
+  softmax_rows sm{};
   /// When set (bf16 fast path, at_attention, NeoX over the whole head): each key is rotated by
   /// its slot's R(j) from these bf16 pairs (build_slot_rotations_bf16), the query by
   /// R(m - pos0) through qcos/qsin, and qsrc, qcos and qsin are in bf16_acc_index order.

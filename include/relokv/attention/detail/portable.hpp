@@ -66,14 +66,14 @@ void portable_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         bmax = std::max(bmax, s[j]);
       }
       // 0 on the first block; the CUDA kernels take the same step per score
-      const float corr = online_softmax_step(bh.mx[qh], bh.sum[qh], bmax, host_exp{});
-      const float m_new = bh.mx[qh];
+      const float corr = bh.sm.rescale(qh, bmax, host_exp{});
+      const float m_new = bh.sm.mx[qh];
       float bsum = 0.0f;
       for (int j = first; j < valid; ++j) {
         s[j] = exp_nonpositive(s[j] - m_new);
         bsum += s[j];
       }
-      bh.sum[qh] += bsum;
+      bh.sm.add(qh, bsum);
       float* acc = bh.acc + qh * hd;
       for (int d = 0; d < D; ++d) acc[d] *= corr;
       for (int j = first; j < valid; ++j) {

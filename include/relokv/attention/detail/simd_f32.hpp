@@ -208,11 +208,11 @@ void fast_block_head(const block_head_t<T>& bh, attention_scratch& w) {
         for (int j = 0; j < L; ++j) part[j] += RELOKV_VLOAD(kf + j * D + L * c) * qv[c];
       vf x;
       transpose_sum(part, x);
-      const float corr = softmax_step(x, vc, bh.mx[qh], cut);
+      const float corr = softmax_step(x, vc, bh.sm.mx[qh], cut);
       alignas(64) float pr[L];
       RELOKV_VSTORE(pr, x);
       const float bsum = simd::sum(x);
-      bh.sum[qh] = bh.sum[qh] * corr + bsum;
+      bh.sm.fold(qh, corr, bsum);
       float* acc = bh.acc + qh * D;
       vf a[DC];
       // P.V from zero, folded into the rescaled accumulators at the end: the correction (a
@@ -256,9 +256,9 @@ RELOKV_ALWAYS_INLINE inline void group_rows(const float* kt, const float* vals,
     const int vc = rows[r].valid - j0 < L ? rows[r].valid - j0 : L;
     vmax = vc > vmax ? vc : vmax;
     vf x = s0[r] + s1[r];
-    corr[r] = softmax_step(x, vc, *rows[r].mx, rows[r].first > j0 ? rows[r].first - j0 : 0);
+    corr[r] = softmax_step(x, vc, rows[r].sm.mx[0], rows[r].first > j0 ? rows[r].first - j0 : 0);
     RELOKV_VSTORE(p[r], x);
-    *rows[r].sum = *rows[r].sum * corr[r] + simd::sum(x);
+    rows[r].sm.fold(0, corr[r], simd::sum(x));
   }
   vf a[R][DC];
   for (int r = 0; r < R; ++r)

@@ -306,3 +306,73 @@ TEST_CASE("request_kv: layer indices are checked and only the request's own slot
   CHECK(std::none_of(kept, kept + kD, [](float x) { return x == 7.0f; }));
   CHECK(compute_and_check(reader, shared.tokens, reader.prefill_tokens()) < 1e-5);
 }
+
+TEST_CASE("request_kv: slot_at names every position as prefill_tokens and append_token do",
+          "[request]") {
+  const relokv::rope_table rope(rope_cfg(), 512);
+  relokv::host_kv_storage<float> storage(relokv::kv_shape{kLayers, 16, kHk, kBlock, kD});
+  cache_t<relokv::block_relative> cache(relokv::lru_block_pool(16), kBlock);
+  const std::vector<relokv::token_t> span = run(300, 20);
+  {  // the span cached on its own
+    const auto warm = relokv::layout_builder(kBlock).prefix(run(100, 16)).span(span).build();
+    relokv::request_kv req(cache, storage, rope, warm, cache.plan(warm));
+    REQUIRE(compute_and_check(req, warm.tokens, req.prefill_tokens()) < 1e-5);
+    req.commit();
+  }
+  // The span relocated behind another prefix: its blocks are reused, the rest computed.
+  const auto layout = relokv::layout_builder(kBlock)
+                          .prefix(run(100, 16))
+                          .span(run(700, 12))
+                          .span(span)
+                          .question(run(500, 5))
+                          .build();
+  relokv::request_kv req(cache, storage, rope, layout, cache.plan(layout));
+  REQUIRE(req.plan().relocated_hits > 0);
+  const auto n = static_cast<relokv::pos_t>(layout.tokens.size());
+  std::size_t computed = 0;
+  for (relokv::pos_t p = 0; p < n; ++p) {
+    const relokv::token_slot s = req.slot_at(p);
+    CHECK(s.pos() == p);
+    // the block the table maps the position to, the slot from its first position
+    const auto e = std::find_if(req.blocks().begin(), req.blocks().end(),
+                                [&](const auto& b) { return b.pos0 <= p && p < b.pos0 + b.len; });
+    REQUIRE(e != req.blocks().end());
+    CHECK(s.block() == e->block);
+    CHECK(s.slot() == p - e->pos0);
+    CHECK(s.writes() == static_cast<bool>(req.plan().compute[static_cast<std::size_t>(p)]));
+    computed += s.writes();
+  }
+  CHECK(computed == static_cast<std::size_t>(req.plan().tokens_to_compute));
+  // The prefill tokens are the computing positions' slots, exactly.
+  for (const relokv::token_slot& t : req.prefill_tokens())
+    if (t.writes()) CHECK(req.slot_at(t.pos()) == t);
+  CHECK(compute_and_check(req, layout.tokens, req.prefill_tokens()) < 1e-5);
+  // Decode: the appended token's slot is the one append_token gave, and writes.
+  const auto a = req.append_token();
+  REQUIRE(a.has_value());
+  CHECK(req.slot_at(n) == *a);
+  CHECK(a->writes());
+  for (const relokv::pos_t bad : {-1, n + 1, 1 << 30})
+    CHECK_THROWS_WITH((void)req.slot_at(bad), Catch::Matchers::Contains("outside"));
+
+  // attention(l) is attend()'s call: the same output bit for bit through paged_attention.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  const auto q = toy_vec(7, 1, 0, kHq * kD);
+  const relokv::pos_t qp = n - 1;
+  std::vector<float> by_attend(kHq * kD), by_call(kHq * kD);
+  req.attend(1, q.data(), &qp, 1, kHq, scale, by_attend.data());
+  relokv::attention_params<float> p = req.attention(1);
+  CHECK(p.rope == &req.rope_of(1));
+  CHECK(p.table.indptr[1] == static_cast<std::int32_t>(req.blocks().size()));
+  p.q = q.data();
+  p.q_pos = &qp;
+  p.num_tokens = 1;
+  p.num_q_heads = kHq;
+  p.scale = scale;
+  p.out = by_call.data();
+  relokv::paged_attention<relokv::block_relative>(p);
+  CHECK(by_call == by_attend);
+  CHECK_THROWS_WITH((void)req.attention(kLayers), Catch::Matchers::Contains("out of range"));
+  req.release();
+  CHECK_THROWS_WITH((void)req.slot_at(0), Catch::Matchers::Contains("released"));
+}

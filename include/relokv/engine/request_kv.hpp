@@ -18,6 +18,11 @@
 ///   auto slot = req.append_token();                       // decode: std::nullopt when full
 ///   req.commit();                                         // reusable by later requests
 /// @endcode
+///
+/// An engine that keeps positions rather than slots (a dynamic strategy's shrinking set, a
+/// batch of decode rows) asks `slot_at(pos)`; one that splits attention its own way (over
+/// threads, KV heads or blocks) takes `attention(l)`, the layer's call with the request's part
+/// set, and adds its queries. The reference engine (examples/engine/llama_engine.cpp) does both.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

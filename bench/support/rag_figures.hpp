@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "escalation.hpp"
+#include "escalation_study.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "rag.hpp"

@@ -10,10 +10,10 @@
 #include <memory>
 #include <string>
 
-#include "escalate.hpp"
+#include "generate_escalating.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
-#include "profile.hpp"
+#include "strategy_profile.hpp"
 #include "tokenizer.hpp"
 
 namespace {

@@ -93,6 +93,7 @@ class llama_engine final : public sequence_engine {
   [[nodiscard]] std::int32_t live() const noexcept override {
     return static_cast<std::int32_t>(seqs_.size());
   }
+  [[nodiscard]] std::int32_t n_layers() const noexcept override { return model_->cfg.n_layers; }
 
   [[nodiscard]] cache_type& cache() noexcept { return cache_; }
   /// The fingerprint this engine's stored blocks carry (model, RoPE, placement).

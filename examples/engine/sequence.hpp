@@ -74,6 +74,8 @@ class sequence_engine {
   virtual void close(seq_id s, bool commit) = 0;
   /// Live sequences.
   [[nodiscard]] virtual std::int32_t live() const noexcept = 0;
+  /// The model's layers (a prefill's work is counted in tokens times layers).
+  [[nodiscard]] virtual std::int32_t n_layers() const noexcept = 0;
 
   // The one-request loop: a live sequence of its own, opened by prefill() and closed by end().
 

@@ -105,7 +105,7 @@ class engine final : public relokv_engine::sequence_engine {
 
   [[nodiscard]] cache_type& cache() noexcept;
   [[nodiscard]] std::int32_t n_vocab() const noexcept;
-  [[nodiscard]] std::int32_t n_layers() const noexcept;
+  [[nodiscard]] std::int32_t n_layers() const noexcept override;
   /// The fingerprint this engine's stored blocks carry: the GGUF file's bytes, llama.cpp and
   /// its KV type, and the placement.
   [[nodiscard]] std::uint64_t store_fingerprint() const noexcept;

@@ -16,7 +16,7 @@
 #include <relokv/store/any_store.hpp>
 #include <relokv/store/store_url.hpp>
 
-#include "escalation.hpp"
+#include "escalation_study.hpp"
 #include "load_model.hpp"
 #include "model_path.hpp"
 #include "options.hpp"

@@ -14,7 +14,7 @@
 
 #include "dataset.hpp"
 #include "llama_engine.hpp"
-#include "profile.hpp"
+#include "strategy_profile.hpp"
 #include "tokenizer.hpp"
 
 namespace relokv_rag {
@@ -69,7 +69,7 @@ struct variant {
   std::string note;
   std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
   relokv_engine::strategy_spec spec;  // the strategy by kind and budget
-  /// Per-request escalation to full recompute (examples/rag/escalation.hpp); never by default.
+  /// Per-request escalation to full recompute (examples/rag/escalation_study.hpp); never by default.
   relokv::recompute::escalation_policy escalation{};
   /// Reads the model's span-link adapter (relokv_engine::with_links): its link rows open the
   /// question and its header rows each span; spans are cached under the adapter's keys.
@@ -108,7 +108,7 @@ struct variant_result {
   /// Teacher-forced top-1 agreement: the share of full recompute's answer tokens that this
   /// variant's argmax matches, given full's answer so far.
   std::vector<double> tf_agreement;
-  /// Per request, what an escalation policy could read (escalation.hpp), measured on the
+  /// Per request, what an escalation policy could read (escalation_study.hpp), measured on the
   /// variant's own first attempt: the first token's top-1 margin and entropy, the least margin
   /// and the largest entropy along its greedy answer, the first-token KL from naive PIC's
   /// distribution (-1 without a naive variant before it), and the answer step where it left

@@ -59,9 +59,9 @@ executor::open_result executor::open(request_state& r, const std::function<void(
     j.computed_tokens = st.computed;
     j.cached_tokens = st.tokens - st.computed;
     // Spans compiled alone for this request are its work too.
-    j.compiled_tokens = static_cast<std::int32_t>(compiled_layers / std::max(1, eng_.n_layers()));
+    j.compiled_tokens = static_cast<std::int32_t>(compiled_layers / std::max(1, seqs_.n_layers()));
     if (st.tokens > 0)
-      j.work += double(compiled_layers) / (double(eng_.n_layers()) * double(st.tokens));
+      j.work += double(compiled_layers) / (double(seqs_.n_layers()) * double(st.tokens));
     metrics_.prompt_tokens(st.computed, st.tokens - st.computed);
   }
   return {open_result::kind::opened, 0, {}};
@@ -97,7 +97,7 @@ std::vector<float> executor::prefill(request_state& r, std::int32_t rows) {
   auto logits = seqs_.prefill_step(r.seq, rows, &st);
   const std::lock_guard lock(r.j->mu);
   if (r.j->prompt_tokens > 0 && r.generated.empty())
-    r.j->work += double(st.token_layers) / (double(eng_.n_layers()) * double(r.j->prompt_tokens));
+    r.j->work += double(st.token_layers) / (double(seqs_.n_layers()) * double(r.j->prompt_tokens));
   return logits;
 }
 

@@ -30,9 +30,9 @@
 #include "metrics.hpp"
 #include "model_path.hpp"
 #include "options.hpp"
-#include "profile.hpp"
 #include "routes.hpp"
 #include "serving_engine.hpp"
+#include "strategy_profile.hpp"
 
 namespace {
 

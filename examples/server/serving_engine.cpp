@@ -41,7 +41,6 @@ class relokv_serving final : public serving_engine {
   }
   relokv_engine::sequence_engine& sequences() override { return eng_; }
   std::int32_t max_live() const override { return 1 << 20; }
-  std::int32_t n_layers() const override { return eng_.model().cfg.n_layers; }
   cache_snapshot snapshot() const override {
     return snapshot_of(const_cast<relokv_serving*>(this)->eng_.cache());
   }
@@ -66,7 +65,6 @@ class llama_cpp_serving final : public serving_engine {
       : eng_(path, options(blocks, ctx, std::move(store), std::move(links))) {}
   relokv_engine::sequence_engine& sequences() override { return eng_; }
   std::int32_t max_live() const override { return 1; }
-  std::int32_t n_layers() const override { return eng_.n_layers(); }
   cache_snapshot snapshot() const override {
     return snapshot_of(const_cast<llama_cpp_serving*>(this)->eng_.cache());
   }

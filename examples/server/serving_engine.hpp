@@ -23,8 +23,8 @@
 namespace relokv_server {
 
 /// What the serving loop needs of an engine beyond its sequence calls: those are the engine's
-/// own (sequences(): relokv's engine itself; relokv inside llama.cpp through its adapter, which
-/// computes a prompt at open), and here what a server asks besides.
+/// own (sequences(): relokv's engine and relokv inside llama.cpp are each their own
+/// sequence_engine, both prefilling a prompt in steps), and here what a server asks besides.
 class serving_engine {
  public:
   virtual ~serving_engine() = default;
@@ -43,7 +43,6 @@ class serving_engine {
   }
   /// Sequences it can hold at once (the scheduler admits no more).
   [[nodiscard]] virtual std::int32_t max_live() const = 0;
-  [[nodiscard]] virtual std::int32_t n_layers() const = 0;
   /// Tokens per KV block: the layouts the server builds break documents at its multiples.
   [[nodiscard]] virtual std::int32_t block_size() const = 0;
   /// The pool and cache counters for /metrics (running/prefilling/waiting left at 0).

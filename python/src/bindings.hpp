@@ -20,7 +20,7 @@
 #include <relokv/recompute/any_strategy.hpp>
 #include <relokv/store/any_store.hpp>
 
-#include "profile.hpp"
+#include "strategy_profile.hpp"
 
 namespace relokv_py {
 

@@ -19,7 +19,7 @@
 
 #include "llama_engine.hpp"
 #include "load_model.hpp"
-#include "profile.hpp"
+#include "strategy_profile.hpp"
 
 namespace {
 

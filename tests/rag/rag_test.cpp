@@ -2,8 +2,8 @@
 #include <relokv/layout/builder.hpp>
 #include "run_engine.hpp"
 
-#include "escalate.hpp"
-#include "escalation.hpp"
+#include "generate_escalating.hpp"
+#include "escalation_study.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include "profile.hpp"
+#include "strategy_profile.hpp"
 #include "store_mode.hpp"
 
 #include <unistd.h>

@@ -90,7 +90,7 @@ struct fake_engine final : relokv_server::serving_engine, relokv_engine::sequenc
   }
   std::int32_t live() const noexcept override { return static_cast<std::int32_t>(live_.size()); }
   std::int32_t max_live() const override { return 16; }
-  std::int32_t n_layers() const override { return 1; }
+  std::int32_t n_layers() const noexcept override { return 1; }
   std::int32_t block_size() const override { return 16; }
   relokv_server::cache_snapshot snapshot() const override { return {}; }
   std::string name() const override { return "fake"; }
@@ -464,7 +464,7 @@ struct chunked_engine final : relokv_server::serving_engine, relokv_engine::sequ
   void close(std::int32_t s, bool) override { left_.erase(s); }
   std::int32_t live() const noexcept override { return static_cast<std::int32_t>(left_.size()); }
   std::int32_t max_live() const override { return 16; }
-  std::int32_t n_layers() const override { return 1; }
+  std::int32_t n_layers() const noexcept override { return 1; }
   std::int32_t block_size() const override { return 16; }
   relokv_server::cache_snapshot snapshot() const override {
     steps.emplace_back();

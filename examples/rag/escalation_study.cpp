@@ -1,5 +1,5 @@
 // Per-request escalation, measured (see escalation.hpp).
-#include "escalation.hpp"
+#include "escalation_study.hpp"
 
 #include <algorithm>
 #include <cmath>

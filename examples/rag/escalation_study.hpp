@@ -4,7 +4,7 @@
 // threshold buys at what mean work, thresholds fitted on one half of the questions and reported
 // on the other, and the policy chosen for a target agreement (relokv_rag --escalation and
 // --calibrate). The policy itself is relokv/recompute/escalation.hpp; the engine loop that
-// applies it is run_engine.hpp.
+// applies it is run_engine.cpp.
 #include <cstddef>
 #include <memory>
 #include <optional>

@@ -1,9 +1,9 @@
 #pragma once
 // Greedy generation under a per-request escalation policy (relokv/recompute/escalation.hpp), for
-// any engine with llama_engine's request interface (prefill, decode, end): the request is served
+// any sequence_engine (its one-request loop: prefill, decode, end): the request is served
 // with its reuse strategy, and recomputed in full, once, where the policy reads doubt in the
 // next-token distribution. relokv_chat serves a calibrated profile's policy with it; relokv_rag's
-// loop (examples/rag/run_engine.hpp) does the same while it measures.
+// loop (examples/rag/run_engine.cpp) does the same while it measures.
 #include <cstdint>
 #include <vector>
 
@@ -12,7 +12,7 @@
 #include <relokv/recompute/escalation.hpp>
 #include <relokv/recompute/full.hpp>
 
-#include "llama_engine.hpp"
+#include "sequence.hpp"
 
 namespace relokv_engine {
 
@@ -31,17 +31,14 @@ struct escalated_answer {
 /// policy generates the whole answer first, then keeps it or replaces it). The request
 /// is still live when it returns (end() it, as after prefill). @throws what prefill throws, and
 /// relokv::error for non-finite logits
-template <class E>
-escalated_answer generate_escalating(E& eng, const relokv::request_layout& layout,
-                                     const relokv::request_layout& full_layout,
-                                     const relokv::recompute::any_strategy& strategy,
-                                     const relokv::recompute::escalation_policy& policy,
-                                     std::int32_t max_tokens, relokv::token_t stop = -1,
-                                     const relokv::extra_keys& keys = {},
-                                     std::uint64_t principal = 0) {
+inline escalated_answer generate_escalating(
+    sequence_engine& eng, const relokv::request_layout& layout,
+    const relokv::request_layout& full_layout, const relokv::recompute::any_strategy& strategy,
+    const relokv::recompute::escalation_policy& policy, std::int32_t max_tokens,
+    relokv::token_t stop = -1, const relokv::extra_keys& keys = {}, std::uint64_t principal = 0) {
   policy.validate();
   escalated_answer a;
-  const auto layers = static_cast<std::int64_t>(eng.model().cfg.n_layers);
+  const auto layers = static_cast<std::int64_t>(eng.n_layers());
   prefill_stats st;
   auto logits = eng.prefill(layout, strategy, &st, keys, principal);
   a.token_layers = st.token_layers;

@@ -1,5 +1,5 @@
 // Strategy specs and calibration profiles (see profile.hpp).
-#include "profile.hpp"
+#include "strategy_profile.hpp"
 
 #include <cmath>
 #include <cstdio>

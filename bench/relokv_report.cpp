@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <string>
 
 #include "support/attention_figures.hpp"
@@ -27,6 +28,8 @@ void usage() {
       "  Prints one `name value` line per headline figure.\n"
       "  --reps N     repetitions per figure; the median is reported (default 15)\n"
       "  --filter S   only figures whose name contains S (llama_cpp: that group alone;\n"
+      "               engine_, decode_, rotate_, relocate_, store_ at its start: that\n"
+      "               group alone;\n"
       "               a filter starting with rag_: the QA group alone; server_: relokv_server\n"
       "               side by side with llama-server, bench/serve_compare, tens of minutes\n"
       "               (server_plain: --spans auto on plain RAG prompts alone, a minute or\n"
@@ -215,14 +218,26 @@ int main(int argc, char** argv) {
 #endif
     return 0;
   }
+  // A filter that starts as one group's lines do runs that group alone (the others take
+  // minutes): engine_, the engine's (bpe_, prefill_, attention_amx too); decode_, rotate_ or
+  // relocate_, the attention kernels'; store_, the stores'.
+  const auto starts = [&](std::initializer_list<const char*> prefixes) {
+    for (const char* x : prefixes)
+      if (filter.rfind(x, 0) == 0) return true;
+    return false;
+  };
+  const bool engine_only = starts({"engine_", "bpe_", "prefill_", "attention_amx"});
+  const bool attention_only = starts({"decode_", "rotate_", "relocate_"});
+  const bool store_only = starts({"store_"});
+  const bool one_group = engine_only || attention_only || store_only;
   if (!llama_only) {
-    print(relokv_bench::core_figures(reps));
-    print(relokv_bench::attention_figures(reps));
-    print(relokv_bench::store_figures(reps));
+    if (!one_group) print(relokv_bench::core_figures(reps));
+    if (!one_group || attention_only) print(relokv_bench::attention_figures(reps));
+    if (!one_group || store_only) print(relokv_bench::store_figures(reps));
     if (filter.empty() || filter.find("store") != std::string::npos) cluster();
 #if RELOKV_REPORT_ENGINE
-    print(relokv_bench::engine_figures(reps));
-    print(relokv_bench::rag_figures());
+    if (!one_group || engine_only) print(relokv_bench::engine_figures(reps));
+    if (!one_group) print(relokv_bench::rag_figures());
 #endif
     if (filter.empty() && python() != 0) return 1;
   }

@@ -317,7 +317,10 @@ def test_large_documents_and_deep_json_cost_little_memory():
         deep = b'{"messages":[{"role":"user","content":"x"}],"x":' + b"[" * (3 << 20) + b"}"
         resp, _ = exchange(s, request(body=deep))
         say(f"3 MiB of nesting: {status(resp)}, RSS +{s.rss_kib() - rss0} KiB")
-        assert status(resp) == 400 and s.rss_kib() - rss0 < 8 * 1024
+        # Both requests together: what the allocator keeps of the 1 MiB document's parse and
+        # tokens (8.7 MiB seen once on a loaded 2-core host) plus the nesting's. A parser that
+        # built the 3 million levels would hold tens of MiB more (16+ bytes a level).
+        assert status(resp) == 400 and s.rss_kib() - rss0 < 12 * 1024
     finally:
         s.stop()
 

@@ -69,7 +69,8 @@ struct variant {
   std::string note;
   std::string key;  // short name for --variants: full, prefix, naive, block, epic, ...
   relokv_engine::strategy_spec spec;  // the strategy by kind and budget
-  /// Per-request escalation to full recompute (examples/rag/escalation_study.hpp); never by default.
+  /// Per-request escalation to full recompute (examples/rag/escalation_study.hpp); never by
+  /// default.
   relokv::recompute::escalation_policy escalation{};
   /// Reads the model's span-link adapter (relokv_engine::with_links): its link rows open the
   /// question and its header rows each span; spans are cached under the adapter's keys.

@@ -2,8 +2,8 @@
 #include <relokv/layout/builder.hpp>
 #include "run_engine.hpp"
 
-#include "generate_escalating.hpp"
 #include "escalation_study.hpp"
+#include "generate_escalating.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,8 +13,8 @@
 #include <variant>
 #include <vector>
 
-#include "strategy_profile.hpp"
 #include "store_mode.hpp"
+#include "strategy_profile.hpp"
 
 #include <unistd.h>
 

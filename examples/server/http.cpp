@@ -111,6 +111,8 @@ void server::stop() {
   for (auto& f : abandon) f();
 }
 
+int server::answering() const { return impl_->answering.load(); }
+
 counters server::stats() const {
   const std::lock_guard lock(impl_->mu);
   return impl_->c;

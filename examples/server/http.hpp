@@ -116,6 +116,9 @@ class server {
   /// Closes everything and joins the threads. Idempotent.
   void stop();
   [[nodiscard]] counters stats() const;
+  /// Responses begun and not yet written whole (nor given up: a client gone, a timeout): a
+  /// drain waits for 0 before stop(), so that a finished answer's last bytes are sent.
+  [[nodiscard]] int answering() const;
 
   struct impl;
 

@@ -73,6 +73,8 @@ struct server::impl {
   std::map<std::uint64_t, std::function<void()>> live;
   std::uint64_t next_session = 0;
   std::atomic<bool> draining{false};
+  /// Sessions with a response begun and not yet written whole nor given up (server::answering).
+  std::atomic<int> answering{0};
   bool stopped = false;
   // Declared after what sessions touch as they are destroyed (with the I/O context), and
   // before what must go first: the listeners' acceptors, then the workers.
@@ -369,7 +371,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     phase_ = phase::handling;
     // Alive while the handler holds the reply (no operation of its own may be pending: the
     // watcher stops when a pipelined request is waiting); let go when the response ends.
-    hold_ = this->shared_from_this();
+    hold();
     watch();
     auto rep =
         std::make_shared<reply_impl<Stream>>(this->weak_from_this(), seq_, stream_.get_executor());
@@ -461,7 +463,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
 
   void response_done(bool keep) {
     responded_whole_ = true;
-    const auto self = std::move(hold_);
+    const auto self = let_go();
     pull_ = {};
     head_sr_.reset();
     head_.reset();
@@ -480,13 +482,13 @@ class session : public std::enable_shared_from_this<session<Stream>> {
     phase_ = phase::closed;
     on_gone_ = {};
     pull_ = {};
-    hold_.reset();
+    (void)let_go();
   }
 
   /// The client went away (closed, reset, or stopped reading) before the response ended.
   void gone() {
     if (phase_ == phase::closed) return;
-    const auto self = std::move(hold_);
+    const auto self = let_go();
     srv_.count(&counters::disconnects);
     phase_ = phase::closed;
     if (auto f = std::move(on_gone_)) f();
@@ -538,7 +540,7 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   }
   void close() {
     phase_ = phase::closed;
-    hold_.reset();
+    (void)let_go();
     error_code ignored;
     lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
     lowest().socket().close(ignored);
@@ -557,6 +559,16 @@ class session : public std::enable_shared_from_this<session<Stream>> {
   std::uint64_t seq_ = 0, watch_seq_ = 0, id_ = 0;
   std::chrono::steady_clock::time_point deadline_{};  // of the request being read
   std::shared_ptr<session> hold_;  // while a handler answers (dispatch to response_done)
+  // The session holds itself while it answers, and is counted as answering (a drain waits
+  // for the count to reach 0 before the I/O stops: the last chunk is written, not cut).
+  void hold() {
+    if (!hold_) ++srv_.answering;
+    hold_ = this->shared_from_this();
+  }
+  std::shared_ptr<session> let_go() {
+    if (hold_) --srv_.answering;
+    return std::move(hold_);
+  }
   std::function<void()> on_gone_;
   std::function<std::pair<std::string, bool>()> pull_;
   std::optional<bhttp::response<bhttp::empty_body>> head_;

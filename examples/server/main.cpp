@@ -229,10 +229,13 @@ int main(int argc, char** argv) {
       const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
       while (core.in_flight() > 0 && std::chrono::steady_clock::now() < grace)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the last writes
     }
+    // The jobs are done; their last bytes (the final event, the last chunk) are written on the
+    // connections' strands: wait for every response to end (or its client to go), at most
+    // 1 s, then stop the I/O. A fixed pause cut streams on a loaded host.
+    const auto written = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+    while (http.answering() > 0 && std::chrono::steady_clock::now() < written)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     http.stop();
     core.stop();
     std::fprintf(stderr, "relokv_server: stopped\n");

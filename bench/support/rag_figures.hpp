@@ -218,7 +218,8 @@ inline std::vector<std::pair<std::string, double>> links_report(std::size_t requ
 /// The best learned adapter of each model at <= 5% of the work (tools/links/distill.py; which
 /// one and why: docs/links.md) on the held-out questions (the sample's first `requests`, never
 /// trained or validated on), beside naive reuse at the same work: rag_learned_{agreement, kl,
-/// work} for SmolLM2 and rag_learned_gemma3_* for Gemma 3 270M (greedy agreement and
+/// work} for SmolLM2, rag_learned_gemma3_* for Gemma 3 270M and rag_learned_qwen05_* for
+/// Qwen2.5-0.5B (greedy agreement and
 /// first-token KL with full recompute, the share of prefill computed), *_naive_{agreement, kl}
 /// and *_questions. A model whose weights or adapter are absent is skipped, saying so.
 /// relokv_report --filter rag_learned runs it alone ($RELOKV_LEARNED_REQUESTS, default 48).
@@ -231,6 +232,7 @@ inline std::vector<std::pair<std::string, double>> learned_report(std::size_t re
   static constexpr shipped kShipped[] = {
       {"smollm2", "smollm2-135m-learned.gguf", "rag_learned_"},
       {"gemma3-270m", "gemma3-270m-learned.gguf", "rag_learned_gemma3_"},
+      {"qwen2.5-0.5b", "qwen2.5-0.5b-learned.gguf", "rag_learned_qwen05_"},
   };
   using relokv_engine::strategy_spec;
   std::vector<relokv_rag::variant> vars = {relokv_rag::variant_of(strategy_spec{"full"}),

@@ -241,6 +241,37 @@ TEST_CASE("http: a stream pulls each piece once, in order, then ends", "[server]
   CHECK(c.response().ends_with("ok"));
 }
 
+TEST_CASE("http: answering() counts responses begun and not ended (what a drain waits for)",
+          "[server][threads]") {
+  fixture f;
+  // Reaches 0 (or `want`) within a second: the counter moves on the I/O thread.
+  const auto settles = [&](int want) {
+    const auto end = std::chrono::steady_clock::now() + 1000ms;
+    while (f.srv->answering() != want && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(1ms);
+    return f.srv->answering() == want;
+  };
+  CHECK(f.srv->answering() == 0);
+  {
+    client idle(f.port);  // connected, no request: nothing is being answered
+    client parked(f.port);
+    parked.send(get("/park"));
+    CHECK(settles(1));
+    client streamed(f.port);
+    streamed.send(get("/stream"));
+    // The stream is counted until its last chunk is written, then no longer.
+    const std::string r = streamed.read_until("0\r\n\r\n");
+    CHECK(r.find("piece4;") != std::string::npos);
+    CHECK(settles(1));  // the parked one is still answering
+    parked.close();     // its client leaves: given up, no longer counted
+    CHECK(settles(0));
+    idle.send(get("/health"));
+    CHECK(idle.response().ends_with("ok"));
+    CHECK(settles(0));
+  }
+  CHECK(settles(0));
+}
+
 TEST_CASE("http: a client that leaves while its answer is pending is seen at once",
           "[server][threads]") {
   fixture f;

@@ -367,19 +367,43 @@ class RelokvConnector(KVConnectorBase_V1):
         spans = [(b, e) for k, b, e, _ in segs if k == "span"]
         if not spans:
             return None
-        # vLLM computes only a suffix of a prompt (the connector claims a prefix of it), so no
-        # segment may be computed between two spans: a span takes the whitespace tokens before
-        # it (the separator between passages: the same before each), and what else stood
-        # between two spans (a label) ends the span before it; what precedes the first span is
-        # the prefix. A label that changes with the order then changes the span before it.
-        cuts, prev = [], None
-        for b, e in spans:
-            floor = prev if prev is not None else 1
+        # vLLM computes only a suffix of a prompt (the connector claims a prefix of it), so
+        # nothing may be computed between two spans: what stands between two spans is cut so
+        # that every piece holds the same tokens wherever its passage stands. What is left of
+        # the line a span ends on (a closing quote) ends it; the rest of the text between two
+        # spans (a title, "Document:", a closing and an opening tag, a label "[3] ") is a
+        # span of its own, keyed by its tokens like any other, so a title comes back with its
+        # passage and a label with any passage once seen; the whitespace that ends it begins
+        # the next span, as the first span takes the whitespace before it. A line break the
+        # tokenizer merged with the text around it can still change a piece, which then misses.
+        def line_rest(b: int, e: int) -> int:
+            """The end of the line [b, e) opens on: before the token that breaks it, or after
+            it if the token holds text before its break; b when no break comes soon."""
+            k = b
+            while k < e and k - b < 16 and "\n" not in pieces[k]:
+                k += 1
+            if k >= e or "\n" not in pieces[k]:
+                return b
+            return k if pieces[k][:1] in ("\n", "\r") else k + 1
+
+        def lead_space(floor: int, b: int) -> int:
             while b > floor and not pieces[b - 1].strip():
                 b -= 1
-            cuts.append(b)
+            return b
+
+        starts, prev = [], None
+        for b, e in spans:
+            if prev is None:
+                starts.append(lead_space(1, b))
+            else:
+                g = line_rest(prev, b)
+                w = lead_space(g, b)
+                if w > g:
+                    starts.append(g)  # the text between: a span of its own
+                starts.append(w)
             prev = e
-        bounds = [0] + cuts + [spans[-1][1], len(ids)]
+        last = line_rest(prev, len(ids) - 1)
+        bounds = [0] + starts + [last, len(ids)]
         if bounds[-2] >= bounds[-1]:
             return None
         segments = [("prefix", bounds[1])]

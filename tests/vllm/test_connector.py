@@ -103,6 +103,71 @@ def test_requests_without_relokv_or_with_bad_layouts_fall_back_with_a_clear_erro
         assert keep is False and "relokv:" in out["relokv"]["error"], params
 
 
+class CharTokenizer:
+    """One token per character (its code point): the span finder's cuts without a model."""
+    unk_token_id = None
+
+    def decode(self, ids):
+        return "".join(chr(t) for t in ids)
+
+
+TITLED = [("Nile", "The Nile is a major north-flowing river in northeastern Africa, about "
+                   "6,650 km long."),
+          ("Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower on the Champ de "
+                           "Mars in Paris, France."),
+          ("Mount Fuji", 'Mount Fuji is the highest mountain in Japan. "It is an active '
+                         'volcano."'),
+          ("Great Wall", "The Great Wall of China is a series of fortifications across "
+                         "northern China.")]
+FORMATS = {  # (opening, one passage, between passages, closing before the question)
+    "stuff": ("Use the following pieces of context to answer the question at the end.\n\n",
+              "{t}\n{x}", "\n\n", "\n\nQuestion: "),
+    "documents": ("Answer from the documents.\n", "Document: {t}\n{x}", "\n", "\nQuestion: "),
+    "xml": ("Answer from the sources.\n<sources>\n", '<source title="{t}">\n{x}\n</source>',
+            "\n", "\n</sources>\nQuestion: "),
+    "numbered": ("Answer with the numbered sources.\n\n", "[{n}] {t}\n{x}", "\n\n",
+                 "\n\nQuestion: ")}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_plain_prompts_with_titled_passages_are_claimed_in_any_order(store, fmt):
+    """spans "auto": a passage's title (or its tags) between two passages is text vLLM cannot
+    compute between two claimed spans; it is a span of its own, and what is left of the line
+    before it (a closing quote) ends the span before, so that every passage's
+    span holds the same tokens wherever it stands, and a reordered prompt is claimed whole.
+    A label that follows the order ("[3] ") is a span of its own, seen once any passage stood
+    there."""
+    sched = rv.RelokvConnector(fake_config(store), KVConnectorRole.SCHEDULER, None)
+    sched.spans, sched._tok, sched._turn_ids = "auto", CharTokenizer(), set()
+    head, one, sep, tail = FORMATS[fmt]
+
+    def prompt(order, question="How long is the Nile?"):
+        text = (head + sep.join(one.format(t=TITLED[i][0], x=TITLED[i][1], n=k + 1)
+                                for k, i in enumerate(order))
+                + tail + question)
+        return [ord(c) for c in text]
+
+    def spans(layout):
+        out, at = [], 0
+        for kind, n in layout.segments:
+            if kind == "span":
+                out.append("".join(chr(t) for t in layout.ids[at:at + n]))
+            at += n
+        return out
+
+    first = sched._found(prompt([0, 1, 2, 3]), 0)
+    commit_all(sched, first)
+    order = [2, 0, 3, 1]
+    ids = prompt(order, "Where is the Eiffel Tower?")
+    again = sched._found(ids, 0)
+    assert sorted(spans(again)) == sorted(spans(first))
+    for i in order:  # each passage's header (its title line, but a label) is in one span
+        header = one.replace("[{n}] ", "").split("{x}")[0].format(t=TITLED[i][0]).strip()
+        assert sum(header in s for s in spans(again)) == 1, header
+    got = sched.get_num_new_matched_tokens(request("reordered", ids, {}), 0)[0]
+    assert got == again.question_start // 32 * 32 > 0.8 * len(ids)
+
+
 def test_refuses_what_it_cannot_serve(store, tmp_path):
     with pytest.raises(ValueError, match="store"):
         rv.RelokvConnector(fake_config(""), KVConnectorRole.SCHEDULER, None)

@@ -45,8 +45,10 @@ void usage() {
       "               rag_escalation: the\n"
       "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions;\n"
       "               python_: a plan from Python against the same plan in C++,\n"
-      "               bench/python_plan_overhead.py; vllm_: relokv inside vLLM beside its\n"
-      "               prefix caching, bench/vllm_compare, installs vLLM's CPU build)\n");
+      "               bench/python_plan_overhead.py; vllm_: relokv inside vLLM's OpenAI\n"
+      "               server beside its prefix caching under aiperf, bench/vllm_serve;\n"
+      "               vllm_layout: offline with relokv's layout, bench/vllm_compare; both\n"
+      "               install vLLM's CPU build)\n");
 }
 }  // namespace
 
@@ -94,17 +96,26 @@ int main(int argc, char** argv) {
     return pclose(p) == 0 ? 0 : 1;
   }
   if (filter.rfind("vllm_", 0) == 0) {
-    // relokv inside vLLM beside vLLM's prefix caching (bench/vllm_compare: installs vLLM's
-    // CPU build, minutes; docs/vllm.md).
-    FILE* p = popen(RELOKV_VLLM_COMPARE, "r");
-    if (p == nullptr) {
-      std::fprintf(stderr, "relokv_report: cannot run %s\n", RELOKV_VLLM_COMPARE);
-      return 1;
+    // relokv inside vLLM beside vLLM's prefix caching (docs/vllm.md; both install vLLM's CPU
+    // build, minutes): vllm_layout, offline with relokv's layout (bench/vllm_compare); any
+    // other vllm_ filter, vLLM's OpenAI server under aiperf on plain prompts (bench/vllm_serve);
+    // vllm_ alone: both.
+    int rc = 0;
+    const bool layout = filter.rfind("vllm_layout", 0) == 0;
+    for (const char* script : {RELOKV_VLLM_COMPARE, RELOKV_VLLM_SERVE}) {
+      const bool mine = (script == std::string(RELOKV_VLLM_COMPARE)) == layout;
+      if (!mine && filter != "vllm_") continue;
+      FILE* p = popen(script, "r");
+      if (p == nullptr) {
+        std::fprintf(stderr, "relokv_report: cannot run %s\n", script);
+        return 1;
+      }
+      char line[512];
+      while (std::fgets(line, sizeof line, p) != nullptr)
+        if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
+      if (pclose(p) != 0) rc = 1;
     }
-    char line[512];
-    while (std::fgets(line, sizeof line, p) != nullptr)
-      if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
-    return pclose(p) == 0 ? 0 : 1;
+    return rc;
   }
   if (filter.rfind("server_", 0) == 0) {
     // relokv_server under load for minutes: scripts, their server_ lines. server_plain: the

@@ -9,12 +9,14 @@ time), one user, the same model, threads and requests. Three runs, each in its o
 
 Each request is the `documents` layout relokv's server builds (the system turn, then
 "Document: TITLE\\nTEXT\\n" per passage, then "Question: ..."), tokenized piece by piece, so
-relokv knows its spans (relokv.vllm.layout_prompt). Prints `name value` lines:
-  vllm_relokv_ttft_p50_over_prefix, vllm_relokv_ttft_p95_over_prefix
-  vllm_relokv_throughput_over_prefix   requests/s, one user
-  vllm_relokv_computed_over_prefix     prompt tokens computed
-  vllm_relokv_agreement, vllm_prefix_agreement   whole greedy answers equal to full's
-  vllm_engine_agreement               relokv's own engine, the same requests and variant (--gguf)
+relokv knows its spans (relokv.vllm.layout_prompt), offline (vLLM's LLM class), one user.
+Prints `name value` lines (bench/vllm_serve gives the vllm_relokv_* headline figures: vLLM's
+OpenAI server, plain prompts, aiperf):
+  vllm_layout_ttft_p50_over_prefix, vllm_layout_ttft_p95_over_prefix
+  vllm_layout_throughput_over_prefix   requests/s, one user
+  vllm_layout_computed_over_prefix     prompt tokens computed
+  vllm_layout_agreement, vllm_layout_prefix_agreement   whole greedy answers equal to full's
+  vllm_layout_engine_agreement   relokv's own engine, the same requests and variant (--gguf)
 Run with the vLLM environment's python and relokv's build on PYTHONPATH:
   PYTHONPATH=build/python $(scripts/get-vllm) bench/vllm_rag.py --model HF_DIR
 (HF_DIR: tools/vllm/gguf_to_safetensors.py's output)."""
@@ -117,7 +119,7 @@ def main():
     ap.add_argument("--sample", default=os.path.join(HERE, "..", "data",
                                                       "2wikimqa_dev_sample200.jsonl"))
     ap.add_argument("--gguf", help="the same model's GGUF: relokv's own engine's agreement "
-                    "with the same variant beside it (vllm_engine_agreement)")
+                    "with the same variant beside it (vllm_layout_engine_agreement)")
     ap.add_argument("--mode", choices=["full", "prefix", "relokv", "engine"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
@@ -160,17 +162,17 @@ def main():
     s = {m: summary(m) for m in results}
     for m, v in s.items():
         for k, x in v.items():
-            print(f"# vllm_{m}_{k} {x:.4g}")
+            print(f"# vllm_layout_{m}_{k} {x:.4g}")
     p, r = s["prefix"], s["relokv"]
-    print(f"vllm_relokv_ttft_p50_over_prefix {r['ttft_p50'] / p['ttft_p50']:.3f}")
-    print(f"vllm_relokv_ttft_p95_over_prefix {r['ttft_p95'] / p['ttft_p95']:.3f}")
-    print(f"vllm_relokv_throughput_over_prefix {r['rps'] / p['rps']:.3f}")
-    print(f"vllm_relokv_computed_over_prefix {r['computed'] / p['computed']:.3f}")
-    print(f"vllm_relokv_agreement {r['agreement']:.3f}")
-    print(f"vllm_prefix_agreement {p['agreement']:.3f}")
+    print(f"vllm_layout_ttft_p50_over_prefix {r['ttft_p50'] / p['ttft_p50']:.3f}")
+    print(f"vllm_layout_ttft_p95_over_prefix {r['ttft_p95'] / p['ttft_p95']:.3f}")
+    print(f"vllm_layout_throughput_over_prefix {r['rps'] / p['rps']:.3f}")
+    print(f"vllm_layout_computed_over_prefix {r['computed'] / p['computed']:.3f}")
+    print(f"vllm_layout_agreement {r['agreement']:.3f}")
+    print(f"vllm_layout_prefix_agreement {p['agreement']:.3f}")
     if engine is not None:
-        print(f"vllm_engine_agreement {engine['agreement']:.3f}")
-        print(f"vllm_relokv_agreement_minus_engine {r['agreement'] - engine['agreement']:.3f}")
+        print(f"vllm_layout_engine_agreement {engine['agreement']:.3f}")
+        print(f"vllm_layout_agreement_minus_engine {r['agreement'] - engine['agreement']:.3f}")
 
 
 if __name__ == "__main__":

@@ -394,3 +394,109 @@ def test_vllm_plain_prompts_are_cut_by_relokvs_span_finder(engines):
     assert cached == 0
     n, cached = plain([2, 0, 1])  # the same passages reordered: relocated
     assert cached > 0.5 * n, (cached, n)
+
+
+@pytest.fixture(scope="module")
+def openai_server(tmp_path_factory):
+    """vLLM's OpenAI server with relokv's connector (spans auto for plain prompts), on a free
+    loopback port; stopped after the module's tests."""
+    if not MODEL:
+        pytest.skip("RELOKV_VLLM_MODEL is not set (./scripts/test --vllm converts SmolLM2)")
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    store = tmp_path_factory.mktemp("vllm-server-store")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("vllm-server-log") / "server.log", "w")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL,
+           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
+           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+           "--block-size", "32", "--seed", "0", "--no-enable-prefix-caching",
+           "--enable-prompt-tokens-details", "--kv-transfer-config",
+           json.dumps(rv.transfer_config("file:" + str(store), spans="auto"))]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM's OpenAI server exited ({proc.returncode}): {log.name}")
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("vLLM's OpenAI server did not start in 300 s")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def post(url, path, body):
+    import json
+    import urllib.request
+    req = urllib.request.Request(url + path, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def test_vllm_openai_server_takes_the_layout_in_kv_transfer_params(openai_server):
+    """/v1/completions with the prompt as token ids and relokv's layout in the body's
+    kv_transfer_params (vLLM passes it on to the connector): spans come back relocated; a bad
+    layout is an error in the response's kv_transfer_params, not a failed request."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    prefix = enc("<|im_start|>system\nAnswer from the documents.<|im_end|>\n<|im_start|>user\n")
+    q = enc("Question: How long is the Nile?<|im_end|>\n<|im_start|>assistant\n")
+
+    def ask(order):
+        ids, extra = rv.layout_prompt(prefix, [enc("Document: " + DOCS[i] + "\n") for i in order], q)
+        r = post(openai_server, "/v1/completions",
+                 {"model": "m", "prompt": ids, "max_tokens": 2, "temperature": 0,
+                  "kv_transfer_params": extra["kv_transfer_params"]})
+        return len(ids) - len(q), r["usage"]["prompt_tokens_details"]["cached_tokens"] or 0
+
+    q0, cached = ask([0, 1, 2])
+    assert cached == 0
+    q0, cached = ask([2, 1, 0])
+    assert cached == q0 // 32 * 32
+    ids = enc("Hello there, how are you today?")
+    r = post(openai_server, "/v1/completions",
+             {"model": "m", "prompt": ids, "max_tokens": 2, "temperature": 0,
+              "kv_transfer_params": {"relokv": {"segments": [["prefix", 3]]}}})
+    assert "segments hold 3 tokens" in r["kv_transfer_params"]["relokv"]["error"]
+
+
+def test_vllm_openai_server_reuses_plain_chat_prompts_with_spans_auto(openai_server):
+    """transfer_config(spans="auto"): a chat request of any client, the passages with their
+    titles pasted in the text (LangChain's stuff prompt), reused when they come back in
+    another order; no field of relokv's."""
+    titled = [("Eiffel Tower", DOCS[0]), ("Nile", DOCS[1]), ("Mount Fuji", DOCS[2]),
+              ("Great Wall", DOCS[3])]
+
+    def chat(order):
+        text = ("Use the following pieces of context to answer the question at the end.\n\n"
+                + "\n\n".join(f"{t}\n{x}" for t, x in (titled[i] for i in order))
+                + "\n\nQuestion: How long is the Nile?\nHelpful Answer:")
+        r = post(openai_server, "/v1/chat/completions",
+                 {"model": "m", "messages": [{"role": "user", "content": text}],
+                  "max_tokens": 2, "temperature": 0})
+        u = r["usage"]
+        return u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"] or 0
+
+    n, cached = chat([0, 1, 2, 3])
+    assert cached == 0
+    n, cached = chat([3, 1, 0, 2])
+    assert cached > 0.7 * n, (cached, n)

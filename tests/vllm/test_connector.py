@@ -462,7 +462,8 @@ def test_vllm_openai_server_takes_the_layout_in_kv_transfer_params(openai_server
     q = enc("Question: How long is the Nile?<|im_end|>\n<|im_start|>assistant\n")
 
     def ask(order):
-        ids, extra = rv.layout_prompt(prefix, [enc("Document: " + DOCS[i] + "\n") for i in order], q)
+        docs = [enc("Document: " + DOCS[i] + "\n") for i in order]
+        ids, extra = rv.layout_prompt(prefix, docs, q)
         r = post(openai_server, "/v1/completions",
                  {"model": "m", "prompt": ids, "max_tokens": 2, "temperature": 0,
                   "kv_transfer_params": extra["kv_transfer_params"]})

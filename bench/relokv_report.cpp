@@ -50,6 +50,19 @@ void usage() {
       "               vllm_layout: offline with relokv's layout, bench/vllm_compare; both\n"
       "               install vLLM's CPU build)\n");
 }
+// Runs a figure script and passes on its lines that start with `filter`; false when the script
+// cannot start or ends in failure.
+bool run_script(const char* script, const std::string& filter) {
+  FILE* p = popen(script, "r");
+  if (p == nullptr) {
+    std::fprintf(stderr, "relokv_report: cannot run %s\n", script);
+    return false;
+  }
+  char line[512];
+  while (std::fgets(line, sizeof line, p) != nullptr)
+    if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
+  return pclose(p) == 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,15 +98,7 @@ int main(int argc, char** argv) {
   if (filter.rfind("server_soak", 0) == 0 || filter.rfind("server_p95", 0) == 0) {
     // The soak: normal users and every hostile class at once, ten minutes
     // (bench/server_soak.py), its server_soak_* and server_p95_* lines.
-    FILE* p = popen(RELOKV_SERVER_SOAK, "r");
-    if (p == nullptr) {
-      std::fprintf(stderr, "relokv_report: cannot run %s\n", RELOKV_SERVER_SOAK);
-      return 1;
-    }
-    char line[512];
-    while (std::fgets(line, sizeof line, p) != nullptr)
-      if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
-    return pclose(p) == 0 ? 0 : 1;
+    return run_script(RELOKV_SERVER_SOAK, filter) ? 0 : 1;
   }
   if (filter.rfind("vllm_", 0) == 0) {
     // relokv inside vLLM beside vLLM's prefix caching (docs/vllm.md; both install vLLM's CPU
@@ -105,15 +110,7 @@ int main(int argc, char** argv) {
     for (const char* script : {RELOKV_VLLM_COMPARE, RELOKV_VLLM_SERVE}) {
       const bool mine = (script == std::string(RELOKV_VLLM_COMPARE)) == layout;
       if (!mine && filter != "vllm_") continue;
-      FILE* p = popen(script, "r");
-      if (p == nullptr) {
-        std::fprintf(stderr, "relokv_report: cannot run %s\n", script);
-        return 1;
-      }
-      char line[512];
-      while (std::fgets(line, sizeof line, p) != nullptr)
-        if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
-      if (pclose(p) != 0) rc = 1;
+      if (!run_script(script, filter)) rc = 1;
     }
     return rc;
   }
@@ -132,15 +129,7 @@ int main(int argc, char** argv) {
     for (const auto& [group, script] : scripts) {
       const bool mine = *group != '\0' ? filter.rfind(group, 0) == 0 : !named;
       if (!mine && filter != "server_") continue;
-      FILE* p = popen(script, "r");
-      if (p == nullptr) {
-        std::fprintf(stderr, "relokv_report: cannot run %s\n", script);
-        return 1;
-      }
-      char line[512];
-      while (std::fgets(line, sizeof line, p) != nullptr)
-        if (std::string(line).rfind(filter, 0) == 0) std::fputs(line, stdout);
-      if (pclose(p) != 0) rc = 1;
+      if (!run_script(script, filter)) rc = 1;
     }
     return rc;
   }

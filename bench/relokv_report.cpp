@@ -41,7 +41,9 @@ void usage() {
       "               job on Gemma 3 270M (sliding windows), $RELOKV_GEMMA3_REQUESTS\n"
       "               questions; rag_links: span links on held-out questions;\n"
       "               rag_learned: the best learned adapter at <= 5%% of the work\n"
-      "               (SmolLM2, Gemma 3), $RELOKV_LEARNED_REQUESTS questions;\n"
+      "               (SmolLM2, Gemma 3, Qwen2.5-0.5B), $RELOKV_LEARNED_REQUESTS\n"
+      "               questions; rag_learned_qwen15: the 1.5B's, 64 at least, with\n"
+      "               EM and F1 against the gold answers;\n"
       "               rag_escalation: the\n"
       "               escalation study on SmolLM2, $RELOKV_ESCALATION_REQUESTS questions;\n"
       "               python_: a plan from Python against the same plan in C++,\n"
@@ -175,7 +177,7 @@ int main(int argc, char** argv) {
 #if RELOKV_REPORT_ENGINE
     const char* n = std::getenv("RELOKV_LEARNED_REQUESTS");
     print(relokv_bench::learned_report(
-        n != nullptr && std::atoi(n) > 1 ? static_cast<std::size_t>(std::atoi(n)) : 48));
+        n != nullptr && std::atoi(n) > 1 ? static_cast<std::size_t>(std::atoi(n)) : 48, filter));
 #endif
     return 0;
   }

@@ -122,12 +122,13 @@ struct adapter_run {
   std::int32_t rows = 0;  ///< the adapter's learned rows
 };
 
-/// `variants` in relokv's engine on the QA sample's first `requests`, 16-token answers, with
-/// tools/links/adapters/`file` read into scripts/get-model's `model`; none (saying why, naming
+/// `variants` in relokv's engine on the QA sample's first `requests`, `max_answer`-token answers,
+/// with tools/links/adapters/`file` read into scripts/get-model's `model`; none (saying why, naming
 /// the lines `prefix` skipped) when the model, the adapter or the sample is absent.
 inline std::optional<adapter_run> run_with_adapter(const char* model, const char* file,
                                                    const char* prefix, std::size_t requests,
-                                                   const std::vector<relokv_rag::variant>& vars) {
+                                                   const std::vector<relokv_rag::variant>& vars,
+                                                   std::int32_t max_answer = 16) {
   const std::string data = qa_sample();
   const std::string path = relokv_engine::default_model_path(model);
 #ifdef RELOKV_LINKS_ADAPTERS
@@ -149,7 +150,7 @@ inline std::optional<adapter_run> run_with_adapter(const char* model, const char
   const relokv_rag::text_codec codec{loaded.tokenizer.get(), adapted->cfg.vocab};
   const auto w = relokv_rag::load_jsonl(data, requests, 1, codec);
   relokv_rag::run_options opt;
-  opt.max_answer = 16;
+  opt.max_answer = max_answer;
   return adapter_run{relokv_rag::run(adapted, w, codec, vars, opt), w.requests.size(),
                      adapted->links->n};
 }
@@ -218,39 +219,67 @@ inline std::vector<std::pair<std::string, double>> links_report(std::size_t requ
 /// The best learned adapter of each model at <= 5% of the work (tools/links/distill.py; which
 /// one and why: docs/links.md) on the held-out questions (the sample's first `requests`, never
 /// trained or validated on), beside naive reuse at the same work: rag_learned_{agreement, kl,
-/// work} for SmolLM2, rag_learned_gemma3_* for Gemma 3 270M and rag_learned_qwen05_* for
-/// Qwen2.5-0.5B (greedy agreement and
+/// work} for SmolLM2, rag_learned_gemma3_* for Gemma 3 270M, rag_learned_qwen05_* for
+/// Qwen2.5-0.5B and rag_learned_qwen15_* for Qwen2.5-Coder-1.5B (greedy agreement and
 /// first-token KL with full recompute, the share of prefill computed), *_naive_{agreement, kl}
-/// and *_questions. A model whose weights or adapter are absent is skipped, saying so.
-/// relokv_report --filter rag_learned runs it alone ($RELOKV_LEARNED_REQUESTS, default 48).
-inline std::vector<std::pair<std::string, double>> learned_report(std::size_t requests) {
+/// and *_questions. The 1.5B, the one model that answers these questions, is measured as its
+/// issue asks: at least 64 questions, 12-token answers, and its task accuracy against the gold
+/// answers beside full recompute's (rag_learned_qwen15_{em, f1, full_em, full_f1,
+/// f1_over_full}). A model whose weights or adapter are absent is skipped, saying so.
+/// relokv_report --filter rag_learned runs it alone ($RELOKV_LEARNED_REQUESTS, default 48);
+/// --filter rag_learned_qwen15 the 1.5B alone (about 30 minutes on two cores).
+inline std::vector<std::pair<std::string, double>> learned_report(std::size_t requests,
+                                                                  const std::string& only = {}) {
   struct shipped {
     const char* model;    // scripts/get-model's name
     const char* adapter;  // in tools/links/adapters/
     const char* prefix;   // of its lines
+    std::int32_t answer;  // tokens
+    std::size_t min_requests;
+    bool task;  // EM and F1 against the gold answers
   };
   static constexpr shipped kShipped[] = {
-      {"smollm2", "smollm2-135m-learned.gguf", "rag_learned_"},
-      {"gemma3-270m", "gemma3-270m-learned.gguf", "rag_learned_gemma3_"},
-      {"qwen2.5-0.5b", "qwen2.5-0.5b-learned.gguf", "rag_learned_qwen05_"},
+      {"smollm2", "smollm2-135m-learned.gguf", "rag_learned_", 16, 0, false},
+      {"gemma3-270m", "gemma3-270m-learned.gguf", "rag_learned_gemma3_", 16, 0, false},
+      {"qwen2.5-0.5b", "qwen2.5-0.5b-learned.gguf", "rag_learned_qwen05_", 16, 0, false},
+      {"qwen2.5-1.5b", "qwen2.5-1.5b-learned.gguf", "rag_learned_qwen15_", 12, 64, true},
   };
   using relokv_engine::strategy_spec;
   std::vector<relokv_rag::variant> vars = {relokv_rag::variant_of(strategy_spec{"full"}),
                                            relokv_rag::variant_of(strategy_spec{"none"})};
   vars.push_back(relokv_rag::link_variants(2, 0.12f, false).front());  // links: naive + rows
   std::vector<std::pair<std::string, double>> out;
+  // Which models `only` (relokv_report's filter) names: those whose lines all start with it,
+  // or else the one whose prefix is the longest that it starts with.
+  std::string chosen;
+  bool any = false;
+  for (const shipped& s : kShipped) any = any || std::string(s.prefix).rfind(only, 0) == 0;
+  if (!any)
+    for (const shipped& s : kShipped)
+      if (only.rfind(s.prefix, 0) == 0 && std::string(s.prefix).size() > chosen.size())
+        chosen = s.prefix;
   for (const shipped& s : kShipped) {
-    const auto ran = run_with_adapter(s.model, s.adapter, s.prefix, requests, vars);
+    const std::string p = s.prefix;
+    if (any ? p.rfind(only, 0) != 0 : p != chosen) continue;
+    const auto ran = run_with_adapter(s.model, s.adapter, s.prefix,
+                                      std::max(requests, s.min_requests), vars, s.answer);
     if (!ran) continue;
     const auto& res = ran->results;
     using relokv_rag::mean;
-    const std::string p = s.prefix;
     out.emplace_back(p + "questions", double(ran->questions));
     out.emplace_back(p + "agreement", mean(res[2].agreement));
     out.emplace_back(p + "kl", mean(res[2].kl));
     out.emplace_back(p + "work", mean(res[2].work));
     out.emplace_back(p + "naive_agreement", mean(res[1].agreement));
     out.emplace_back(p + "naive_kl", mean(res[1].kl));
+    if (!s.task) continue;
+    out.emplace_back(p + "em", mean(res[2].em));
+    out.emplace_back(p + "f1", mean(res[2].f1));
+    out.emplace_back(p + "full_em", mean(res[0].em));
+    out.emplace_back(p + "full_f1", mean(res[0].f1));
+    out.emplace_back(p + "naive_f1", mean(res[1].f1));
+    out.emplace_back(p + "f1_over_full",
+                     mean(res[0].f1) > 0 ? mean(res[2].f1) / mean(res[0].f1) : 0.0);
   }
   return out;
 }

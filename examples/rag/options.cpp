@@ -128,7 +128,7 @@ void add_options(CLI::App& app, options& o) {
                  "turn) as JSON and exit: what tools/links trains on, tokenized as the "
                  "measurements are");
   app.add_option("--links", o.links,
-                 "a span-link adapter (tools/links/train.py's GGUF): adds the variants links "
+                 "a span-link adapter (tools/links/make-learned): adds the variants links "
                  "(naive reuse plus the learned rows), links+epic and links+question")
       ->check(CLI::ExistingFile);
   app.add_option("--link-variants", o.link_variants,

@@ -75,9 +75,7 @@ MODELS = os.path.dirname(MODEL)
 # The shipped learned adapters and their models.
 LEARNED = [("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-learned.gguf"),
            ("gemma-3-270m-q4_k_m.gguf", "gemma3-270m-learned.gguf"),
-           ("Qwen2.5-Coder-0.5B-Instruct.gguf", "qwen2.5-0.5b-learned.gguf"),
-           # where `scripts/get-model qwen2.5-1.5b` fetched it (not in the default run's three)
-           ("Qwen2.5-Coder-1.5B-Instruct.gguf", "qwen2.5-1.5b-learned.gguf")]
+           ("Qwen2.5-Coder-0.5B-Instruct.gguf", "qwen2.5-0.5b-learned.gguf")]
 
 
 def first_kl(wl, path, request, model=MODEL):

@@ -265,6 +265,34 @@ void deep_rows(const llama_model& m, int l, const std::vector<std::int32_t>& pos
   }
 }
 
+/// An adapter's low-rank correction (links.hpp) of the span tokens among the rows at layer l:
+/// k += (h a) b_k, v += (h a) b_v, h the rows' attention input [n][dim].
+void lowrank_correct(const link_adapter& a, int l, const std::vector<std::int32_t>& positions,
+                     const std::vector<std::uint8_t>& span_rows, const float* h, float* k,
+                     float* v) {
+  const auto D = static_cast<std::size_t>(a.dim), r = static_cast<std::size_t>(a.lowrank);
+  const auto kvd = static_cast<std::size_t>(a.kv_dim);
+  const float* A = a.lowrank_a_at(l);
+  const float* B = a.lowrank_b_at(l);
+  std::vector<float> t(r);
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    if (!span_rows[static_cast<std::size_t>(positions[i])]) continue;
+    std::fill(t.begin(), t.end(), 0.0f);
+    const float* hi = h + i * D;
+    for (std::size_t d = 0; d < D; ++d)
+      for (std::size_t j = 0; j < r; ++j) t[j] += hi[d] * A[d * r + j];
+    float* ki = k + i * kvd;
+    float* vi = v + i * kvd;
+    for (std::size_t j = 0; j < r; ++j) {
+      const float* bj = B + j * 2 * kvd;
+      for (std::size_t e = 0; e < kvd; ++e) {
+        ki[e] += t[j] * bj[e];
+        vi[e] += t[j] * bj[kvd + e];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <class P, class T>
@@ -329,6 +357,11 @@ void run_layers(layer_pass<T> pass, std::vector<float>& last_hidden) {
     head_norms(L.q_norm, q.data(), N, H, hd, c.rms_eps);
     head_norms(L.k_norm, k.data(), N, Hk, hd, c.rms_eps);
     if (m.links && m.links->deep) deep_rows(m, l, positions, tokens, k.data(), v.data());
+    if (m.links && m.links->lowrank > 0 && l >= m.links->lowrank_from) {
+      if (pass.span_rows == nullptr)
+        throw std::logic_error("run_layers: the adapter's correction needs the pass's span rows");
+      lowrank_correct(*m.links, l, positions, *pass.span_rows, h.data(), k.data(), v.data());
+    }
     const relokv::paged_kv_view<const T>& layer_kv = call.kv;
     if (dynamic && step < strategy->steps() && strategy->check_layer(step) == l) {
       // Deviation of the fresh K/V (in storage form) from the cached ones, before they are

@@ -83,6 +83,9 @@ struct layer_pass {
   prefill_stats* trace = nullptr;          ///< what each layer computed, when wanted
   const mass_probe* probe = nullptr;       ///< question_topk's probe of the question's attention
   const grouped_reader* reader = nullptr;  ///< APE's reader of grouped spans
+  /// Per position, 1 for a span's own token (not a link row): what an adapter's low-rank
+  /// correction changes (links.hpp). Needed when the model's adapter has one.
+  const std::vector<std::uint8_t>* span_rows = nullptr;
 };
 
 /// The layer loop of one request. Computes the tokens at `pass.positions` (their K/V written

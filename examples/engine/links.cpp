@@ -24,15 +24,18 @@ std::shared_ptr<const link_adapter> load_links(const std::string& path, const ll
   a->header = static_cast<std::int32_t>(f.get_int("relokv.links.header_rows", 0));
   a->trailer = static_cast<std::int32_t>(f.get_int("relokv.links.trailer_rows", 0));
   a->placement = f.get_string("relokv.links.placement");
-  if (a->n < 1 || a->n > 4096 || a->header < 0 || a->trailer < 0 ||
+  const bool corrects = f.has("relokv.links.lowrank_rank");
+  if (a->n < (corrects ? 0 : 1) || a->n > 4096 || a->header < 0 || a->trailer < 0 ||
       std::int64_t{a->header} + a->trailer > a->n)
-    bad("relokv.links.rows must be in [1, 4096] and header_rows + trailer_rows in [0, rows]");
+    bad("relokv.links.rows must be in [1, 4096] (0 with a low-rank correction) and "
+        "header_rows + trailer_rows in [0, rows]");
   a->before_question = a->n - a->header - a->trailer;
   // The placement names where the rows go; the counts must say the same.
   const bool wraps = a->header + a->trailer > 0, before = a->before_question > 0;
   const std::string want = wraps && before ? "wrappers+before_question"
                            : wraps         ? "wrappers"
-                                           : "before_question";
+                           : before        ? "before_question"
+                                           : "none";
   if (a->placement != want)
     bad("relokv.links.placement \"" + a->placement + "\" does not match its counts (" +
         std::to_string(a->header) + " header, " + std::to_string(a->trailer) + " trailer, " +
@@ -53,10 +56,40 @@ std::shared_ptr<const link_adapter> load_links(const std::string& path, const ll
   a->model_sha256 = f.has("relokv.links.model_sha256") ? f.get_string("relokv.links.model_sha256")
                                                        : std::string();
   a->dim = m.cfg.dim;
-  if (a->deep) {
+  a->layers = m.cfg.n_layers;
+  a->kv_dim = m.cfg.n_kv_heads * m.cfg.head_dim;
+  if (corrects) {
+    // The low-rank correction of span tokens' K/V: rank r, from layer `from` to the last.
+    const auto r = f.get_int("relokv.links.lowrank_rank");
+    const auto from = f.get_int("relokv.links.lowrank_first_layer", -1);
+    if (r < 1 || r > 1024 || from < 0 || from >= a->layers)
+      bad("relokv.links.lowrank_rank must be in [1, 1024] and relokv.links.lowrank_first_layer "
+          "in [0, " +
+          std::to_string(a->layers) + ")");
+    a->lowrank = static_cast<std::int32_t>(r);
+    a->lowrank_from = static_cast<std::int32_t>(from);
+    const auto nl = static_cast<std::uint64_t>(a->layers - a->lowrank_from);
+    const auto ur = static_cast<std::uint64_t>(r);
+    const auto read = [&](const char* name, std::vector<std::uint64_t> dims, const char* what) {
+      if (!f.has_tensor(name)) bad(std::string("a low-rank correction without the tensor ") + name);
+      const gguf_tensor& t = f.tensor(name);
+      if (t.type != ggml_type::kF32 || t.dims != dims)
+        bad(std::string(name) + " must be F32 [" + std::to_string(dims[0]) + ", " +
+            std::to_string(dims[1]) + ", " + std::to_string(dims[2]) + "] (" + what + ")");
+      auto out = f.dequantize(t);
+      for (const float x : out)
+        if (!std::isfinite(x)) bad(std::string(name) + " holds a value that is not finite");
+      return out;
+    };
+    a->lowrank_a = read("links.lowrank_a", {ur, static_cast<std::uint64_t>(a->dim), nl},
+                        "rank, model dim, corrected layers");
+    a->lowrank_b = read("links.lowrank_b", {2 * static_cast<std::uint64_t>(a->kv_dim), ur, nl},
+                        "K|V of kv heads x head size, rank, corrected layers");
+  }
+  if (a->n == 0) {
+    // A correction alone: no rows to read.
+  } else if (a->deep) {
     // Every layer's K and V of each row: [rows][layers][2][kv_heads * head_dim].
-    a->layers = m.cfg.n_layers;
-    a->kv_dim = m.cfg.n_kv_heads * m.cfg.head_dim;
     if (!f.has_tensor("links.kv")) bad("a deep adapter (depth kv) without the tensor links.kv");
     const gguf_tensor& t = f.tensor("links.kv");
     const std::vector<std::uint64_t> shape{static_cast<std::uint64_t>(a->kv_dim), 2,

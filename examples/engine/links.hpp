@@ -20,6 +20,10 @@ struct llama_model;
 /// - kv (deep): `kv` gives every layer's key (before RoPE, as the pool stores it unrotated) and
 ///   value of the row; the engine writes those in place of what it computed (the row's hidden
 ///   state is read by nothing else).
+/// It may also hold a deep low-rank correction of every span's own tokens (docs/links.md): at
+/// each layer from `lowrank_from` on, a span token's key gets (h a) b_k and its value (h a) b_v
+/// added, h the token's attention input; computed when the span is, cached and relocated with
+/// it. An adapter may hold a correction and no rows.
 struct link_adapter {
   std::vector<float> rows;  ///< [n][dim] (zeros for a deep adapter)
   std::vector<float> kv;    ///< deep only: [n][layers][2][kv_heads * head_dim], K then V
@@ -29,12 +33,26 @@ struct link_adapter {
   std::int32_t before_question = 0;     ///< rows computed before the question
   std::int32_t layers = 0, kv_dim = 0;  ///< deep only: the shape of kv
   bool deep = false;                    ///< relokv.links.depth "kv"
+  std::int32_t lowrank = 0;             ///< the correction's rank (0: none)
+  std::int32_t lowrank_from = 0;        ///< the first layer it corrects
+  std::vector<float> lowrank_a;         ///< [layers - lowrank_from][dim][lowrank]
+  std::vector<float> lowrank_b;         ///< [layers - lowrank_from][lowrank][2 * kv_dim], K|V
   std::uint64_t id = 0;                 ///< the file's identity: XXH3 of its bytes (never 0)
   std::string path, model_sha256, placement;
 
   /// What layout_builder::links takes for a model of vocabulary `vocab`.
   [[nodiscard]] relokv::link_rows layout_rows(std::int32_t vocab) const {
     return relokv::link_rows{id, vocab, header, before_question, trailer};
+  }
+  /// The correction's a and b at layer l (>= lowrank_from).
+  [[nodiscard]] const float* lowrank_a_at(std::int32_t l) const {
+    return lowrank_a.data() + static_cast<std::size_t>(l - lowrank_from) *
+                                  static_cast<std::size_t>(dim) * static_cast<std::size_t>(lowrank);
+  }
+  [[nodiscard]] const float* lowrank_b_at(std::int32_t l) const {
+    return lowrank_b.data() + static_cast<std::size_t>(l - lowrank_from) *
+                                  static_cast<std::size_t>(lowrank) * 2 *
+                                  static_cast<std::size_t>(kv_dim);
   }
   /// Deep: row r's key (then value, kv_dim further) at layer l.
   [[nodiscard]] const float* kv_row(std::int32_t r, std::int32_t l) const {

@@ -55,6 +55,7 @@ struct llama_engine<P, T>::live_request {
   relokv::request_layout layout;
   relokv::recompute::any_strategy strategy;
   std::vector<std::uint8_t> mask, reused;  // the plan's, per position
+  std::vector<std::uint8_t> span_rows;     // per position: a span's own token (a correction's)
   std::vector<std::int32_t> pending;       // positions still to compute, ascending
   bool chunks = true;                      // a static strategy: the prompt may come in chunks
   bool prefilled = false;                  // the prompt's logits were returned
@@ -133,6 +134,17 @@ typename llama_engine<P, T>::seq_id llama_engine<P, T>::open(
   r->strategy = strategy;
   r->mask = pl.compute;
   r->reused = pl.reused_mask();
+  if (model_->links && model_->links->lowrank > 0) {
+    // What the adapter's low-rank correction changes: the spans' own tokens (not their link
+    // rows), wherever a pass computes them.
+    r->span_rows.assign(layout.tokens.size(), 0);
+    for (const relokv::segment& sg : layout.segments) {
+      if (sg.kind != relokv::segment_kind::kSpan) continue;
+      for (std::int32_t p = sg.first_token; p < sg.first_token + sg.num_tokens; ++p)
+        r->span_rows[static_cast<std::size_t>(p)] =
+            layout.tokens[static_cast<std::size_t>(p)] < model_->cfg.vocab ? 1 : 0;
+    }
+  }
   // The tokens to compute, by position. The library adds the last token when the plan reuses
   // it (its hidden state gives the logits) with write == false: its K/V are cached already,
   // in a block that may be shared, and request_kv::write through its slot writes nothing.
@@ -182,6 +194,7 @@ std::vector<float> llama_engine<P, T>::prefill_step(seq_id s, std::int32_t max_r
     p.tokens = &r.tokens;
     p.positions = std::move(positions);
     p.trace = stats;
+    p.span_rows = &r.span_rows;
     return p;
   };
   if (r.chunks) {
@@ -384,6 +397,8 @@ std::vector<float> contiguous_prefill<T>::operator()(const std::vector<relokv::t
   pass.kv = &s;
   pass.tokens = &tokens;
   pass.positions = s.positions;
+  const std::vector<std::uint8_t> no_spans(tokens.size(), 0);  // one prompt, no span
+  pass.span_rows = &no_spans;
   run_layers<relokv::pre_rotated, T>(std::move(pass), s.hidden);
   return head(*s.model, s.hidden, /*decode=*/false);
 }

@@ -211,6 +211,11 @@ struct engine<T>::impl {
                                     "' is deep (per-layer K/V, relokv.links.depth kv); "
                                     "llama.cpp reads only embedding rows: serve it with "
                                     "relokv's own engine");
+      if (a.lowrank > 0)
+        throw std::invalid_argument("llama.cpp engine: the span-link adapter '" + a.path +
+                                    "' holds a low-rank correction of span K/V "
+                                    "(relokv.links.lowrank_rank); llama.cpp computes a layer's "
+                                    "K/V itself: serve it with relokv's own engine");
       if (a.dim != llama_model_n_embd(model) || a.n < 1 ||
           a.rows.size() != static_cast<std::size_t>(a.n) * static_cast<std::size_t>(a.dim))
         throw std::invalid_argument("llama.cpp engine: the span-link adapter '" + a.path +

@@ -45,6 +45,11 @@ struct adapter_file {
   std::string depth;                   // empty: not written (embedding)
   std::vector<float> kv;               // deep: [rows][layers][2][kv_dim]
   std::vector<std::uint64_t> kv_dims;  // default {kv_dim, 2, layers, rows}
+  // A low-rank correction (written when lowrank_rank > 0): a [layers - first][dim][rank], b
+  // [layers - first][rank][2 * kv_dim], as links.hpp reads them; dims default to those.
+  std::uint32_t lowrank_rank = 0, lowrank_first = 0;
+  std::vector<float> lowrank_a, lowrank_b;
+  std::vector<std::uint64_t> lowrank_a_dims, lowrank_b_dims;
 
   std::string write(const std::string& name) const {
     relokv_test::gguf_writer w;
@@ -63,7 +68,28 @@ struct adapter_file {
       for (std::uint32_t r = 0; r < rows; ++r)
         model()->embed(static_cast<token_t>(10 + r), v.data() + r * dim);
     }
-    if (!kv.empty()) {
+    if (lowrank_rank > 0) {
+      const auto& c = model()->cfg;
+      const auto nl = static_cast<std::uint64_t>(c.n_layers) - lowrank_first;
+      w.kv_u32("relokv.links.lowrank_rank", lowrank_rank);
+      w.kv_u32("relokv.links.lowrank_first_layer", lowrank_first);
+      w.tensor_f32(
+          "links.lowrank_a",
+          lowrank_a_dims.empty()
+              ? std::vector<std::uint64_t>{lowrank_rank, static_cast<std::uint64_t>(dim), nl}
+              : lowrank_a_dims,
+          lowrank_a);
+      w.tensor_f32("links.lowrank_b",
+                   lowrank_b_dims.empty()
+                       ? std::vector<std::uint64_t>{2 * static_cast<std::uint64_t>(c.n_kv_heads *
+                                                                                   c.head_dim),
+                                                    lowrank_rank, nl}
+                       : lowrank_b_dims,
+                   lowrank_b);
+    }
+    if (rows == 0 && lowrank_rank > 0) {
+      // A correction alone: no rows tensor.
+    } else if (!kv.empty()) {
       const auto& c = model()->cfg;
       auto d = kv_dims;
       if (d.empty())
@@ -368,4 +394,144 @@ TEST_CASE("links: per-span wrappers are compiled with the span and relocated wit
   CHECK(read(b.get()).relocated_hits == 0);
   std::filesystem::remove(pw);
   std::filesystem::remove(pb);
+}
+
+namespace {
+
+/// Every position's K (unrotated) and V at every layer after a prefill of `l`:
+/// [position][layer][K|V][kv_dim].
+std::vector<float> pool_kv(llama_engine<relokv::at_attention, float>& eng,
+                           const relokv::request_layout& l) {
+  const auto& c = model()->cfg;
+  (void)eng.prefill(l, relokv::recompute::none{});
+  const auto table = eng.block_table(eng.current());
+  std::vector<float> out;
+  for (std::size_t p = 0; p < l.tokens.size(); ++p) {
+    const auto pos = static_cast<relokv::pos_t>(p);
+    const auto e = std::find_if(table.begin(), table.end(), [&](const relokv::block_entry& b) {
+      return pos >= b.pos0 && pos < b.pos0 + b.len;
+    });
+    REQUIRE(e != table.end());
+    const auto slot = static_cast<std::size_t>(pos - e->pos0);
+    for (int layer = 0; layer < c.n_layers; ++layer) {
+      const auto v = eng.kv().layer(layer);
+      for (int kind = 0; kind < 2; ++kind)
+        for (int h = 0; h < c.n_kv_heads; ++h) {
+          const float* src = (kind == 0 ? v.k(e->block, h) : v.v(e->block, h)) +
+                             slot * static_cast<std::size_t>(c.head_dim);
+          out.insert(out.end(), src, src + c.head_dim);
+        }
+    }
+  }
+  eng.end(false);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("links: a low-rank correction changes the spans' own K/V from its first layer on",
+          "[engine][links]") {
+  // A rank-1 correction of the last layer: a span token's K and V there move by t b_k and
+  // t b_v (one scalar t = h . a per token); the system prompt's and the question's tokens, and
+  // every layer before it, are computed as without the adapter.
+  const auto& c = model()->cfg;
+  const int kvd = c.n_kv_heads * c.head_dim, L = c.n_layers;
+  adapter_file f;
+  f.rows = 0;
+  f.placement = "none";
+  f.lowrank_rank = 1;
+  f.lowrank_first = static_cast<std::uint32_t>(L - 1);
+  for (int d = 0; d < 64; ++d) f.lowrank_a.push_back(d % 3 == 0 ? 0.5f : -0.25f);
+  for (int e = 0; e < 2 * kvd; ++e) f.lowrank_b.push_back(0.1f + 0.01f * static_cast<float>(e % 7));
+  const auto path = f.write("lowrank");
+  const auto a = relokv_engine::load_links(path, *model());
+  CHECK(a->n == 0);
+  CHECK(a->lowrank == 1);
+  CHECK(a->lowrank_from == L - 1);
+  const auto layout = [&](const relokv_engine::link_adapter* x) {
+    relokv::layout_builder b(16);
+    if (x) b.links(x->layout_rows(256));
+    return b.prefix(kSys).span(kDoc).question(kQ).build();
+  };
+  llama_engine<relokv::at_attention, float> plain(model(), 64);
+  llama_engine<relokv::at_attention, float> corrected(relokv_engine::with_links(model(), a), 64);
+  const auto want = pool_kv(plain, layout(nullptr));
+  const auto got = pool_kv(corrected, layout(a.get()));
+  REQUIRE(got.size() == want.size());
+  const auto at = [&](const std::vector<float>& x, std::size_t pos, int layer, int kind, int e) {
+    return x[((pos * static_cast<std::size_t>(L) + static_cast<std::size_t>(layer)) * 2 +
+              static_cast<std::size_t>(kind)) *
+                 static_cast<std::size_t>(kvd) +
+             static_cast<std::size_t>(e)];
+  };
+  const std::size_t s0 = kSys.size(), s1 = kSys.size() + kDoc.size();
+  for (std::size_t p = 0; p < s1; ++p)
+    for (int layer = 0; layer < L; ++layer) {
+      const bool moved = p >= s0 && layer == L - 1;
+      bool same = true;
+      for (int kind = 0; kind < 2; ++kind)
+        for (int e = 0; e < kvd; ++e)
+          same = same && at(got, p, layer, kind, e) == at(want, p, layer, kind, e);
+      INFO("position " << p << " layer " << layer);
+      CHECK(same != moved);
+      if (!moved) continue;
+      // Rank 1: the move is t b, one t for K and V alike.
+      const float t = (at(got, p, layer, 0, 0) - at(want, p, layer, 0, 0)) / f.lowrank_b[0];
+      for (int kind = 0; kind < 2; ++kind)
+        for (int e = 0; e < kvd; e += 5) {
+          const float b = f.lowrank_b[static_cast<std::size_t>(kind * kvd + e)];
+          CHECK(at(got, p, layer, kind, e) - at(want, p, layer, kind, e) ==
+                Approx(t * b).margin(1e-4).epsilon(1e-3));
+        }
+    }
+  // The answer moves; a prompt with no span (full recompute) is the prompt without the adapter.
+  CHECK(corrected.prefill(layout(a.get()), relokv::recompute::none{}) !=
+        plain.prefill(layout(nullptr), relokv::recompute::none{}));
+  corrected.end(false);
+  plain.end(false);
+  std::vector<token_t> all = kSys;
+  all.insert(all.end(), kDoc.begin(), kDoc.end());
+  CHECK(relokv_engine::plain_prefill(*relokv_engine::with_links(model(), a), all) ==
+        relokv_engine::plain_prefill(*model(), all));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("links: a malformed low-rank correction is refused by name", "[engine][links]") {
+  const auto& c = model()->cfg;
+  const auto kvd = static_cast<std::size_t>(c.n_kv_heads * c.head_dim);
+  const auto refused = [](adapter_file f, const std::string& what) {
+    const auto path = f.write("bad_lowrank");
+    std::string msg;
+    try {
+      (void)relokv_engine::load_links(path, *model());
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    std::filesystem::remove(path);
+    INFO(msg);
+    CHECK(msg.find(what) != std::string::npos);
+  };
+  adapter_file good;
+  good.lowrank_rank = 2;
+  good.lowrank_first = static_cast<std::uint32_t>(c.n_layers - 1);
+  good.lowrank_a.assign(64 * 2, 0.1f);
+  good.lowrank_b.assign(2 * 2 * kvd, 0.1f);
+  const auto good_path = good.write("good_lowrank");
+  CHECK(relokv_engine::load_links(good_path, *model())->lowrank == 2);
+  std::filesystem::remove(good_path);
+  auto f = good;
+  f.lowrank_first = static_cast<std::uint32_t>(c.n_layers);  // past the last layer
+  f.lowrank_a_dims = {2, 64, 1};
+  f.lowrank_b_dims = {2 * kvd, 2, 1};
+  refused(f, "lowrank_first_layer");
+  f = good;
+  f.lowrank_b.resize(f.lowrank_b.size() - kvd);  // b of the wrong shape
+  f.lowrank_b_dims = {kvd, 2, 1};
+  refused(f, "links.lowrank_b must be F32");
+  f = good;
+  f.lowrank_a[3] = std::numeric_limits<float>::quiet_NaN();
+  refused(f, "links.lowrank_a holds a value that is not finite");
+  f = good;
+  f.rows = 0;  // no rows and a placement that names some
+  refused(f, "does not match its counts");
 }

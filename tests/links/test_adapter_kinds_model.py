@@ -1,10 +1,11 @@
 """Every adapter kind on SmolLM2-135M: relokv's engine serving an adapter (deep rows before the
-question, deep and shallow per-span wrappers) gives the first answer token the log-probs the
+question, deep and shallow per-span wrappers, the deep low-rank correction of span K/V) gives the first answer token the log-probs the
 trainer's student (tools/links/links/student.py) computes for the same rows, within the
 tolerances docs/strategies.md "Links" states (the same as the shallow rows': 0.1 with an fp32
 pool, 0.25 with bf16; KL 1e-4 and 1e-3; the same argmax). The adapters are untrained (the
 trainer's own initialization: real tokens' K/V for deep rows, token embeddings for shallow ones),
-written and read through the adapter file."""
+written and read through the adapter file; a correction is given a random b large enough to
+move the answer (it starts at zero)."""
 import json
 import os
 import subprocess
@@ -21,7 +22,8 @@ import distill  # noqa: E402
 MODEL = os.path.join(os.environ.get("RELOKV_MODEL_DIR", os.path.expanduser("~/.cache/relokv")),
                      "SmolLM2-135M-Instruct.Q4_1.gguf")
 KINDS = [student.Shape("kv", 0, 0, 16), student.Shape("kv", 4, 4, 0),
-         student.Shape("embedding", 4, 4, 8), student.Shape("kv", 0, 4, 8)]
+         student.Shape("embedding", 4, 4, 8), student.Shape("kv", 0, 4, 8),
+         student.Shape("kv", 0, 0, 8, 4, 8), student.Shape("kv", 0, 0, 0, 4, 8)]
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +39,27 @@ def setup(tmp_path_factory):
         return m, pic.Runner(m), json.load(f), wl, d
 
 
-@pytest.mark.parametrize("shape", KINDS, ids=str)
+def kind_id(s):
+    return (f"{s.depth}-h{s.header}-t{s.trailer}-q{s.before_question}"
+            + (f"-lowrank{s.lowrank}x{s.lowrank_layers}" if s.lowrank else ""))
+
+
+@pytest.mark.parametrize("shape", KINDS, ids=kind_id)
 def test_engine_serves_every_adapter_kind_as_the_trainer_computes_it(setup, shape):
     m, runner, w, wl, d = setup
     ex = distill.Examples(m, runner, w, shape)
     theta = student.init(m, shape, [c["tokens"] for c in w["corpus"]], ex.pre[:2], seed=5)
+    if shape.lowrank:  # b at zero corrects nothing: a random one of the K/V's own scale
+        lo = shape.first_corrected(m.cfg.n_layers)
+        sd = np.array([np.std(ex.pre[0][lo:]), np.std(ex.pre[1][lo:])]).reshape(1, 1, 2, 1, 1)
+        rng = np.random.default_rng(7)
+        theta["lowrank_b"] = rng.normal(0, 1, theta["lowrank_b"].shape) * sd * 0.5
     rows, kv = student.to_file(shape, theta, m)
-    path = str(d / f"{shape.depth}-{shape.header}-{shape.trailer}-{shape.before_question}.gguf")
+    path = str(d / f"{shape.depth}-{shape.header}-{shape.trailer}-{shape.before_question}-"
+                   f"{shape.lowrank}.gguf")
     adapter.write(path, rows, m, "", placement=shape.placement, header=shape.header,
-                  trailer=shape.trailer, kv=kv)
+                  trailer=shape.trailer, kv=kv, lowrank=student.lowrank_to_file(shape, theta, m),
+                  depth=shape.depth)
     back_shape, back = student.from_file(*adapter.read(path), m)
     assert back_shape == shape
     req = w["requests"][2]
@@ -55,6 +69,15 @@ def test_engine_serves_every_adapter_kind_as_the_trainer_computes_it(setup, shap
     want = np.asarray(student.student_logp(m.cfg, shape, m.params, back, ex.pre, it["flat"],
                                            it["spans"], it["at"], it["x"], it["n_new"]))
     want = want[len(req["question_tokens"]) - 1]
+    if shape.lowrank:  # the correction moves the answer by more than the tolerances below
+        plain = student.Shape(shape.depth, shape.header, shape.trailer, shape.before_question)
+        ex0 = distill.Examples(m, runner, w, plain)
+        it0 = ex0.build(prompt, dummy)
+        th0 = {k: back[k] for k in back if not k.startswith("lowrank")}
+        base = np.asarray(student.student_logp(m.cfg, plain, m.params, th0, ex0.pre,
+                                               it0["flat"], it0["spans"], it0["at"], it0["x"],
+                                               it0["n_new"]))[len(req["question_tokens"]) - 1]
+        assert np.abs(base - want).max() > 1.0, np.abs(base - want).max()
     for kv_dtype, tol, kl_tol in (("fp32", 0.1, 1e-4), ("bf16", 0.25, 1e-3)):
         out = subprocess.run([os.environ["RELOKV_LINKS_PROBE"], "--model", MODEL, "--links",
                               path, "--workload", wl, "--request", "2", "--kv-dtype", kv_dtype],

@@ -69,8 +69,26 @@ class Examples:
         start = self.npre + np.concatenate([[0], np.cumsum(h + lens + t)[:-1]]).astype(np.int32)
         at = int(self.npre + np.sum(h + lens + t))
         c = m.cfg
-        Sb = MAX_SPANS if not shape.compiles_in_path else bucket(S, 2)
-        if shape.compiles_in_path:
+        Sb = MAX_SPANS if not (shape.compiles_in_path or shape.lowrank) else bucket(S, 2)
+        if shape.lowrank:
+            # The layers below the correction as cached; the hidden state entering it.
+            lo = shape.first_corrected(c.n_layers)
+            Tb = bucket(int(lens.max()), 64)
+            emb = np.zeros((Sb, Tb, c.dim), np.float32)
+            fk = np.zeros((lo, Sb * Tb, c.n_kv_heads, c.head_dim), np.float32)
+            fv = np.zeros_like(fk)
+            fpos = np.zeros(Sb * Tb, np.int32)
+            fvalid = np.zeros(Sb * Tb, bool)
+            for i, p in enumerate(prompt["passages"]):
+                k, v, xm = self.r.span_lower(p, toks[i], w["prefix"], lo)
+                n, at0 = len(toks[i]), i * Tb
+                emb[i, :n] = xm
+                fk[:, at0:at0 + n] = k.astype(np.float32)
+                fv[:, at0:at0 + n] = v.astype(np.float32)
+                fpos[at0:at0 + Tb] = start[i] + h + np.arange(Tb)
+                fvalid[at0:at0 + n] = True
+            flat = (fk, fv, fpos, fvalid)
+        elif shape.compiles_in_path:
             Tb = bucket(int(lens.max()), 64)
             emb = np.zeros((Sb, Tb, c.dim), np.float32)
             for i, x in enumerate(toks):
@@ -145,6 +163,10 @@ def main():
     ap.add_argument("--links", type=int, default=16, help="rows before the question")
     ap.add_argument("--header", type=int, default=0, help="rows before each span")
     ap.add_argument("--trailer", type=int, default=0, help="rows after each span")
+    ap.add_argument("--lowrank", type=int, default=0,
+                    help="rank of a deep low-rank correction of each span's K/V (0: none)")
+    ap.add_argument("--lowrank-layers", type=int, default=0,
+                    help="the last layers the correction changes (default: a quarter)")
     ap.add_argument("--max-train", type=int, default=0, help="training prompts at most (0: all)")
     ap.add_argument("--max-passages", type=int, default=MAX_SPANS,
                     help="train on prompts of at most this many passages")
@@ -164,10 +186,16 @@ def main():
         print(s, flush=True)
 
     t_start = time.time()
-    shape = student.Shape(a.depth, a.header, a.trailer, a.links)
-    if shape.rows == 0:
-        sys.exit("distill: no rows to train (--links, --header, --trailer)")
     model = M.load(a.model)
+    nl = (a.lowrank_layers or max(1, model.cfg.n_layers // 4)) if a.lowrank else 0
+    try:
+        shape = student.Shape(a.depth, a.header, a.trailer, a.links, a.lowrank, nl)
+    except ValueError as e:
+        sys.exit(f"distill: {e}")
+    if shape.rows == 0 and not shape.lowrank:
+        sys.exit("distill: nothing to train (--links, --header, --trailer, --lowrank)")
+    if nl > model.cfg.n_layers:
+        sys.exit(f"distill: --lowrank-layers {nl}: the model has {model.cfg.n_layers} layers")
     cfg, P = model.cfg, model.params
     runner = pic.Runner(model)
     with open(a.workload) as f:
@@ -200,6 +228,12 @@ def main():
     theta = student.init(model, shape, [corpus[p]["tokens"] for p in seen], pre[:2], a.seed)
     val_items = [ex.build(ps["prompts"][i], teacher[i]) for i in val]
     scale = jax.tree_util.tree_map(lambda x: float(jnp.std(x)), theta)
+    if shape.lowrank:
+        # b starts at zero: its steps are relative to the corrected layers' keys and values
+        # (the system prompt's), K and V apart.
+        lo = shape.first_corrected(cfg.n_layers)
+        scale["lowrank_b"] = jnp.asarray([float(jnp.std(pre[0][lo:])),
+                                          float(jnp.std(pre[1][lo:]))]).reshape(1, 1, 2, 1, 1)
     before = score(ex, shape, P, cfg, theta, val_items)
     log(f"validation before: {json.dumps(before)}")
     m1 = jax.tree_util.tree_map(jnp.zeros_like, theta)
@@ -257,11 +291,14 @@ def main():
             "best_step": best[2], "train_seconds": round(t_train, 1),
             "train_prompts": len(train)}
     adapter.write(a.out, rows, model, model_sha, placement=shape.placement, info=info,
-                  header=shape.header, trailer=shape.trailer, kv=kv)
+                  header=shape.header, trailer=shape.trailer, kv=kv,
+                  lowrank=student.lowrank_to_file(shape, theta, model), depth=shape.depth)
     stem = os.path.splitext(a.out)[0]
     adapter.loss_svg(stem + ".svg", curve,
                      f"{os.path.basename(a.model)}: {shape.depth} rows, {shape.header} header, "
-                     f"{shape.trailer} trailer, {shape.before_question} before the question",
+                     f"{shape.trailer} trailer, {shape.before_question} before the question"
+                     + (f", rank-{shape.lowrank} correction of the last {shape.lowrank_layers} "
+                        "layers" if shape.lowrank else ""),
                      val_curve)
     with open(stem + ".json", "w") as f:
         json.dump({"model": os.path.basename(a.model), "model_sha256": model_sha,

@@ -15,6 +15,17 @@ one made for another model (dim or vocabulary differ, or the model's SHA-256 whe
     relokv.links.info          JSON: the command, steps, seconds
     tensor links.rows          F32 [k][dim], the rows as the first layer reads them (after the
                                embedding scale the model applies to token embeddings)
+    tensor links.kv            F32 [k][layers][2][kv_heads * head_dim] (depth kv)
+
+A deep low-rank correction of each span's own keys and values (links/student.py), when present:
+
+    relokv.links.lowrank_rank         u32 r
+    relokv.links.lowrank_first_layer  u32: the first layer corrected (every later one is)
+    tensor links.lowrank_a            F32 [corrected layers][dim][r]
+    tensor links.lowrank_b            F32 [corrected layers][r][2 * kv_heads * head_dim], the
+                                      key's part then the value's
+
+An adapter may hold a correction and no rows (placement "none", relokv.links.rows 0).
 """
 from __future__ import annotations
 
@@ -25,24 +36,34 @@ import numpy as np
 
 
 def write(path, rows, model, model_sha, placement="before_question", info=None, header=0,
-          trailer=0, kv=None):
-    """rows [k, dim] (embedding depth), or kv [k, layers, 2, kv_heads * head_dim] (kv depth)."""
+          trailer=0, kv=None, lowrank=None, depth=None):
+    """rows [k, dim] (embedding depth), or kv [k, layers, 2, kv_heads * head_dim] (kv depth),
+    or neither (no rows: a correction alone, of `depth`); lowrank: (a, b, first layer) of a
+    correction, as student.lowrank_to_file gives it."""
     w = gguf.GGUFWriter(path, "relokv-links")
     w.add_string("relokv.links.placement", placement)
-    n = (rows if kv is None else kv).shape[0]
+    if depth is None:
+        depth = "embedding" if kv is None else "kv"
+    n = 0 if rows is None and kv is None else (rows if kv is None else kv).shape[0]
     w.add_uint32("relokv.links.rows", n)
     w.add_uint32("relokv.links.header_rows", header)
     w.add_uint32("relokv.links.trailer_rows", trailer)
-    w.add_string("relokv.links.depth", "embedding" if kv is None else "kv")
+    w.add_string("relokv.links.depth", depth)
     w.add_string("relokv.links.model_arch", model.cfg.arch)
     w.add_uint32("relokv.links.model_dim", model.cfg.dim)
     w.add_uint32("relokv.links.model_vocab", model.cfg.vocab)
     w.add_string("relokv.links.model_sha256", model_sha)
     w.add_string("relokv.links.info", json.dumps(info or {}))
-    if kv is None:
-        w.add_tensor("links.rows", np.ascontiguousarray(rows, np.float32))
-    else:
+    if kv is not None:
         w.add_tensor("links.kv", np.ascontiguousarray(kv, np.float32))
+    elif rows is not None:
+        w.add_tensor("links.rows", np.ascontiguousarray(rows, np.float32))
+    if lowrank is not None:
+        a, b, first = lowrank
+        w.add_uint32("relokv.links.lowrank_rank", a.shape[2])
+        w.add_uint32("relokv.links.lowrank_first_layer", first)
+        w.add_tensor("links.lowrank_a", np.ascontiguousarray(a, np.float32))
+        w.add_tensor("links.lowrank_b", np.ascontiguousarray(b, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -50,12 +71,18 @@ def write(path, rows, model, model_sha, placement="before_question", info=None, 
 
 
 def read(path):
-    """(rows [k, dim] float32, or kv [k, layers, 2, kv_dim] for depth kv; metadata dict)."""
+    """(rows [k, dim] float32, or kv [k, layers, 2, kv_dim] for depth kv, or None without rows;
+    metadata dict, holding a correction's tensors under their names links.lowrank_a and _b)."""
     r = gguf.GGUFReader(path)
     meta = {}
     for name, f in r.fields.items():
         if name.startswith("relokv.") or name == "general.architecture":
             meta[name] = f.contents()
+    for t in r.tensors:
+        if t.name in ("links.lowrank_a", "links.lowrank_b"):
+            meta[t.name] = np.array(t.data, np.float32).reshape([int(d) for d in t.shape][::-1])
+    if meta["relokv.links.rows"] == 0:
+        return None, meta
     if meta.get("relokv.links.depth", "embedding") == "kv":
         t = next(t for t in r.tensors if t.name == "links.kv")
         dims = [int(d) for d in t.shape]  # gguf's order: kv_dim, 2, layers, rows

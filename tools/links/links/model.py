@@ -144,12 +144,19 @@ def _rope(cfg: Config, x, pos, base):
     return jnp.concatenate([inter, x[..., rot:]], axis=-1)
 
 
-def run_rows(cfg: Config, P, x, pos, valid, ctx_k, ctx_v, ctx_pos, ctx_valid):
+def run_rows(cfg: Config, P, x, pos, valid, ctx_k, ctx_v, ctx_pos, ctx_valid, corr=None):
     """Runs rows x [n, dim] at positions pos [n] (valid [n]: padding rows are False) over a
     context of earlier rows: ctx_k, ctx_v [L, m, Hk, hd] (keys unrotated), ctx_pos [m],
     ctx_valid [m]. Row i attends to every valid context row and to valid new rows j <= i, within
     its layer's window by logical position. Returns (k [L, n, Hk, hd] unrotated, v, hidden
-    [n, dim] before the final norm)."""
+    [n, dim] before the final norm). L is however many layers P holds (layers(P, lo, hi) runs
+    a range of them, from the hidden state entering layer lo).
+
+    corr, when given, is a low-rank correction of the rows' keys and values (a span link's
+    deep correction, links/student.py): (a [L, dim, r], b [L, r, 2, Hk, hd], rows [n] bool);
+    at each layer the rows marked get (h a) b[:, 0] added to their key and (h a) b[:, 1] to
+    their value, h their attention input (the normed hidden state), after the head norms,
+    before anything reads them."""
     H, Hk, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     n = x.shape[0]
     rep = H // Hk
@@ -158,7 +165,7 @@ def run_rows(cfg: Config, P, x, pos, valid, ctx_k, ctx_v, ctx_pos, ctx_valid):
     causal = (ii[None, :] <= ii[:, None]) & valid[None, :]
 
     def layer(x, inputs):
-        lw, ck, cv, window, base = inputs
+        lw, ck, cv, window, base = inputs[:5]
         h = _rms(x, lw["attn_norm"], cfg.eps)
         q = (h @ lw["wq"].T + lw["bq"]).reshape(n, H, hd)
         k = (h @ lw["wk"].T + lw["bk"]).reshape(n, Hk, hd)
@@ -166,6 +173,10 @@ def run_rows(cfg: Config, P, x, pos, valid, ctx_k, ctx_v, ctx_pos, ctx_valid):
         if cfg.gemma:
             q = _rms(q, lw["q_norm"], cfg.eps)
             k = _rms(k, lw["k_norm"], cfg.eps)
+        if corr is not None:
+            ca, cb = inputs[5:]
+            d = jnp.einsum("nr,rchd->cnhd", h @ ca, cb) * corr[2][None, :, None, None]
+            k, v = k + d[0], v + d[1]
         qr = _rope(cfg, q, pos, base)
         keys = jnp.concatenate([ck, k], axis=0)
         vals = jnp.concatenate([cv, v], axis=0)
@@ -193,9 +204,21 @@ def run_rows(cfg: Config, P, x, pos, valid, ctx_k, ctx_v, ctx_pos, ctx_valid):
             o = _rms(o, lw["post_ffn"], cfg.eps)
         return x + o, (k, v)
 
-    x, (ks, vs) = jax.lax.scan(layer, x, (P["layers"], ctx_k, ctx_v, P["windows"],
-                                          P["bases"]))
+    xs = (P["layers"], ctx_k, ctx_v, P["windows"], P["bases"])
+    if corr is not None:
+        xs = xs + (corr[0], corr[1])
+    x, (ks, vs) = jax.lax.scan(layer, x, xs)
     return ks, vs, x
+
+
+def layers(P, lo, hi):
+    """P restricted to layers lo .. hi - 1 (what run_rows runs from the hidden state entering
+    layer lo; the output matrix and final norm are kept)."""
+    out = dict(P)
+    out["layers"] = {k: v[lo:hi] for k, v in P["layers"].items()}
+    out["windows"] = P["windows"][lo:hi]
+    out["bases"] = P["bases"][lo:hi]
+    return out
 
 
 def logits_of(cfg: Config, P, hidden):

@@ -84,9 +84,10 @@ class Runner:
         self._span_cache = {}
         self._prefix = None
 
-    def run(self, x, pos, ctx: Context, step=32, logits=False):
+    def run(self, x, pos, ctx: Context, step=32, logits=False, P=None):
         """Rows x [n, dim] at pos over ctx; returns (k, v) of the rows as numpy [L, n, ..] and
-        their hidden states, or log-probs when `logits`."""
+        their hidden states, or log-probs when `logits`. P: the model's layers (default all;
+        model.layers(P, lo, hi) a range, with ctx holding the same layers)."""
         n = x.shape[0]
         nb = bucket(n, step)
         xp = np.zeros((nb, x.shape[1]), np.float32)
@@ -96,7 +97,8 @@ class Runner:
         valid = np.zeros(nb, bool)
         valid[:n] = True
         f = _rows_logits if logits else _rows
-        k, v, out = f(self.m.cfg, self.m.params, jnp.asarray(xp), jnp.asarray(pp),
+        k, v, out = f(self.m.cfg, self.m.params if P is None else P, jnp.asarray(xp),
+                      jnp.asarray(pp),
                       jnp.asarray(valid), *ctx.padded())
         return np.asarray(k)[:, :n], np.asarray(v)[:, :n], np.asarray(out)[:n]
 
@@ -115,6 +117,18 @@ class Runner:
             k, v, _ = self.run(self.m.embed(tokens), pos, pre)
             self._span_cache[key] = (k.astype(KV_DTYPE), v.astype(KV_DTYPE))
         return self._span_cache[key]
+
+    def span_lower(self, key, tokens, prefix, lo):
+        """A passage's compile behind the system prompt through layer lo - 1 (what a low-rank
+        correction of the later layers does not change): its K/V of layers < lo in the pool's
+        type, and the hidden state entering layer lo."""
+        if (key, lo) not in self._span_cache:
+            pre = self.prefix(prefix)
+            pos = pre.size + np.arange(len(tokens))
+            k, v, x = self.run(self.m.embed(tokens), pos, Context(pre.k[:lo], pre.v[:lo], pre.pos),
+                               P=M.layers(self.m.params, 0, lo))
+            self._span_cache[(key, lo)] = (k.astype(KV_DTYPE), v.astype(KV_DTYPE), x)
+        return self._span_cache[(key, lo)]
 
     def relocated(self, prefix, spans):
         """The student's context: the system prompt, then each span's cached K/V at the

@@ -13,6 +13,13 @@ and up to three groups of rows, as layout_builder::links places them:
   one is the same K/V after every span, relocated with it);
 - rows before the question, computed in every request over all spans.
 
+and optionally a deep low-rank correction of each span's own keys and values in its last layers
+(Kamera's finding: what a span computed alone lacks is a low-rank residue, mostly in the deep
+layers): at each corrected layer a span token's key gets (h a) b_k and its value (h a) b_v added,
+h its attention input, a [dim, r] and b [r, kv] learned per layer. It is computed with the span
+when the span is compiled (cached and relocated with it, nothing at request time), from the
+span's own hidden state, so it depends on the span's content but sees no other span.
+
 The student is what relokv serves under naive reuse: the system prompt computed, each span
 compiled alone behind it (with its wrappers), relocated by RoPE to the request's positions, then
 the rows before the question, the question and the answer computed over all of it. Only the rows
@@ -39,6 +46,17 @@ class Shape:
     header: int = 0
     trailer: int = 0
     before_question: int = 0
+    lowrank: int = 0  # the correction's rank (0: none)
+    lowrank_layers: int = 0  # how many of the last layers it corrects
+
+    def __post_init__(self):
+        if self.lowrank < 0 or self.lowrank_layers < 0 or (self.lowrank > 0) != (
+                self.lowrank_layers > 0):
+            raise ValueError(f"{self}: a correction needs both a rank and a layer count")
+        if self.lowrank and self.compiles_in_path:
+            raise ValueError(f"{self}: a low-rank correction is trained with rows before the "
+                             "question or a deep trailer, not with rows that change a span's "
+                             "compile (a header, a shallow trailer)")
 
     @property
     def rows(self):
@@ -49,7 +67,13 @@ class Shape:
         wraps = self.header + self.trailer > 0
         if wraps and self.before_question:
             return "wrappers+before_question"
+        if not wraps and not self.before_question:
+            return "none"
         return "wrappers" if wraps else "before_question"
+
+    def first_corrected(self, n_layers):
+        """The first layer the correction changes (n_layers when there is none)."""
+        return n_layers - self.lowrank_layers
 
     @property
     def compiles_in_path(self):
@@ -64,6 +88,11 @@ def init(model: M.Model, shape: Shape, passages, prefix_kv, seed: int):
     rng = np.random.default_rng(seed)
     c = model.cfg
     out = {}
+    if shape.lowrank:  # LoRA's start: a random, b zero (the correction starts at nothing)
+        n, r = shape.lowrank_layers, shape.lowrank
+        out["lowrank_a"] = jnp.asarray(rng.normal(0, 1 / np.sqrt(c.dim), (n, c.dim, r)),
+                                       jnp.float32)
+        out["lowrank_b"] = jnp.zeros((n, r, 2, c.n_kv_heads, c.head_dim), jnp.float32)
     for name, n in (("header", shape.header), ("trailer", shape.trailer),
                     ("question", shape.before_question)):
         if n == 0:
@@ -128,6 +157,21 @@ def _span_rows(cfg, shape: Shape, P, theta, emb, n_tok, pre_k, pre_v, pre_pos):
     return k, v
 
 
+def _span_corrected(cfg, shape: Shape, P, theta, x_mid, n_tok, pre_k, pre_v, pre_pos):
+    """A span's corrected layers: the rows of its compile from the hidden state entering the
+    first corrected layer (x_mid [Tb, dim], the first n_tok valid) through the last, with the
+    correction on every token: (k, v) [lowrank_layers, Tb, Hk, hd]."""
+    lo = shape.first_corrected(cfg.n_layers)
+    Tb = x_mid.shape[0]
+    npre = pre_pos.shape[0]
+    valid = jnp.arange(Tb) < n_tok
+    k, v, _ = M.run_rows(cfg, M.layers(P, lo, cfg.n_layers), x_mid,
+                         npre + jnp.arange(Tb, dtype=jnp.int32), valid, pre_k[lo:], pre_v[lo:],
+                         pre_pos, jnp.ones(npre, bool),
+                         corr=(theta["lowrank_a"], theta["lowrank_b"], valid))
+    return k, v
+
+
 def _span_offsets(shape: Shape, Tb, lens):
     """Offsets of a wrapped span's rows [h, Tb tokens (first len valid), t] from its first row,
     and their validity: [S, h + Tb + t] each."""
@@ -146,15 +190,24 @@ def student_logp(cfg, shape: Shape, P, theta, pre, flat, spans, at, x, n_new):
     (any order: attention reads positions, not array order). spans: (emb [S, Tb, dim], lens [S],
     start [S], used [S]): each span's token embeddings, length and first row's position in the
     request (its header's, or its first token's); compiled here when shape.compiles_in_path,
-    else only a deep trailer's positions are taken from them. at: the position after the last
-    span. x [Nb, dim]: question then answer[:-1] rows, n_new valid."""
+    else only a deep trailer's positions are taken from them. With a low-rank correction, emb
+    holds each span's hidden state entering the first corrected layer, flat the spans' K/V of
+    the layers before it ([lo, S * Tb], span after span, each padded to Tb), and the corrected
+    layers are compiled here. at: the position after the last span. x [Nb, dim]: question then
+    answer[:-1] rows, n_new valid."""
     pre_k, pre_v, pre_pos = pre
     fk, fv, fpos, fvalid = flat
     emb, lens, start, used = spans
     npre = pre_pos.shape[0]
-    ks, vs, ps, vals = [pre_k, fk], [pre_v, fv], [pre_pos, fpos], [jnp.ones(npre, bool), fvalid]
     h, t = shape.header, shape.trailer
     S, Tb = emb.shape[0], emb.shape[1]
+    if shape.lowrank:  # the lower layers as cached, the corrected ones compiled here
+        k, v = jax.vmap(lambda e, n: _span_corrected(cfg, shape, P, theta, e, n, pre_k, pre_v,
+                                                     pre_pos))(emb, lens)
+        L = k.shape[1]
+        fk = jnp.concatenate([fk, jnp.moveaxis(k, 0, 1).reshape(L, S * Tb, *k.shape[3:])], 0)
+        fv = jnp.concatenate([fv, jnp.moveaxis(v, 0, 1).reshape(L, S * Tb, *v.shape[3:])], 0)
+    ks, vs, ps, vals = [pre_k, fk], [pre_v, fv], [pre_pos, fpos], [jnp.ones(npre, bool), fvalid]
     off, valid = _span_offsets(shape, Tb, lens)
     if shape.compiles_in_path:
         k, v = jax.vmap(lambda e, n: _span_rows(cfg, shape, P, theta, e, n, pre_k, pre_v,
@@ -228,6 +281,8 @@ def _counts(shape: Shape):
 def to_file(shape: Shape, theta, model: M.Model):
     """(rows, kv) as adapter.write takes them: header, trailer, then before-question rows."""
     names = [n for n, k in _counts(shape).items() if k]
+    if not names:
+        return None, None
     if shape.depth == "embedding":
         return np.concatenate([np.asarray(theta[n]) for n in names], 0), None
     c = model.cfg
@@ -239,14 +294,31 @@ def to_file(shape: Shape, theta, model: M.Model):
     return None, np.concatenate(parts, 0)
 
 
+def lowrank_to_file(shape: Shape, theta, model: M.Model):
+    """The correction as adapter.write takes it: (a [layers, dim, r], b [layers, r, 2 * kv],
+    first layer), or None."""
+    if not shape.lowrank:
+        return None
+    c = model.cfg
+    b = np.asarray(theta["lowrank_b"]).reshape(shape.lowrank_layers, shape.lowrank,
+                                                2 * c.n_kv_heads * c.head_dim)
+    return np.asarray(theta["lowrank_a"]), b, shape.first_corrected(c.n_layers)
+
+
 def from_file(data, meta, model: M.Model):
     """(shape, theta) of an adapter as adapter.read returns it."""
     n = int(meta["relokv.links.rows"])
     h = int(meta.get("relokv.links.header_rows", 0))
     t = int(meta.get("relokv.links.trailer_rows", 0))
-    shape = Shape(meta.get("relokv.links.depth", "embedding"), h, t, n - h - t)
     c = model.cfg
     theta, at = {}, 0
+    r = int(meta.get("relokv.links.lowrank_rank", 0))
+    nl = c.n_layers - int(meta["relokv.links.lowrank_first_layer"]) if r else 0
+    shape = Shape(meta.get("relokv.links.depth", "embedding"), h, t, n - h - t, r, nl)
+    if r:
+        theta["lowrank_a"] = jnp.asarray(meta["links.lowrank_a"])
+        theta["lowrank_b"] = jnp.asarray(np.asarray(meta["links.lowrank_b"]).reshape(
+            nl, r, 2, c.n_kv_heads, c.head_dim))
     for name, k in _counts(shape).items():
         if not k:
             continue

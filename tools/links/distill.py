@@ -229,11 +229,23 @@ def main():
     val_items = [ex.build(ps["prompts"][i], teacher[i]) for i in val]
     scale = jax.tree_util.tree_map(lambda x: float(jnp.std(x)), theta)
     if shape.lowrank:
-        # b starts at zero: its steps are relative to the corrected layers' keys and values
-        # (the system prompt's), K and V apart.
+        # b starts at zero: its steps are sized so that a step of every coordinate (Adam's, at
+        # the peak rate) moves a key or value by about lr / 2 of the corrected layers' K or V
+        # spread (the system prompt's), whatever the size of h a (measured on the system
+        # prompt at the first corrected layer) and the rank.
         lo = shape.first_corrected(cfg.n_layers)
-        scale["lowrank_b"] = jnp.asarray([float(jnp.std(pre[0][lo:])),
-                                          float(jnp.std(pre[1][lo:]))]).reshape(1, 1, 2, 1, 1)
+        pt = w["prefix"]
+        none = np.zeros((lo, 0) + tuple(pre[0].shape[2:]), np.float32)
+        _, _, xm = runner.run(model.embed(pt), np.arange(len(pt)),
+                              pic.Context(none, none, np.zeros(0, np.int32)),
+                              P=M.layers(P, 0, lo))
+        hm = np.asarray(M._rms(jnp.asarray(xm), P["layers"]["attn_norm"][lo], cfg.eps))
+        t_rms = float(np.sqrt(np.mean((hm @ np.asarray(theta["lowrank_a"][0])) ** 2)))
+        spread = np.array([float(jnp.std(pre[0][lo:])), float(jnp.std(pre[1][lo:]))])
+        scale["lowrank_b"] = jnp.asarray(0.5 * spread / (t_rms * np.sqrt(shape.lowrank))).reshape(
+            1, 1, 2, 1, 1)
+        log(f"correction: |h a| {t_rms:.3g} at layer {lo}, K/V spread {spread[0]:.3g} / "
+            f"{spread[1]:.3g}: b's step scale {np.asarray(scale['lowrank_b']).ravel().tolist()}")
     before = score(ex, shape, P, cfg, theta, val_items)
     log(f"validation before: {json.dumps(before)}")
     m1 = jax.tree_util.tree_map(jnp.zeros_like, theta)

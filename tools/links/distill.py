@@ -71,9 +71,12 @@ class Examples:
         c = m.cfg
         Sb = MAX_SPANS if not (shape.compiles_in_path or shape.lowrank) else bucket(S, 2)
         if shape.lowrank:
-            # The layers below the correction as cached; the hidden state entering it.
+            # The layers below the correction as cached; the hidden state entering it. Coarse
+            # buckets: every (spans, span length, rows) shape is a program of its own, and a run
+            # that compiled too many of them ran out of memory mapped for code.
+            Sb = bucket(S, 5)
             lo = shape.first_corrected(c.n_layers)
-            Tb = bucket(int(lens.max()), 64)
+            Tb = bucket(int(lens.max()), 128)
             emb = np.zeros((Sb, Tb, c.dim), np.float32)
             fk = np.zeros((lo, Sb * Tb, c.n_kv_heads, c.head_dim), np.float32)
             fv = np.zeros_like(fk)
@@ -248,6 +251,43 @@ def main():
             f"{spread[1]:.3g}: b's step scale {np.asarray(scale['lowrank_b']).ravel().tolist()}")
     before = score(ex, shape, P, cfg, theta, val_items)
     log(f"validation before: {json.dumps(before)}")
+    with open(a.model, "rb") as f:
+        model_sha = hashlib.sha256(f.read()).hexdigest()
+    command = "python3 tools/links/distill.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
+        if k not in ("model", "workload", "prompts", "teacher", "out")) + \
+        f" --model {os.path.basename(a.model)}"
+    stem = os.path.splitext(a.out)[0]
+
+    def save(stop):
+        """The best adapter so far, its curves and log: at every new best validation loss (a
+        run that dies leaves its best) and at the end."""
+        theta_b = best[1]
+        t_train = time.time() - t0
+        rows, kv = student.to_file(shape, theta_b, model)
+        info = {"command": command, "held_out": ps["held_out"], "steps": len(curve),
+                "best_step": best[2], "train_seconds": round(t_train, 1),
+                "train_prompts": len(train)}
+        adapter.write(a.out, rows, model, model_sha, placement=shape.placement, info=info,
+                      header=shape.header, trailer=shape.trailer, kv=kv,
+                      lowrank=student.lowrank_to_file(shape, theta_b, model), depth=shape.depth)
+        adapter.loss_svg(stem + ".svg", curve,
+                         f"{os.path.basename(a.model)}: {shape.depth} rows, {shape.header} "
+                         f"header, {shape.trailer} trailer, {shape.before_question} before the "
+                         "question" + (f", rank-{shape.lowrank} correction of the last "
+                                       f"{shape.lowrank_layers} layers" if shape.lowrank else ""),
+                         val_curve)
+        with open(stem + ".json", "w") as f:
+            json.dump({"model": os.path.basename(a.model), "model_sha256": model_sha,
+                       "shape": vars(shape) if hasattr(shape, "__dict__") else str(shape),
+                       "command": command, "train_prompts": len(train),
+                       "validation_prompts": len(val), "steps": len(curve),
+                       "best_step": best[2], "stop": stop, "train_seconds": round(t_train, 1),
+                       "total_seconds": round(time.time() - t_start, 1),
+                       "validation": {"before": before, "best": best[3]},
+                       "validation_curve": val_curve,
+                       "loss": [round(x, 5) for x in curve]}, f, indent=1)
+
     m1 = jax.tree_util.tree_map(jnp.zeros_like, theta)
     m2 = jax.tree_util.tree_map(jnp.zeros_like, theta)
     b1, b2, eps = 0.9, 0.999, 1e-8
@@ -281,6 +321,7 @@ def main():
             log(f"  validation at {step}: {json.dumps(v)}")
             if v["loss"] < best[0]:
                 best, bad = (v["loss"], theta, step, v), 0
+                save(f"running: best so far at step {step}")
             else:
                 bad += 1
                 if bad >= a.patience:
@@ -289,39 +330,8 @@ def main():
         if over:
             stop = f"time limit at step {step}"
             break
-    t_train = time.time() - t0
+    save(stop or f"{steps} steps")
     log(stop or f"{steps} steps")
-    theta = best[1]
-    rows, kv = student.to_file(shape, theta, model)
-    with open(a.model, "rb") as f:
-        model_sha = hashlib.sha256(f.read()).hexdigest()
-    command = "python3 tools/links/distill.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
-        if k not in ("model", "workload", "prompts", "teacher", "out")) + \
-        f" --model {os.path.basename(a.model)}"
-    info = {"command": command, "held_out": ps["held_out"], "steps": len(curve),
-            "best_step": best[2], "train_seconds": round(t_train, 1),
-            "train_prompts": len(train)}
-    adapter.write(a.out, rows, model, model_sha, placement=shape.placement, info=info,
-                  header=shape.header, trailer=shape.trailer, kv=kv,
-                  lowrank=student.lowrank_to_file(shape, theta, model), depth=shape.depth)
-    stem = os.path.splitext(a.out)[0]
-    adapter.loss_svg(stem + ".svg", curve,
-                     f"{os.path.basename(a.model)}: {shape.depth} rows, {shape.header} header, "
-                     f"{shape.trailer} trailer, {shape.before_question} before the question"
-                     + (f", rank-{shape.lowrank} correction of the last {shape.lowrank_layers} "
-                        "layers" if shape.lowrank else ""),
-                     val_curve)
-    with open(stem + ".json", "w") as f:
-        json.dump({"model": os.path.basename(a.model), "model_sha256": model_sha,
-                   "shape": vars(shape) if hasattr(shape, "__dict__") else str(shape),
-                   "command": command, "train_prompts": len(train), "validation_prompts": len(val),
-                   "steps": len(curve), "best_step": best[2], "stop": stop,
-                   "train_seconds": round(t_train, 1),
-                   "total_seconds": round(time.time() - t_start, 1),
-                   "validation": {"before": before, "best": best[3]},
-                   "validation_curve": val_curve,
-                   "loss": [round(x, 5) for x in curve]}, f, indent=1)
     log(f"wrote {a.out} (best at step {best[2]}: {json.dumps(best[3])}; "
         f"{time.time() - t_start:.0f} s in all)")
 

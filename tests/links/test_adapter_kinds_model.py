@@ -1,11 +1,11 @@
 """Every adapter kind on SmolLM2-135M: relokv's engine serving an adapter (deep rows before the
-question, deep and shallow per-span wrappers, the deep low-rank correction of span K/V) gives the first answer token the log-probs the
-trainer's student (tools/links/links/student.py) computes for the same rows, within the
-tolerances docs/strategies.md "Links" states (the same as the shallow rows': 0.1 with an fp32
-pool, 0.25 with bf16; KL 1e-4 and 1e-3; the same argmax). The adapters are untrained (the
-trainer's own initialization: real tokens' K/V for deep rows, token embeddings for shallow ones),
-written and read through the adapter file; a correction is given a random b large enough to
-move the answer (it starts at zero)."""
+question, deep and shallow per-span wrappers, the deep low-rank correction of span K/V) gives
+the first answer token the log-probs the trainer's student (tools/links/links/student.py)
+computes for the same rows, within the tolerances docs/strategies.md "Links" states (the same as
+the shallow rows': 0.1 with an fp32 pool, 0.25 with bf16; KL 1e-4 and 1e-3; the same argmax).
+The adapters are untrained (the trainer's own initialization: real tokens' K/V for deep rows,
+token embeddings for shallow ones), written and read through the adapter file; a correction is
+given a random b large enough to move the answer (it starts at zero)."""
 import json
 import os
 import subprocess

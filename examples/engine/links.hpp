@@ -31,7 +31,7 @@ struct link_adapter {
   std::int32_t header = 0;              ///< rows compiled before each span
   std::int32_t trailer = 0;             ///< rows compiled after each span
   std::int32_t before_question = 0;     ///< rows computed before the question
-  std::int32_t layers = 0, kv_dim = 0;  ///< deep only: the shape of kv
+  std::int32_t layers = 0, kv_dim = 0;  ///< the model's: the shape of kv and of lowrank_b
   bool deep = false;                    ///< relokv.links.depth "kv"
   std::int32_t lowrank = 0;             ///< the correction's rank (0: none)
   std::int32_t lowrank_from = 0;        ///< the first layer it corrects

@@ -256,18 +256,15 @@ TEST_CASE("links: an adapter for another model, or malformed, is refused by name
 
 namespace {
 
-/// Every layer's K (unrotated: at_attention stores keys as computed) and V of the rows of a
-/// layout at ids past the vocabulary, read from the engine's pool after a prefill: what a deep
-/// adapter must hold to give the same request the same bits.
-std::vector<float> rows_kv(llama_engine<relokv::at_attention, float>& eng,
+/// Every position's K (unrotated: at_attention stores keys as computed) and V at every layer,
+/// read from the engine's pool after a prefill of `l`: [position][layer][K|V][kv_dim].
+std::vector<float> pool_kv(llama_engine<relokv::at_attention, float>& eng,
                            const relokv::request_layout& l) {
   const auto& c = model()->cfg;
-  const int kvd = c.n_kv_heads * c.head_dim;
   (void)eng.prefill(l, relokv::recompute::none{});
   const auto table = eng.block_table(eng.current());
   std::vector<float> out;
   for (std::size_t p = 0; p < l.tokens.size(); ++p) {
-    if (l.tokens[p] < 256) continue;
     const auto pos = static_cast<relokv::pos_t>(p);
     const auto e = std::find_if(table.begin(), table.end(), [&](const relokv::block_entry& b) {
       return pos >= b.pos0 && pos < b.pos0 + b.len;
@@ -285,7 +282,22 @@ std::vector<float> rows_kv(llama_engine<relokv::at_attention, float>& eng,
     }
   }
   eng.end(false);
-  REQUIRE(out.size() == static_cast<std::size_t>(4 * c.n_layers * 2 * kvd));
+  return out;
+}
+
+/// The same for the rows of a layout at ids past the vocabulary only: what a deep adapter must
+/// hold to give the same request the same bits.
+std::vector<float> rows_kv(llama_engine<relokv::at_attention, float>& eng,
+                           const relokv::request_layout& l) {
+  const auto& c = model()->cfg;
+  const auto per_pos = static_cast<std::size_t>(c.n_layers * 2 * c.n_kv_heads * c.head_dim);
+  const auto all = pool_kv(eng, l);
+  std::vector<float> out;
+  for (std::size_t p = 0; p < l.tokens.size(); ++p)
+    if (l.tokens[p] >= 256)
+      out.insert(out.end(), all.begin() + static_cast<std::ptrdiff_t>(p * per_pos),
+                 all.begin() + static_cast<std::ptrdiff_t>((p + 1) * per_pos));
+  REQUIRE(out.size() == 4 * per_pos);
   return out;
 }
 
@@ -395,39 +407,6 @@ TEST_CASE("links: per-span wrappers are compiled with the span and relocated wit
   std::filesystem::remove(pw);
   std::filesystem::remove(pb);
 }
-
-namespace {
-
-/// Every position's K (unrotated) and V at every layer after a prefill of `l`:
-/// [position][layer][K|V][kv_dim].
-std::vector<float> pool_kv(llama_engine<relokv::at_attention, float>& eng,
-                           const relokv::request_layout& l) {
-  const auto& c = model()->cfg;
-  (void)eng.prefill(l, relokv::recompute::none{});
-  const auto table = eng.block_table(eng.current());
-  std::vector<float> out;
-  for (std::size_t p = 0; p < l.tokens.size(); ++p) {
-    const auto pos = static_cast<relokv::pos_t>(p);
-    const auto e = std::find_if(table.begin(), table.end(), [&](const relokv::block_entry& b) {
-      return pos >= b.pos0 && pos < b.pos0 + b.len;
-    });
-    REQUIRE(e != table.end());
-    const auto slot = static_cast<std::size_t>(pos - e->pos0);
-    for (int layer = 0; layer < c.n_layers; ++layer) {
-      const auto v = eng.kv().layer(layer);
-      for (int kind = 0; kind < 2; ++kind)
-        for (int h = 0; h < c.n_kv_heads; ++h) {
-          const float* src = (kind == 0 ? v.k(e->block, h) : v.v(e->block, h)) +
-                             slot * static_cast<std::size_t>(c.head_dim);
-          out.insert(out.end(), src, src + c.head_dim);
-        }
-    }
-  }
-  eng.end(false);
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("links: a low-rank correction changes the spans' own K/V from its first layer on",
           "[engine][links]") {

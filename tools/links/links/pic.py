@@ -98,8 +98,7 @@ class Runner:
         valid[:n] = True
         f = _rows_logits if logits else _rows
         k, v, out = f(self.m.cfg, self.m.params if P is None else P, jnp.asarray(xp),
-                      jnp.asarray(pp),
-                      jnp.asarray(valid), *ctx.padded())
+                      jnp.asarray(pp), jnp.asarray(valid), *ctx.padded())
         return np.asarray(k)[:, :n], np.asarray(v)[:, :n], np.asarray(out)[:n]
 
     def prefix(self, tokens):

@@ -3,8 +3,9 @@
 // an exported workload and a question), the whole prompt under full recompute, then `--answer`
 // greedy tokens (the end-of-turn token does not stop it: the rows after it are still the full
 // prompt's distribution), and at each row that predicts an answer token the `--top` largest
-// log-probabilities. One JSON line per prompt, in order; a run that was stopped resumes after the
-// lines already written.
+// log-probabilities. One JSON line per prompt (its index `i`), in index order; a run that was
+// stopped resumes with the prompts it has not written. `--only` answers a subset (the prompts a
+// training run uses: `distill.py --selection`), in a fraction of the time of the whole set.
 //
 //   relokv_teacher --model M.gguf --workload wl.json --prompts p.json --out teacher.jsonl
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include <fstream>
 #include <memory>
 #include <numeric>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -54,19 +57,30 @@ void top_logp(const std::vector<float>& logits, std::size_t top, nlohmann::json&
   lps.push_back(std::move(l));
 }
 
-std::size_t lines_in(const std::string& path) {
-  std::ifstream in(path);
-  std::size_t n = 0;
-  for (std::string s; std::getline(in, s);)
-    if (!s.empty() && s.back() == '}') ++n;  // a line cut short by a stop is written again
-  return n;
+/// The prompts an earlier run answered: its complete lines are kept (a line cut short by a stop
+/// is dropped, and that prompt computed again).
+std::set<std::size_t> resume(const std::string& path) {
+  std::vector<std::string> keep;
+  std::set<std::size_t> done;
+  {
+    std::ifstream in(path);
+    if (!in) return done;
+    for (std::string s; std::getline(in, s);) {
+      if (s.empty() || s.back() != '}') continue;
+      done.insert(nlohmann::json::parse(s).at("i").get<std::size_t>());
+      keep.push_back(std::move(s));
+    }
+  }
+  std::ofstream rewrite(path, std::ios::trunc);
+  for (const auto& s : keep) rewrite << s << '\n';
+  return done;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"relokv_teacher: full-recompute answers and log-probs for the link trainer"};
-  std::string model_path, workload, prompts, out_path;
+  std::string model_path, workload, prompts, out_path, only_path;
   std::int32_t answer = 32;
   std::size_t top = 32;
   app.add_option("--model", model_path, "GGUF model")->required()->check(CLI::ExistingFile);
@@ -80,6 +94,10 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--answer", answer, "greedy answer tokens per prompt")->check(CLI::Range(1, 512));
   app.add_option("--top", top, "log-probabilities kept per row")->check(CLI::Range(1, 1024));
+  app.add_option("--only", only_path,
+                 "a JSON array of the prompt indices to answer (default: every prompt): "
+                 "distill.py --selection writes the ones a run trains and validates on")
+      ->check(CLI::ExistingFile);
   CLI11_PARSE(app, argc, argv);
   try {
     const auto model = relokv_engine::load_model(model_path).model;
@@ -89,19 +107,30 @@ int main(int argc, char** argv) {
     const auto prefix = w.at("prefix").get<std::vector<relokv::token_t>>();
     const auto& corpus = w.at("corpus");
     const auto& items = p.at("prompts");
-    std::size_t done = lines_in(out_path);
-    if (done > 0) {  // keep only the complete lines
-      std::ifstream in(out_path);
-      std::vector<std::string> keep;
-      for (std::string s; std::getline(in, s) && keep.size() < done;)
-        if (!s.empty() && s.back() == '}') keep.push_back(s);
-      std::ofstream rewrite(out_path, std::ios::trunc);
-      for (const auto& s : keep) rewrite << s << '\n';
+    std::vector<std::size_t> todo;
+    if (only_path.empty()) {
+      todo.resize(items.size());
+      std::iota(todo.begin(), todo.end(), std::size_t{0});
+    } else {
+      std::ifstream oin(only_path);
+      const auto only = nlohmann::json::parse(oin);
+      if (!only.is_array()) throw std::runtime_error("--only: not a JSON array of prompt indices");
+      for (const auto& x : only) {
+        if (!x.is_number_unsigned() || x.get<std::size_t>() >= items.size())
+          throw std::runtime_error("--only: " + x.dump() + " is not a prompt index (the set has " +
+                                   std::to_string(items.size()) + ")");
+        todo.push_back(x.get<std::size_t>());
+      }
+      std::sort(todo.begin(), todo.end());
+      todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
     }
+    const auto done = resume(out_path);
+    std::erase_if(todo, [&](std::size_t i) { return done.count(i) > 0; });
     std::ofstream out(out_path, std::ios::app);
     relokv_engine::llama_engine<relokv::block_relative, relokv::bf16> eng(model, 1024);
     const auto t0 = std::chrono::steady_clock::now();
-    for (std::size_t i = done; i < items.size(); ++i) {
+    for (std::size_t n = 0; n < todo.size(); ++n) {
+      const std::size_t i = todo[n];
       std::vector<relokv::token_t> all = prefix;
       for (const auto& ix : items[i].at("passages")) {
         const auto d = corpus.at(ix.get<std::size_t>()).at("tokens");
@@ -128,8 +157,8 @@ int main(int argc, char** argv) {
                  .dump()
           << '\n'
           << std::flush;
-      if ((i + 1) % 50 == 0)
-        std::fprintf(stderr, "relokv_teacher: %zu/%zu (%.0f s)\n", i + 1, items.size(),
+      if ((n + 1) % 50 == 0)
+        std::fprintf(stderr, "relokv_teacher: %zu/%zu (%.0f s)\n", n + 1, todo.size(),
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return 0;

@@ -147,3 +147,32 @@ def test_learned_adapter_beats_its_initialization_held_out(model_file, adapter_f
     untrained = np.mean([first_kl(wl6, init, i, model) for i in range(6)])
     print(json.dumps({"adapter": adapter_file, "trained": trained, "untrained": untrained}))
     assert trained <= 0.8 * untrained, (trained, untrained)
+
+
+def test_a_run_starts_from_an_adapter_of_its_own_model_and_shape_only(setup):
+    """distill.py --init: the parameters come back as the adapter holds them (a correction's
+    too); an adapter of another shape or trained for another model file is refused by name."""
+    m, runner, w, wl, d = setup
+    shape = student.Shape("kv", 0, 0, 8, 4, 8)
+    ex = distill.Examples(m, runner, w, shape)
+    corpus = [c["tokens"] for c in w["corpus"]]
+    theta = student.init(m, shape, corpus, ex.pre[:2], seed=5)
+    theta["lowrank_b"] = np.random.default_rng(3).normal(0, 1, theta["lowrank_b"].shape)
+    with open(MODEL, "rb") as f:
+        sha = __import__("hashlib").sha256(f.read()).hexdigest()
+    rows, kv = student.to_file(shape, theta, m)
+    path, other = str(d / "init.gguf"), str(d / "init-other-model.gguf")
+    for p, s in ((path, sha), (other, "0" * 64)):
+        adapter.write(p, rows, m, s, placement=shape.placement, kv=kv,
+                      lowrank=student.lowrank_to_file(shape, theta, m), depth=shape.depth)
+    fresh = student.init(m, shape, corpus, ex.pre[:2], seed=6)
+    back = distill.warm_start(path, MODEL, m, shape, fresh)
+    assert sorted(back) == sorted(theta)
+    for k in theta:
+        np.testing.assert_allclose(np.asarray(back[k]), np.asarray(theta[k]), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="another model"):
+        distill.warm_start(other, MODEL, m, shape, fresh)
+    wider = student.Shape("kv", 0, 0, 16, 4, 8)
+    with pytest.raises(ValueError, match="shape"):
+        distill.warm_start(path, MODEL, m, wider,
+                           student.init(m, wider, corpus, ex.pre[:2], seed=6))

@@ -93,3 +93,44 @@ def test_trained_rows_beat_untrained_ones_held_out(setup):
     print(json.dumps({"trained": trained, "untrained": untrained, "naive": naive}))
     assert trained["answer_kl"] <= 0.9 * untrained["answer_kl"]
     assert trained["answer_kl"] < naive["answer_kl"]
+
+
+def test_teacher_answers_the_prompts_asked_and_resumes_by_index(setup, tmp_path):
+    """relokv_teacher --only: the listed prompts (in index order), a line cut short by a stop is
+    computed again, a complete line is kept as written, and the answers are the whole run's; a
+    prompt index out of the set is refused by name."""
+    _, _, w, wl = setup
+    reqs = w.requests[:3]
+    ps = {"prompts": [{"passages": list(r["passages"][:2]),
+                       "question_tokens": list(r["question_tokens"]),
+                       "split": "train"} for r in reqs]}
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(ps))
+
+    def run(out, only=None):
+        cmd = [os.environ["RELOKV_TEACHER_BIN"], "--model", MODEL, "--workload", wl,
+               "--prompts", str(prompts), "--out", str(out), "--answer", "4", "--top", "4"]
+        if only is not None:
+            (tmp_path / "only.json").write_text(json.dumps(only))
+            cmd += ["--only", str(tmp_path / "only.json")]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    def lines(out):
+        return [json.loads(s) for s in out.read_text().splitlines()]
+
+    part = tmp_path / "part.jsonl"
+    assert run(part, [2, 0]).returncode == 0
+    assert [x["i"] for x in lines(part)] == [0, 2]
+    first = lines(part)[0]
+    first["answer"] = [7, 7, 7, 7]  # a line kept as written is not computed again
+    text = part.read_text().splitlines()
+    part.write_text(json.dumps(first) + "\n" + text[1][: len(text[1]) // 2])
+    assert run(part, [0, 1, 2]).returncode == 0
+    got = lines(part)
+    assert [x["i"] for x in got] == [0, 1, 2]
+    assert got[0]["answer"] == [7, 7, 7, 7]
+    whole = tmp_path / "whole.jsonl"
+    assert run(whole).returncode == 0
+    assert [x["answer"] for x in lines(whole)][1:] == [x["answer"] for x in got][1:]
+    bad = run(tmp_path / "bad.jsonl", [1, 3])
+    assert bad.returncode != 0 and "3 is not a prompt index" in bad.stderr, bad.stderr

@@ -38,3 +38,33 @@ def test_prompt_set_never_shows_held_out_questions_or_passages():
         assert not banned & set(p["passages"])
         assert 2 <= len(p["passages"]) <= 10 and len(set(p["passages"])) == len(p["passages"])
     assert not set(s["questions"]["train"]) & set(s["questions"]["validation"])
+
+
+def test_a_teacher_over_part_of_the_set_trains_on_the_same_prompts_in_the_same_order():
+    """distill.py's selection: a teacher computed only over the prompts a run selects
+    (relokv_teacher --only with distill.py --selection) or stopped early gives that run the
+    prompts and order the whole teacher would, less the missing ones; the validation prompts are
+    the first ones of their split; prompts over the passage limits are never trained on."""
+    import random as _r
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links"))
+    import distill
+    rng = _r.Random(5)
+    corpus = [{"tokens": [1] * rng.randint(5, 40)} for _ in range(60)]
+    prompts = [{"split": "validation" if i % 9 == 0 else "train",
+                "passages": rng.sample(range(60), rng.randint(2, 6))} for i in range(300)]
+    opts = dict(seed=1, max_train=50, n_val=7, max_passages=5, max_passage_tokens=35)
+    train, val = distill.selection(prompts, corpus, lambda i: True, **opts)
+    assert len(train) == 50 and len(set(train)) == 50
+    assert val == [i for i in range(300) if i % 9 == 0][:7]
+    for i in train:
+        p = prompts[i]
+        assert p["split"] == "train" and len(p["passages"]) <= 5
+        assert max(len(corpus[j]["tokens"]) for j in p["passages"]) <= 35
+    assert train != sorted(train), "the training order is shuffled"
+    chosen = set(train) | set(val)
+    assert distill.selection(prompts, corpus, lambda i: i in chosen, **opts) == (train, val)
+    early = set(range(150))  # a teacher stopped half way
+    t2, v2 = distill.selection(prompts, corpus, lambda i: i in early, **opts)
+    full, _ = distill.selection(prompts, corpus, lambda i: True, **{**opts, "max_train": 0})
+    assert t2 == [i for i in full if i in early][:50]
+    assert v2 == [i for i in val if i in early]

@@ -137,6 +137,43 @@ class Examples:
                     w=jnp.asarray(wts), answer=answer)
 
 
+def selection(prompts, corpus, has_teacher, *, seed, max_train, n_val, max_passages,
+              max_passage_tokens):
+    """(training prompts in training order, validation prompts). The order is a seeded shuffle
+    of every fitting training prompt, whichever have a teacher, so a teacher run over part of the
+    set (relokv_teacher --only, or one stopped early) trains on the prompts the whole set would
+    give, in the same order, less those without a teacher."""
+    def fits(p):
+        return (len(p["passages"]) <= max_passages and
+                max(len(corpus[i]["tokens"]) for i in p["passages"]) <= max_passage_tokens)
+
+    cand = [i for i, p in enumerate(prompts) if p["split"] == "train" and fits(p)]
+    np.random.default_rng(seed).shuffle(cand)
+    train = [i for i in cand if has_teacher(i)]
+    if max_train:
+        train = train[:max_train]
+    val = [i for i, p in enumerate(prompts) if p["split"] == "validation" and has_teacher(i)]
+    return train, val[:n_val]
+
+
+def warm_start(path, model_path, model, shape: student.Shape, theta):
+    """The parameters of a trained adapter, for a run that starts from them: it must be of the
+    same model (its file's hash) and the same shape (depth, every count, the correction's rank
+    and layers); the untrained theta gives the structure they must fill."""
+    data, meta = adapter.read(path)
+    with open(model_path, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    if meta.get("relokv.links.model_sha256") != sha:
+        raise ValueError("it was trained for another model file")
+    got, th = student.from_file(data, meta, model)
+    if got != shape:
+        raise ValueError(f"its shape {got} is not the run's {shape}")
+    for k, v in theta.items():
+        if k not in th or th[k].shape != v.shape:
+            raise ValueError(f"its {k} does not match the run's")
+    return {k: jnp.asarray(th[k], jnp.float32) for k in theta}
+
+
 def score(ex, shape, P, cfg, theta, items):
     """Mean validation loss, first-token KL, answer KL and teacher-forced agreement."""
     loss, first, ans, agree = [], [], [], []
@@ -161,7 +198,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--workload", required=True)
     ap.add_argument("--prompts", required=True)
-    ap.add_argument("--teacher", required=True)
+    ap.add_argument("--teacher", help="relokv_teacher's JSON lines (required to train)")
     ap.add_argument("--depth", choices=("embedding", "kv"), default="kv")
     ap.add_argument("--links", type=int, default=16, help="rows before the question")
     ap.add_argument("--header", type=int, default=0, help="rows before each span")
@@ -182,13 +219,39 @@ def main():
     ap.add_argument("--patience", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=7200.0, help="training seconds at most")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--init", metavar="ADAPTER",
+                    help="start from this adapter's parameters (same model and shape) instead "
+                         "of the untrained ones: a curriculum (short prompts, then long) or a "
+                         "run continued past a session (warm-up and cosine start again)")
+    ap.add_argument("--selection", metavar="OUT",
+                    help="write the indices of the prompts this run trains and validates on (a "
+                         "JSON array, for relokv_teacher --only) and exit: no teacher needed")
+    ap.add_argument("--out")
     a = ap.parse_args()
+    if not a.selection and not (a.teacher and a.out):
+        ap.error("--teacher and --out are required to train (or --selection OUT)")
 
     def log(s):
         print(s, flush=True)
 
     t_start = time.time()
+    with open(a.workload) as f:
+        w = json.load(f)
+    with open(a.prompts) as f:
+        ps = json.load(f)
+    corpus = w["corpus"]
+
+    def select(has_teacher):
+        return selection(ps["prompts"], corpus, has_teacher, seed=a.seed, max_train=a.max_train,
+                         n_val=a.val, max_passages=a.max_passages,
+                         max_passage_tokens=a.max_passage_tokens)
+
+    if a.selection:
+        train, val = select(lambda i: True)
+        with open(a.selection, "w") as f:
+            json.dump(sorted(train + val), f)
+        log(f"wrote {a.selection}: {len(train)} training and {len(val)} validation prompts")
+        return
     model = M.load(a.model)
     nl = (a.lowrank_layers or max(1, model.cfg.n_layers // 4)) if a.lowrank else 0
     try:
@@ -201,25 +264,8 @@ def main():
         sys.exit(f"distill: --lowrank-layers {nl}: the model has {model.cfg.n_layers} layers")
     cfg, P = model.cfg, model.params
     runner = pic.Runner(model)
-    with open(a.workload) as f:
-        w = json.load(f)
-    with open(a.prompts) as f:
-        ps = json.load(f)
     teacher = load_teacher(a.teacher)
-    corpus = w["corpus"]
-
-    def fits(p):
-        return (len(p["passages"]) <= a.max_passages and
-                max(len(corpus[i]["tokens"]) for i in p["passages"]) <= a.max_passage_tokens)
-
-    idx = [i for i, p in enumerate(ps["prompts"]) if i in teacher]
-    train = [i for i in idx if ps["prompts"][i]["split"] == "train" and fits(ps["prompts"][i])]
-    val = [i for i in idx if ps["prompts"][i]["split"] == "validation"]
-    rng = np.random.default_rng(a.seed)
-    rng.shuffle(train)
-    if a.max_train:
-        train = train[: a.max_train]
-    val = val[: a.val]
+    train, val = select(lambda i: i in teacher)
     if not train or not val:
         sys.exit(f"distill: {len(train)} training and {len(val)} validation prompts with a "
                  "teacher (run relokv_teacher over the prompt set)")
@@ -229,6 +275,12 @@ def main():
     pre = ex.pre
     seen = sorted({p for i in train for p in ps["prompts"][i]["passages"]})
     theta = student.init(model, shape, [corpus[p]["tokens"] for p in seen], pre[:2], a.seed)
+    if a.init:
+        try:
+            theta = warm_start(a.init, a.model, model, shape, theta)
+        except ValueError as e:
+            sys.exit(f"distill: --init {a.init}: {e}")
+        log(f"started from {a.init}")
     val_items = [ex.build(ps["prompts"][i], teacher[i]) for i in val]
     scale = jax.tree_util.tree_map(lambda x: float(jnp.std(x)), theta)
     if shape.lowrank:

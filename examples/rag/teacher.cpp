@@ -3,9 +3,10 @@
 // an exported workload and a question), the whole prompt under full recompute, then `--answer`
 // greedy tokens (the end-of-turn token does not stop it: the rows after it are still the full
 // prompt's distribution), and at each row that predicts an answer token the `--top` largest
-// log-probabilities. One JSON line per prompt (its index `i`), in index order; a run that was
-// stopped resumes with the prompts it has not written. `--only` answers a subset (the prompts a
-// training run uses: `distill.py --selection`), in a fraction of the time of the whole set.
+// log-probabilities. One JSON line per prompt (its index `i`; each run appends its prompts in
+// index order); a run that was stopped resumes with the prompts it has not written. `--only`
+// answers a subset (the prompts a training run uses: `distill.py --selection`), in a fraction of
+// the time of the whole set.
 //
 //   relokv_teacher --model M.gguf --workload wl.json --prompts p.json --out teacher.jsonl
 #include <algorithm>
@@ -65,9 +66,15 @@ std::set<std::size_t> resume(const std::string& path) {
   {
     std::ifstream in(path);
     if (!in) return done;
+    std::size_t line = 0;
     for (std::string s; std::getline(in, s);) {
+      ++line;
       if (s.empty() || s.back() != '}') continue;
-      done.insert(nlohmann::json::parse(s).at("i").get<std::size_t>());
+      const auto j = nlohmann::json::parse(s, nullptr, false);
+      if (j.is_discarded() || !j.contains("i") || !j["i"].is_number_unsigned())
+        throw std::runtime_error(path + ":" + std::to_string(line) +
+                                 ": not a teacher line (a JSON object with its prompt index i)");
+      done.insert(j["i"].get<std::size_t>());
       keep.push_back(std::move(s));
     }
   }

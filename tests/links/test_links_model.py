@@ -98,7 +98,7 @@ def test_trained_rows_beat_untrained_ones_held_out(setup):
 def test_teacher_answers_the_prompts_asked_and_resumes_by_index(setup, tmp_path):
     """relokv_teacher --only: the listed prompts (in index order), a line cut short by a stop is
     computed again, a complete line is kept as written, and the answers are the whole run's; a
-    prompt index out of the set is refused by name."""
+    prompt index out of the set and a cache line without its index are refused by name."""
     _, _, w, wl = setup
     reqs = w.requests[:3]
     ps = {"prompts": [{"passages": list(r["passages"][:2]),
@@ -134,3 +134,7 @@ def test_teacher_answers_the_prompts_asked_and_resumes_by_index(setup, tmp_path)
     assert [x["answer"] for x in lines(whole)][1:] == [x["answer"] for x in got][1:]
     bad = run(tmp_path / "bad.jsonl", [1, 3])
     assert bad.returncode != 0 and "3 is not a prompt index" in bad.stderr, bad.stderr
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text(part.read_text() + '{"answer": [1]}\n')
+    bad = run(corrupt, [0])
+    assert bad.returncode != 0 and "corrupt.jsonl:4: not a teacher line" in bad.stderr, bad.stderr

@@ -3,7 +3,10 @@ they show never reach training."""
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links"))
+import distill  # noqa: E402
 from links import data  # noqa: E402
 
 
@@ -46,8 +49,6 @@ def test_a_teacher_over_part_of_the_set_trains_on_the_same_prompts_in_the_same_o
     prompts and order the whole teacher would, less the missing ones; the validation prompts are
     the first ones of their split; prompts over the passage limits are never trained on."""
     import random as _r
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools", "links"))
-    import distill
     rng = _r.Random(5)
     corpus = [{"tokens": [1] * rng.randint(5, 40)} for _ in range(60)]
     prompts = [{"split": "validation" if i % 9 == 0 else "train",
@@ -68,3 +69,13 @@ def test_a_teacher_over_part_of_the_set_trains_on_the_same_prompts_in_the_same_o
     full, _ = distill.selection(prompts, corpus, lambda i: True, **{**opts, "max_train": 0})
     assert t2 == [i for i in full if i in early][:50]
     assert v2 == [i for i in val if i in early]
+
+
+def test_a_teacher_line_that_is_not_one_is_refused_by_file_and_line(tmp_path):
+    good = '{"i": 3, "answer": [1, 2], "top_ids": [[1], [2]], "top_logp": [[0.0], [0.0]]}\n'
+    p = tmp_path / "t.jsonl"
+    p.write_text(good + '{"i": 4, "answer": [1')  # a stop cut the last line short: skipped
+    assert list(distill.load_teacher(str(p))) == [3]
+    p.write_text(good + '{"answer": [1]}\n')
+    with pytest.raises(ValueError, match="t.jsonl:2: not a relokv_teacher line"):
+        distill.load_teacher(str(p))

@@ -40,13 +40,20 @@ MAX_SPANS = 10
 
 
 def load_teacher(path):
+    """{prompt index: (answer, top ids, top log-probs)} of relokv_teacher's lines (a line cut
+    short by a stop is skipped); a line that is not one is refused with its file and number."""
     out = {}
     with open(path) as f:
-        for line in f:
-            if line.strip().endswith("}"):
+        for n, line in enumerate(f, 1):
+            if not line.strip().endswith("}"):
+                continue
+            try:
                 j = json.loads(line)
-                out[j["i"]] = (np.array(j["answer"], np.int32), np.array(j["top_ids"], np.int32),
-                               np.array(j["top_logp"], np.float32))
+                out[int(j["i"])] = (np.array(j["answer"], np.int32),
+                                    np.array(j["top_ids"], np.int32),
+                                    np.array(j["top_logp"], np.float32))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: not a relokv_teacher line ({e})") from None
     return out
 
 
@@ -264,7 +271,10 @@ def main():
         sys.exit(f"distill: --lowrank-layers {nl}: the model has {model.cfg.n_layers} layers")
     cfg, P = model.cfg, model.params
     runner = pic.Runner(model)
-    teacher = load_teacher(a.teacher)
+    try:
+        teacher = load_teacher(a.teacher)
+    except (OSError, ValueError) as e:
+        sys.exit(f"distill: --teacher: {e}")
     train, val = select(lambda i: i in teacher)
     if not train or not val:
         sys.exit(f"distill: {len(train)} training and {len(val)} validation prompts with a "

@@ -1,5 +1,5 @@
-"""The trainer's split: the requests the QA program measures on (the first N) and every passage
-they show never reach training."""
+"""The trainer's split and selection: the requests the QA program measures on (the first N) and
+every passage they show never reach training; a partial teacher keeps the whole one's order."""
 import os
 import sys
 

@@ -468,6 +468,11 @@ TEST_CASE("links: a low-rank correction changes the spans' own K/V from its firs
         plain.prefill(layout(nullptr), relokv::recompute::none{}));
   corrected.end(false);
   plain.end(false);
+  // A request read without the adapter (no link rows, not its keys) is the model's own: the
+  // engine that holds the correction computes its span as the plain engine does.
+  llama_engine<relokv::at_attention, float> holder(relokv_engine::with_links(model(), a), 64);
+  llama_engine<relokv::at_attention, float> plain2(model(), 64);
+  CHECK(pool_kv(holder, layout(nullptr)) == pool_kv(plain2, layout(nullptr)));
   std::vector<token_t> all = kSys;
   all.insert(all.end(), kDoc.begin(), kDoc.end());
   CHECK(relokv_engine::plain_prefill(*relokv_engine::with_links(model(), a), all) ==

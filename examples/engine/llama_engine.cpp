@@ -139,9 +139,8 @@ typename llama_engine<P, T>::seq_id llama_engine<P, T>::open(
     // rows), wherever a pass computes them, in a request read under the adapter only (its
     // identity keys the blocks; a request without it is the model's own, its spans too).
     r->span_rows.assign(layout.tokens.size(), 0);
-    const bool under_adapter = layout.adapter_id == model_->links->id;
     for (const relokv::segment& sg : layout.segments) {
-      if (!under_adapter) break;
+      if (layout.adapter_id != model_->links->id) break;
       if (sg.kind != relokv::segment_kind::kSpan) continue;
       for (std::int32_t p = sg.first_token; p < sg.first_token + sg.num_tokens; ++p)
         r->span_rows[static_cast<std::size_t>(p)] =

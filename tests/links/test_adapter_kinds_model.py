@@ -166,13 +166,13 @@ def test_a_run_starts_from_an_adapter_of_its_own_model_and_shape_only(setup):
         adapter.write(p, rows, m, s, placement=shape.placement, kv=kv,
                       lowrank=student.lowrank_to_file(shape, theta, m), depth=shape.depth)
     fresh = student.init(m, shape, corpus, ex.pre[:2], seed=6)
-    back = distill.warm_start(path, MODEL, m, shape, fresh)
+    back = distill.warm_start(path, sha, m, shape, fresh)
     assert sorted(back) == sorted(theta)
     for k in theta:
         np.testing.assert_allclose(np.asarray(back[k]), np.asarray(theta[k]), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="another model"):
-        distill.warm_start(other, MODEL, m, shape, fresh)
+        distill.warm_start(other, sha, m, shape, fresh)
     wider = student.Shape("kv", 0, 0, 16, 4, 8)
     with pytest.raises(ValueError, match="shape"):
-        distill.warm_start(path, MODEL, m, wider,
+        distill.warm_start(path, sha, m, wider,
                            student.init(m, wider, corpus, ex.pre[:2], seed=6))

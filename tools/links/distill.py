@@ -163,14 +163,12 @@ def selection(prompts, corpus, has_teacher, *, seed, max_train, n_val, max_passa
     return train, val[:n_val]
 
 
-def warm_start(path, model_path, model, shape: student.Shape, theta):
+def warm_start(path, model_sha, model, shape: student.Shape, theta):
     """The parameters of a trained adapter, for a run that starts from them: it must be of the
-    same model (its file's hash) and the same shape (depth, every count, the correction's rank
-    and layers); the untrained theta gives the structure they must fill."""
+    same model (model_sha: its file's SHA-256) and the same shape (depth, every count, the
+    correction's rank and layers); the untrained theta gives the structure they must fill."""
     data, meta = adapter.read(path)
-    with open(model_path, "rb") as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
-    if meta.get("relokv.links.model_sha256") != sha:
+    if meta.get("relokv.links.model_sha256") != model_sha:
         raise ValueError("it was trained for another model file")
     got, th = student.from_file(data, meta, model)
     if got != shape:
@@ -285,9 +283,11 @@ def main():
     pre = ex.pre
     seen = sorted({p for i in train for p in ps["prompts"][i]["passages"]})
     theta = student.init(model, shape, [corpus[p]["tokens"] for p in seen], pre[:2], a.seed)
+    with open(a.model, "rb") as f:
+        model_sha = hashlib.sha256(f.read()).hexdigest()
     if a.init:
         try:
-            theta = warm_start(a.init, a.model, model, shape, theta)
+            theta = warm_start(a.init, model_sha, model, shape, theta)
         except ValueError as e:
             sys.exit(f"distill: --init {a.init}: {e}")
         log(f"started from {a.init}")
@@ -313,8 +313,6 @@ def main():
             f"{spread[1]:.3g}: b's step scale {np.asarray(scale['lowrank_b']).ravel().tolist()}")
     before = score(ex, shape, P, cfg, theta, val_items)
     log(f"validation before: {json.dumps(before)}")
-    with open(a.model, "rb") as f:
-        model_sha = hashlib.sha256(f.read()).hexdigest()
     command = "python3 tools/links/distill.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
         if k not in ("model", "workload", "prompts", "teacher", "out")) + \
